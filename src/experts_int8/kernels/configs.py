@@ -1,0 +1,93 @@
+"""Block sizes for the MoE GEMMs: tuned tables when we have them, heuristics otherwise.
+
+Tables are JSON files named ``E={E},N={N},device={device},dtype={dtype}.json`` where N is the
+intermediate size I of the (possibly tensor-parallel-sharded) experts, ``device`` the GPU name
+with spaces as underscores and ``dtype`` the *weight* format (``int8_w8a16`` or ``bf16``/``fp16``/
+``fp32``). Each maps a token count M (as a string) to a config; the nearest M is used. Tables are
+searched in the user's tuning cache first (written by ``experts-int8 tune``), then in the package.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PACKAGE_DIR = Path(__file__).parent / "configs"
+CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+
+def user_config_dir() -> Path:
+    """Where ``experts-int8 tune`` writes tables (``$EXPERTS_INT8_CACHE`` or ``~/.cache/experts_int8``)."""
+    root = os.environ.get("EXPERTS_INT8_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "experts_int8"
+    )
+    return Path(root) / "configs"
+
+
+def weight_format(weight_dtype: torch.dtype) -> str:
+    return {
+        torch.int8: "int8_w8a16",
+        torch.bfloat16: "bf16",
+        torch.float16: "fp16",
+        torch.float32: "fp32",
+    }[weight_dtype]
+
+
+def device_name(device: Optional[torch.device] = None) -> str:
+    if not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
+        return "cpu"
+    return torch.cuda.get_device_name(device).replace(" ", "_")
+
+
+def table_name(num_experts: int, inter: int, device: str, fmt: str) -> str:
+    return f"E={num_experts},N={inter},device={device},dtype={fmt}.json"
+
+
+@functools.lru_cache(maxsize=None)
+def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[dict[int, dict]]:
+    name = table_name(num_experts, inter, device, fmt)
+    for folder in (user_config_dir(), PACKAGE_DIR):
+        path = folder / name
+        if path.is_file():
+            with open(path) as f:
+                raw = json.load(f)
+            logger.info("experts_int8: using tuned MoE configs %s", path)
+            return {int(m): {key: int(cfg[key]) for key in CONFIG_KEYS} for m, cfg in raw.items()}
+    if device != "cpu":
+        logger.info("experts_int8: no tuned configs for %s; using heuristics", name)
+    return None
+
+
+def heuristic_config(m: int, num_experts: int, top_k: int, weight_dtype: torch.dtype, device: str) -> dict:
+    """Sane defaults on Ampere and Hopper, chosen by the expected rows per expert."""
+    rows_per_expert = m * top_k / num_experts
+    if device == "cpu":  # Triton's interpreter: small tiles keep tests quick
+        return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=1)
+    if rows_per_expert <= 16:  # decode: memory-bound, stream weights with long K tiles
+        return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128 if weight_dtype == torch.int8 else 64,
+                    GROUP_SIZE_M=1, num_warps=4, num_stages=4)
+    if rows_per_expert <= 64:
+        return dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128 if weight_dtype == torch.int8 else 64,
+                    GROUP_SIZE_M=8, num_warps=4, num_stages=4)
+    if rows_per_expert <= 256:
+        return dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=4)
+    return dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
+
+
+def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
+               device: Optional[torch.device] = None) -> dict:
+    """The block config for ``m`` tokens on experts of intermediate size ``inter``."""
+    dev = device_name(device)
+    table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
+    if table:
+        nearest = min(table, key=lambda key: abs(key - m))
+        return dict(table[nearest])
+    return heuristic_config(m, num_experts, top_k, weight_dtype, dev)

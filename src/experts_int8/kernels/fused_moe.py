@@ -1,0 +1,240 @@
+"""The two grouped GEMMs of a W8A16 MoE layer, in Triton, and their launchers.
+
+Legend: M tokens, k experts per token, H hidden, I intermediate, E local experts.
+Rows are the flat (token, slot) pairs ``t in [0, M*k)``; the index arrays ``sorted_token_ids``,
+``block_expert_ids`` and ``num_tokens_post_padded`` are described in :mod:`.align`.
+
+  moe_gate_up_kernel: x[M, H] @ w13[e]^T -> gate, up -> act(gate) * up -> inter[M*k, I]
+  moe_down_kernel:    inter[M*k, I] @ w2[e]^T (* routing weight)   -> out[M*k, H]
+
+Numerics: int8 (or float) weight tile -> activation dtype in registers -> ``tl.dot`` with fp32
+accumulation -> per-output-row weight scale once after the K loop -> routing weight and activation
+in fp32 -> one cast at the store. Every program owns a BLOCK_M x BLOCK_N output tile; a block whose
+expert is absent (-1) writes zeros, a block past ``num_tokens_post_padded`` exits.
+Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N),)`` with N = I or H.
+
+On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
+when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
+without a GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+
+
+@triton.jit
+def moe_gate_up_kernel(
+    x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
+    w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
+    scale_ptr,  # (E, 2I) fp32 per-row scales; read only when HAS_SCALE
+    out_ptr,  # (M*k, I) activation dtype: act(gate) * up
+    topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT (weight applied on the input)
+    sorted_token_ids_ptr,  # (num_sorted,) int32
+    block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32
+    num_tokens_post_padded_ptr,  # (1,) int32
+    num_valid,  # M * k
+    num_sorted,
+    I,
+    H,
+    stride_xm,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_om,
+    TOP_K: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
+    num_pid_n = tl.cdiv(I, BLOCK_N)
+    pid = tl.program_id(0)
+    first_m = (pid // (GROUP_M * num_pid_n)) * GROUP_M
+    group_m = min(tl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+        return
+    rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_mask = rows < num_valid
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    out_mask = row_mask[:, None] & (offs_n[None, :] < I)
+    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
+        return
+
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_wn = offs_n % I  # wrapped, so weight loads need no mask along N
+    a_ptrs = x_ptr + (rows // TOP_K)[:, None] * stride_xm + offs_k[None, :]
+    g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]
+    u_ptrs = g_ptrs + I * stride_wn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(H, BLOCK_K)):
+        k_mask = offs_k < H - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        g = tl.load(g_ptrs, mask=k_mask[:, None], other=0)
+        u = tl.load(u_ptrs, mask=k_mask[:, None], other=0)
+        acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
+        acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K
+        g_ptrs += BLOCK_K
+        u_ptrs += BLOCK_K
+
+    if HAS_SCALE:
+        s_ptrs = scale_ptr + expert * stride_se + offs_wn
+        acc_g *= tl.load(s_ptrs)[None, :]
+        acc_u *= tl.load(s_ptrs + I)[None, :]
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)
+        acc_g *= rw[:, None]
+        acc_u *= rw[:, None]
+    if ACTIVATION == 0:  # silu
+        gate = acc_g * tl.sigmoid(acc_g)
+    elif ACTIVATION == 1:  # gelu (erf)
+        gate = 0.5 * acc_g * (1.0 + tl.math.erf(acc_g * 0.7071067811865476))
+    else:  # gelu, tanh approximation: 0.5 g (1 + tanh(z)) = g * sigmoid(2z)
+        gate = acc_g * tl.sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
+    h = gate * acc_u
+    tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def moe_down_kernel(
+    a_ptr,  # (M*k, I) activation dtype (the gate_up output), unit column stride
+    w_ptr,  # (E, H, I) int8 or activation dtype, unit stride along I
+    scale_ptr,  # (E, H) fp32 per-row scales; read only when HAS_SCALE
+    out_ptr,  # (M*k, H) activation dtype
+    topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT
+    sorted_token_ids_ptr,  # (num_sorted,) int32
+    block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32
+    num_tokens_post_padded_ptr,  # (1,) int32
+    num_valid,  # M * k
+    num_sorted,
+    H,
+    I,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_om,
+    HAS_SCALE: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
+    num_pid_n = tl.cdiv(H, BLOCK_N)
+    pid = tl.program_id(0)
+    first_m = (pid // (GROUP_M * num_pid_n)) * GROUP_M
+    group_m = min(tl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+        return
+    rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    row_mask = rows < num_valid
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    out_mask = row_mask[:, None] & (offs_n[None, :] < H)
+    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
+    if expert < 0:
+        tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
+        return
+
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_wn = offs_n % H
+    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
+    w_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(I, BLOCK_K)):
+        k_mask = offs_k < I - kb * BLOCK_K
+        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_mask[:, None], other=0)
+        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    if HAS_SCALE:
+        acc *= tl.load(scale_ptr + expert * stride_se + offs_wn)[None, :]
+    if MUL_ROUTED_WEIGHT:
+        acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def _kernel(kernel, device: torch.device):
+    interpreted = isinstance(kernel, InterpretedFunction)
+    if device.type == "cpu" and not interpreted:
+        raise RuntimeError(
+            "the Triton backend on CPU tensors needs Triton's interpreter: set TRITON_INTERPRET=1 in the "
+            "environment before importing experts_int8, or use backend='torch'"
+        )
+    if device.type == "cuda" and interpreted:
+        raise RuntimeError("TRITON_INTERPRET=1 is set, so Triton cannot compile for CUDA; unset it")
+    return kernel
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 activations get true fp32 products (not tf32); 16-bit dtypes ignore the setting.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _launch_meta(config: dict) -> dict:
+    return dict(
+        BLOCK_M=config["BLOCK_SIZE_M"],
+        BLOCK_N=config["BLOCK_SIZE_N"],
+        BLOCK_K=config["BLOCK_SIZE_K"],
+        GROUP_M=config["GROUP_SIZE_M"],
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
+
+
+def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
+                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config):
+    """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted)."""
+    inter = w13.shape[1] // 2
+    num_sorted = sorted_token_ids.numel()
+    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
+    has_scale = w13_scale is not None
+    _kernel(moe_gate_up_kernel, x.device)[grid](
+        x, w13, w13_scale if has_scale else w13, out, topk_weights,
+        sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+        topk_weights.numel(), num_sorted, inter, x.shape[1],
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0, out.stride(0),
+        TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale,
+        MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype), **_launch_meta(config),
+    )
+
+
+def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
+                num_tokens_post_padded, mul_routed_weight, config):
+    """Launch GEMM2 (* routing weight). ``out [M*k, H]``."""
+    hidden, inter = w2.shape[1], w2.shape[2]
+    num_sorted = sorted_token_ids.numel()
+    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]),)
+    has_scale = w2_scale is not None
+    _kernel(moe_down_kernel, a.device)[grid](
+        a, w2, w2_scale if has_scale else w2, out, topk_weights,
+        sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+        topk_weights.numel(), num_sorted, hidden, inter,
+        a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0, out.stride(0),
+        HAS_SCALE=has_scale, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
+        **_launch_meta(config),
+    )

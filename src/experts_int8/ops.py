@@ -1,0 +1,225 @@
+"""Public MoE entry points: validate -> dispatch to the Triton kernels or the torch reference.
+
+The Triton path is registered as the custom op ``experts_int8::fused_experts`` with a fake
+(meta) implementation, so it captures in CUDA graphs and traces under ``torch.compile`` without a
+graph break. Validation reads shapes, dtypes and strides only; on CUDA no device value is read
+back to the host (out-of-range expert ids are checked on CPU tensors only; on the GPU the align
+step routes them to the absent group, so they contribute zero instead of reading out of bounds).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from . import reference
+from .kernels.align import align_block_size
+from .kernels.configs import get_config
+from .kernels.fused_moe import invoke_down, invoke_gate_up
+from .reference import ACTIVATIONS
+from .routing import select_experts
+
+BACKENDS = ("auto", "triton", "torch")
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+WEIGHT_DTYPES = (torch.int8, torch.bfloat16, torch.float16, torch.float32)
+
+
+def _shape(t) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _require_tensor(name: str, t, ndim: int) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {_shape(t)}")
+
+
+def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+              expert_map, global_num_experts, backend) -> None:
+    _require_tensor("x", x, 2)
+    _require_tensor("w13", w13, 3)
+    _require_tensor("w2", w2, 3)
+    _require_tensor("topk_weights", topk_weights, 2)
+    _require_tensor("topk_ids", topk_ids, 2)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if x.dtype not in ACTIVATION_DTYPES:
+        raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
+    for name, w in (("w13", w13), ("w2", w2)):
+        if w.dtype not in WEIGHT_DTYPES:
+            raise TypeError(f"{name} must be int8 (with scales) or bf16/fp16/fp32, got {w.dtype}")
+    if (w13.dtype == torch.int8) != (w2.dtype == torch.int8):
+        raise TypeError(f"w13 and w2 must both be int8 or both be float, got {w13.dtype} and {w2.dtype}")
+
+    num_experts, two_i, hidden = w13.shape
+    inter = w2.shape[2]
+    if two_i != 2 * inter or w2.shape[0] != num_experts or w2.shape[1] != hidden:
+        raise ValueError(
+            f"expected w13 [E, 2I, H] and w2 [E, H, I] with the same E, H and I; got w13 {_shape(w13)}, "
+            f"w2 {_shape(w2)}"
+        )
+    if x.shape[1] != hidden:
+        raise ValueError(f"x has hidden size {x.shape[1]} but the experts have H={hidden} (w13 {_shape(w13)})")
+
+    quantized = w13.dtype == torch.int8
+    for name, scale, rows in (("w13_scale", w13_scale, two_i), ("w2_scale", w2_scale, hidden)):
+        if quantized and scale is None:
+            raise ValueError(f"int8 weights need {name} (fp32 [E, {rows}]); got None")
+        if not quantized and scale is not None:
+            raise ValueError(f"{name} was given but the weights are {w13.dtype}, not int8; drop the scales")
+        if scale is not None:
+            _require_tensor(name, scale, 2)
+            if tuple(scale.shape) != (num_experts, rows):
+                raise ValueError(f"{name} must have shape ({num_experts}, {rows}), got {_shape(scale)}")
+            if scale.dtype != torch.float32:
+                raise TypeError(f"{name} must be float32, got {scale.dtype}")
+
+    if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"topk_weights and topk_ids must both be [M={x.shape[0]}, k]; got {_shape(topk_weights)} and "
+            f"{_shape(topk_ids)}"
+        )
+    if topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")
+    if not topk_weights.is_floating_point():
+        raise TypeError(f"topk_weights must be floating point, got {topk_weights.dtype}")
+
+    if expert_map is not None:
+        _require_tensor("expert_map", expert_map, 1)
+        if expert_map.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"expert_map must be int32 or int64, got {expert_map.dtype}")
+        if global_num_experts is not None and expert_map.numel() != global_num_experts:
+            raise ValueError(
+                f"expert_map has {expert_map.numel()} entries but global_num_experts={global_num_experts}"
+            )
+    total = expert_map.numel() if expert_map is not None else (global_num_experts or num_experts)
+    if expert_map is None and total != num_experts:
+        raise ValueError(
+            f"global_num_experts={total} differs from the {num_experts} experts given; pass expert_map to say "
+            f"which global experts are local"
+        )
+    if topk_ids.shape[1] > total:
+        raise ValueError(f"top_k={topk_ids.shape[1]} exceeds the number of experts ({total})")
+
+    tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids,
+               "w13_scale": w13_scale, "w2_scale": w2_scale, "expert_map": expert_map}
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+    for name in ("x", "w13", "w2", "w13_scale", "w2_scale"):
+        t = tensors[name]
+        if t is not None and t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
+    if x.device.type != "cuda" and topk_ids.numel():  # on CPU the check costs no device sync
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= total:
+            raise ValueError(f"topk_ids must lie in [0, {total}), got values in [{lo}, {hi}]")
+        if expert_map is not None:
+            emin, emax = int(expert_map.min()), int(expert_map.max())
+            if emin < -1 or emax >= num_experts:
+                raise ValueError(f"expert_map entries must be -1 or a local index < {num_experts}, got [{emin}, {emax}]")
+
+
+@torch.library.custom_op("experts_int8::fused_experts", mutates_args=())
+def _fused_experts_triton(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: Optional[torch.Tensor],
+    w2_scale: Optional[torch.Tensor],
+    activation: str,
+    apply_router_weight_on_input: bool,
+    expert_map: Optional[torch.Tensor],
+) -> torch.Tensor:
+    m, top_k = topk_ids.shape
+    num_experts, hidden, inter = w2.shape
+    if m == 0:
+        return x.new_empty((0, hidden))
+    config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
+    sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
+        topk_ids, config["BLOCK_SIZE_M"], num_experts, expert_map
+    )
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    h = x.new_empty((m * top_k, inter))
+    invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                   top_k, activation, apply_router_weight_on_input, config)
+    y = x.new_empty((m * top_k, hidden))
+    invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                not apply_router_weight_on_input, config)
+    return y if top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)
+
+
+@_fused_experts_triton.register_fake
+def _(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
+      expert_map):
+    return x.new_empty((x.shape[0], w2.shape[1]))
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    expert_map: Optional[torch.Tensor] = None,
+    global_num_experts: Optional[int] = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """MoE over already-selected experts: ``sum_j w_j * expert_{id_j}(x)``. Returns ``[M, H]`` in x's dtype.
+
+    ``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` are int8 with fp32 per-row
+    scales ``w13_scale [E, 2I]``, ``w2_scale [E, H]``, or float (bf16/fp16/fp32) without scales.
+    ``expert_map [global E]`` maps global expert ids to local indices or -1 (expert parallelism).
+    ``backend``: "triton" (on CPU tensors, Triton's interpreter), "torch" (reference), "auto"
+    (Triton on CUDA, torch on CPU).
+    """
+    _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+              expert_map, global_num_experts, backend)
+    use_triton = backend == "triton" or (backend == "auto" and x.device.type == "cuda")
+    if not use_triton:
+        return reference.fused_experts(
+            x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
+            activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
+            expert_map=expert_map,
+        )
+    return _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+                                 apply_router_weight_on_input, expert_map)
+
+
+def fused_moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    top_k: int,
+    *,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    correction_bias: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float = 1.0,
+    custom_routing_function: Optional[Callable] = None,
+    **kwargs,
+) -> torch.Tensor:
+    """:func:`select_experts` then :func:`fused_experts` (``kwargs`` are fused_experts' options)."""
+    if isinstance(router_logits, torch.Tensor) and isinstance(x, torch.Tensor) and router_logits.dim() == 2 \
+            and router_logits.shape[0] != x.shape[0]:
+        raise ValueError(f"router_logits has {router_logits.shape[0]} rows but x has {x.shape[0]} tokens")
+    topk_weights, topk_ids = select_experts(
+        router_logits, top_k, renormalize=renormalize, scoring=scoring, num_expert_group=num_expert_group,
+        topk_group=topk_group, correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor,
+        custom_routing_function=custom_routing_function,
+    )
+    return fused_experts(x, w13, w2, topk_weights, topk_ids, **kwargs)

@@ -1,0 +1,64 @@
+"""Symmetric per-output-row int8 quantization of expert weights.
+
+For a weight ``w[..., N, K]`` (N output rows, K reduction dim) each row gets
+``scale = max|row| / 127`` (fp32) and ``q = clamp(round(w / scale), -127, 127)``.
+No calibration data is involved. Stacked experts ``[E, N, K]`` are processed one
+expert at a time so at most one expert's fp32 copy exists at once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+QMAX = 127
+
+
+def _check_finite(w: torch.Tensor, name: str) -> None:
+    if not torch.isfinite(w).all():
+        n_nan = int(torch.isnan(w).sum())
+        n_inf = int(torch.isinf(w).sum())
+        raise ValueError(
+            f"{name} contains {n_nan} NaN and {n_inf} Inf values; int8 quantization needs finite "
+            f"weights. Check the checkpoint this tensor came from."
+        )
+
+
+def quantize_rows(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize one ``[N, K]`` matrix (any float dtype) row by row."""
+    _check_finite(w, name)
+    wf = w.float()
+    amax = wf.abs().amax(dim=-1)
+    # All-zero rows get scale 1 so q = 0 and dequantization stays exact (never 0/0).
+    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
+    q = torch.clamp(torch.round(wf / scale.unsqueeze(-1)), -QMAX, QMAX).to(torch.int8)
+    return q, scale
+
+
+def quantize_weights(w: torch.Tensor, *, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
+    """``w [..., N, K]`` float -> ``(q int8 [..., N, K], scale fp32 [..., N])``.
+
+    ``name`` only appears in error messages (e.g. the checkpoint key).
+    """
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"quantize_weights expects a torch.Tensor, got {type(w).__name__}")
+    if not w.is_floating_point():
+        raise TypeError(f"{name}: quantize_weights expects a float tensor, got dtype {w.dtype}")
+    if w.dim() < 2:
+        raise ValueError(f"{name}: quantize_weights expects [..., N, K] (at least 2-D), got shape {tuple(w.shape)}")
+    lead, (n, k) = w.shape[:-2], w.shape[-2:]
+    q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
+    scale = torch.empty((*lead, n), dtype=torch.float32, device=w.device)
+    w2d, q2d, s2d = w.reshape(-1, n, k), q.view(-1, n, k), scale.view(-1, n)
+    for i in range(w2d.shape[0]):
+        label = name if w2d.shape[0] == 1 else f"{name}[expert {i}]"
+        q2d[i], s2d[i] = quantize_rows(w2d[i], label)
+    return q, scale
+
+
+def dequantize_weights(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_weights`: ``q [..., N, K]`` int8, ``scale [..., N]`` -> ``w`` in ``dtype``."""
+    if q.dtype != torch.int8:
+        raise TypeError(f"dequantize_weights expects int8 weights, got {q.dtype}")
+    if tuple(scale.shape) != tuple(q.shape[:-1]):
+        raise ValueError(f"scale shape {tuple(scale.shape)} does not match weight rows {tuple(q.shape[:-1])}")
+    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)

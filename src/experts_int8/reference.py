@@ -1,0 +1,86 @@
+"""Pure-torch MoE: the oracle of every test and the CPU execution path.
+
+Legend: M tokens, H hidden, I intermediate (per expert), E local experts, k experts per token.
+``w13 [E, 2I, H]`` holds gate rows ``[:I]`` then up rows ``[I:]``; ``w2 [E, H, I]``.
+
+Numerics mirror the Triton kernel: accumulate in fp32 (or fp64 when x is fp64), apply the per-row
+weight scale after the product, the activation and routing weight in that precision, round the
+intermediate to x's dtype once, and sum the k expert outputs in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
+    """``[..., 2I] -> [..., I]``: ``act(gate) * up``."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gelu":
+        return F.gelu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
+def _expert_matmul(a: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor], acc: torch.dtype):
+    """``a [T, K] @ w[N, K]^T`` in ``acc`` precision, times the per-row scale of int8 weights."""
+    out = a.to(acc) @ w.to(acc).t()
+    return out if scale is None else out * scale.to(acc)
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    expert_map: Optional[torch.Tensor] = None,
+    global_num_experts: Optional[int] = None,
+) -> torch.Tensor:
+    """Reference MoE over already-selected experts. Returns ``[M, H]`` in x's dtype.
+
+    ``expert_map[global_id]`` is the local index of that expert or -1 (expert lives elsewhere:
+    the slot contributes 0). Inputs are assumed valid; :mod:`experts_int8.ops` validates.
+    """
+    m, k = topk_ids.shape
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    ids = topk_ids.long()
+    if expert_map is not None:
+        ids = expert_map.long()[ids]
+    out = torch.zeros(m, k, w2.shape[1], dtype=acc, device=x.device)
+    for e in torch.unique(ids).tolist():
+        if e < 0:
+            continue
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        weight = topk_weights[tok, slot].to(acc).unsqueeze(-1)
+        a = x[tok].to(acc)
+        if apply_router_weight_on_input:
+            a = a * weight
+        gate_up = _expert_matmul(a, w13[e], None if w13_scale is None else w13_scale[e], acc)
+        h = act_and_mul(gate_up, activation).to(x.dtype)  # the kernel stores the intermediate in x's dtype
+        y = _expert_matmul(h, w2[e], None if w2_scale is None else w2_scale[e], acc)
+        if not apply_router_weight_on_input:
+            y = y * weight
+        out[tok, slot] = y.to(x.dtype).to(acc)  # the kernel stores each expert's output in x's dtype
+    return out.sum(dim=1).to(x.dtype)
+
+
+def fused_moe(x, router_logits, w13, w2, top_k, *, routing: Optional[dict] = None, **kwargs):
+    """``select_experts`` + :func:`fused_experts`; ``routing`` holds select_experts' options."""
+    from .routing import select_experts
+
+    topk_weights, topk_ids = select_experts(router_logits, top_k, **(routing or {}))
+    return fused_experts(x, w13, w2, topk_weights, topk_ids, **kwargs)

@@ -1,0 +1,90 @@
+"""Router: turn ``router_logits [M, E]`` into ``topk_weights [M, k]`` (fp32) and ``topk_ids [M, k]`` (int32).
+
+Covers the variants of the MoE families in use:
+  * softmax (Mixtral, Qwen-MoE, OLMoE) or sigmoid (DeepSeek-V3, Llama-4) scores;
+  * optional renormalisation of the k chosen weights;
+  * grouped top-k (DeepSeek-V2/V3): keep the ``topk_group`` best of ``num_expert_group`` groups;
+  * a score-correction bias that only steers *selection*; weights come from unbiased scores (DeepSeek-V3);
+  * a routed scaling factor multiplied into the final weights.
+Everything stays on the device with no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+SCORINGS = ("softmax", "sigmoid")
+
+
+def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias):
+    if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
+        shape = tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor) else type(router_logits).__name__
+        raise ValueError(f"router_logits must be a 2-D tensor [M, E], got {shape}")
+    if not router_logits.is_floating_point():
+        raise TypeError(f"router_logits must be floating point, got {router_logits.dtype}")
+    num_experts = router_logits.shape[1]
+    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
+    if scoring not in SCORINGS:
+        raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
+    if (num_expert_group is None) != (topk_group is None):
+        raise ValueError("num_expert_group and topk_group must be given together (grouped top-k)")
+    if num_expert_group is not None:
+        if num_experts % num_expert_group:
+            raise ValueError(f"E={num_experts} is not divisible by num_expert_group={num_expert_group}")
+        if not 1 <= topk_group <= num_expert_group:
+            raise ValueError(f"topk_group must be in [1, num_expert_group={num_expert_group}], got {topk_group}")
+        if topk_group * (num_experts // num_expert_group) < top_k:
+            raise ValueError(
+                f"topk_group={topk_group} groups of {num_experts // num_expert_group} experts cannot hold top_k={top_k}"
+            )
+    if correction_bias is not None and tuple(correction_bias.shape) != (num_experts,):
+        raise ValueError(f"correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}")
+
+
+def select_experts(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    correction_bias: Optional[torch.Tensor] = None,
+    routed_scaling_factor: float = 1.0,
+    custom_routing_function: Optional[Callable] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick ``top_k`` experts per token. Returns ``(topk_weights fp32 [M, k], topk_ids int32 [M, k])``.
+
+    ``custom_routing_function(router_logits, top_k, renormalize) -> (weights, ids)`` replaces the
+    built-in selection; its outputs are cast and the scaling factor still applies.
+    """
+    _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias)
+    if custom_routing_function is not None:
+        weights, ids = custom_routing_function(router_logits, top_k, renormalize)
+        return (weights.float() * routed_scaling_factor), ids.to(torch.int32)
+
+    logits = router_logits.float()
+    scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+
+    if num_expert_group is not None:
+        m, e = choice.shape
+        grouped = choice.view(m, num_expert_group, e // num_expert_group)
+        if correction_bias is not None:  # DeepSeek-V3: a group is worth its two best biased scores
+            group_score = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(dim=-1)
+        else:  # DeepSeek-V2: a group is worth its best score
+            group_score = grouped.amax(dim=-1)
+        keep = torch.zeros_like(group_score)
+        keep.scatter_(1, group_score.topk(topk_group, dim=-1).indices, 1.0)
+        choice = grouped.masked_fill(keep.unsqueeze(-1) == 0, float("-inf")).view(m, e)
+
+    topk_ids = choice.topk(top_k, dim=-1).indices
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    if routed_scaling_factor != 1.0:
+        topk_weights = topk_weights * routed_scaling_factor
+    return topk_weights, topk_ids.to(torch.int32)
