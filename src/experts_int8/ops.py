@@ -114,7 +114,8 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
         t = tensors[name]
         if t is not None and t.numel() and t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
-    if x.device.type != "cuda" and topk_ids.numel():  # on CPU the check costs no device sync
+    # Value checks: on CPU only (no device sync) and not while torch.compile traces.
+    if x.device.type != "cuda" and topk_ids.numel() and not torch.compiler.is_compiling():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= total:
             raise ValueError(f"topk_ids must lie in [0, {total}), got values in [{lo}, {hi}]")

@@ -1,0 +1,30 @@
+"""The Triton path is one custom op with a fake implementation: torch.compile traces it without breaks."""
+
+import torch
+
+from conftest import DEVICE
+from experts_int8 import fused_experts, quantize_weights, select_experts
+
+
+def test_fullgraph_compile_matches_eager():
+    q13, s13 = quantize_weights(torch.randn(4, 64, 32, device=DEVICE))
+    q2, s2 = quantize_weights(torch.randn(4, 32, 32, device=DEVICE))
+    x = torch.randn(5, 32, device=DEVICE)
+    logits = torch.randn(5, 4, device=DEVICE)
+
+    def layer(x, logits):
+        w, ids = select_experts(logits, 2)
+        return fused_experts(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2, backend="triton")
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x, logits), layer(x, logits))
+
+
+def test_op_is_registered_with_fake_impl():
+    op = torch.ops.experts_int8.fused_experts.default
+    with torch._subclasses.fake_tensor.FakeTensorMode():
+        x = torch.empty(7, 32)
+        out = op(x, torch.empty(4, 64, 32, dtype=torch.int8), torch.empty(4, 32, 32, dtype=torch.int8),
+                 torch.empty(7, 2), torch.empty(7, 2, dtype=torch.int32), torch.empty(4, 64), torch.empty(4, 32),
+                 "silu", False, None)
+        assert out.shape == (7, 32) and out.dtype == x.dtype

@@ -1,0 +1,160 @@
+"""fused_experts against the fp64 reference: the Triton kernels (interpreted on CPU) and the torch path."""
+
+import pytest
+import torch
+
+from conftest import DEVICE
+from experts_int8 import dequantize_weights, fused_experts, fused_moe, quantize_weights, reference, select_experts
+from experts_int8.kernels.align import align_block_size
+
+DTYPES = [torch.float16, torch.float32] if DEVICE == "cpu" else [torch.bfloat16, torch.float16, torch.float32]
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+BACKENDS = ["triton", "torch"]
+
+
+def make_experts(e, h, i, quantized=True, dtype=torch.float32):
+    w13 = torch.randn(e, 2 * i, h, device=DEVICE) / h**0.5
+    w2 = torch.randn(e, h, i, device=DEVICE) / i**0.5
+    if not quantized:
+        return dict(w13=w13.to(dtype), w2=w2.to(dtype), w13_scale=None, w2_scale=None)
+    q13, s13 = quantize_weights(w13)
+    q2, s2 = quantize_weights(w2)
+    return dict(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
+
+
+def oracle(x, experts, topk_weights, topk_ids, **kw):
+    """fp64 reference on the dequantized weights."""
+    def deq(w, s):
+        return w.double() if s is None else dequantize_weights(w, s, torch.float64)
+
+    return reference.fused_experts(
+        x.double(), deq(experts["w13"], experts["w13_scale"]), deq(experts["w2"], experts["w2_scale"]),
+        topk_weights, topk_ids, **kw,
+    )
+
+
+def rel_err(out, ref):
+    return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(m, e, h, i, k, dtype, backend, topk_ids=None, quantized=True, weight_dtype=None, **kw):
+    experts = make_experts(e, h, i, quantized, weight_dtype or dtype)
+    x = torch.randn(m, h, device=DEVICE, dtype=dtype)
+    n_global = kw.get("global_num_experts") or e
+    topk_weights, ids = select_experts(torch.randn(m, n_global, device=DEVICE), k)
+    if topk_ids is not None:
+        ids = topk_ids.to(DEVICE)
+    out = fused_experts(x, **experts, topk_weights=topk_weights, topk_ids=ids, backend=backend, **kw)
+    assert out.shape == (m, h) and out.dtype == dtype
+    assert torch.isfinite(out).all()
+    kw.pop("global_num_experts", None)
+    ref = oracle(x, experts, topk_weights, ids, **kw)
+    if m:
+        assert rel_err(out, ref) < TOL[dtype], rel_err(out, ref)
+    return out, ref
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "case, m, e, h, i, k",
+    [
+        ("M=1", 1, 4, 64, 32, 2),
+        ("M<BLOCK_M", 3, 4, 64, 32, 2),
+        ("M>BLOCK_M", 37, 4, 64, 32, 2),
+        ("odd H and I", 5, 4, 67, 45, 2),
+        ("prime E", 6, 7, 32, 48, 3),
+        ("k=1", 9, 5, 48, 32, 1),
+        ("k=E", 4, 3, 32, 32, 3),
+        ("experts with no token", 2, 16, 32, 32, 2),
+    ],
+)
+def test_matches_reference(backend, dtype, case, m, e, h, i, k):
+    check(m, e, h, i, k, dtype, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_all_tokens_on_one_expert(backend, dtype):
+    m, k = 20, 2
+    ids = torch.stack([torch.full((m,), 2), torch.full((m,), 0)], dim=1).int()
+    check(m, 4, 32, 32, k, dtype, backend, topk_ids=ids)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh"])
+def test_activations(backend, activation):
+    check(7, 4, 48, 32, 2, torch.float32, backend, activation=activation)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_router_weight_on_input(backend):
+    check(6, 4, 32, 32, 1, torch.float32, backend, apply_router_weight_on_input=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("weight_dtype", [torch.float16, torch.float32])
+def test_float_weights_unquantized(backend, weight_dtype):
+    check(5, 4, 32, 48, 2, torch.float32 if weight_dtype == torch.float32 else torch.float16, backend,
+          quantized=False, weight_dtype=weight_dtype)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_expert_map_with_absent_experts(backend, dtype):
+    # 6 global experts; this rank holds global experts 1, 4 and 5 as local 0, 1, 2.
+    expert_map = torch.tensor([-1, 0, -1, -1, 1, 2], device=DEVICE)
+    m, k = 11, 2
+    out, _ = check(m, 3, 32, 32, k, dtype, backend, expert_map=expert_map, global_num_experts=6)
+    # A token routed only to absent experts gets exactly zero.
+    experts = make_experts(3, 32, 32)
+    x = torch.randn(2, 32, device=DEVICE, dtype=dtype)
+    ids = torch.tensor([[0, 2], [3, 2]], device=DEVICE, dtype=torch.int32)
+    w = torch.rand(2, 2, device=DEVICE)
+    out = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, expert_map=expert_map,
+                        global_num_experts=6, backend=backend)
+    assert torch.all(out == 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_empty_batch(backend):
+    out, _ = check(0, 4, 32, 32, 2, torch.float32, backend)
+    assert out.shape == (0, 32)
+
+
+def test_fused_moe_is_select_then_fused():
+    experts = make_experts(8, 32, 32)
+    x = torch.randn(5, 32, device=DEVICE)
+    logits = torch.randn(5, 8, device=DEVICE)
+    out = fused_moe(x, logits, **experts, top_k=2, scoring="sigmoid", routed_scaling_factor=1.5, backend="torch")
+    w, ids = select_experts(logits, 2, scoring="sigmoid", routed_scaling_factor=1.5)
+    torch.testing.assert_close(out, fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch"))
+
+
+def test_triton_and_torch_backends_agree():
+    experts = make_experts(6, 64, 48)
+    x = torch.randn(13, 64, device=DEVICE, dtype=torch.float32)
+    w, ids = select_experts(torch.randn(13, 6, device=DEVICE), 2)
+    a = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="triton")
+    b = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch")
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+def test_align_block_size_invariants(block_m):
+    e, m, k = 5, 23, 2
+    ids = torch.randint(0, e, (m, k), dtype=torch.int32)
+    ids[0, 0] = -1  # out of range -> absent group
+    sorted_ids, block_expert, num_post = align_block_size(ids, block_m, e)
+    n = int(num_post)
+    assert n % block_m == 0 and n <= sorted_ids.numel()
+    flat = ids.reshape(-1)
+    real = sorted_ids[:n][sorted_ids[:n] < m * k].long()
+    assert sorted(real.tolist()) == list(range(m * k))  # every pair exactly once
+    assert torch.all(sorted_ids[n:] == m * k)
+    for b in range(n // block_m):
+        rows = sorted_ids[b * block_m:(b + 1) * block_m]
+        rows = rows[rows < m * k].long()
+        expect = -1 if flat[rows[0]] < 0 else int(flat[rows[0]])
+        assert int(block_expert[b]) == expect
+        assert all((-1 if flat[r] < 0 else int(flat[r])) == expect for r in rows)

@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from experts_int8 import dequantize_weights, quantize_weights
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(5, 33), (3, 17, 40), (2, 3, 8, 16)])
+def test_round_trip_error_within_half_step(dtype, shape):
+    w = (torch.randn(shape) * torch.rand(shape[:-1] + (1,)) * 3).to(dtype)
+    q, scale = quantize_weights(w)
+    assert q.dtype == torch.int8 and q.shape == w.shape
+    assert scale.dtype == torch.float32 and scale.shape == w.shape[:-1]
+    assert int(q.abs().max()) <= 127
+    err = (w.float() - dequantize_weights(q, scale)).abs()
+    # Rounding error at most half a step, plus the float32 rounding of w / scale.
+    assert torch.all(err <= scale.unsqueeze(-1) * (0.5 + 1e-5))
+    # The largest element of every row hits +-127 exactly.
+    assert torch.all(q.abs().amax(-1) == 127)
+
+
+def test_scale_is_row_amax_over_127():
+    w = torch.randn(4, 6, 10)
+    _, scale = quantize_weights(w)
+    torch.testing.assert_close(scale, w.abs().amax(-1) / 127)
+
+
+def test_zero_rows_get_finite_scale_and_zero_q():
+    w = torch.randn(3, 8, 12)
+    w[1, 2] = 0
+    w[2] = 0
+    q, scale = quantize_weights(w)
+    assert torch.isfinite(scale).all() and (scale > 0).all()
+    assert (q[1, 2] == 0).all() and (q[2] == 0).all()
+    deq = dequantize_weights(q, scale)
+    assert (deq[2] == 0).all() and torch.isfinite(deq).all()
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_an_error_naming_the_tensor(bad):
+    w = torch.randn(2, 4, 8)
+    w[1, 3, 5] = bad
+    with pytest.raises(ValueError, match=r"layers\.0\.w1\[expert 1\]"):
+        quantize_weights(w, name="layers.0.w1")
+
+
+def test_bad_input_types():
+    with pytest.raises(TypeError, match="float"):
+        quantize_weights(torch.ones(3, 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="2-D"):
+        quantize_weights(torch.ones(4))
+    with pytest.raises(TypeError, match="int8"):
+        dequantize_weights(torch.ones(3, 4), torch.ones(3))
+    with pytest.raises(ValueError, match="scale shape"):
+        dequantize_weights(torch.ones(3, 4, dtype=torch.int8), torch.ones(4))
+
+
+def test_dequantize_dtype():
+    q, s = quantize_weights(torch.randn(3, 5))
+    assert dequantize_weights(q, s, dtype=torch.bfloat16).dtype == torch.bfloat16

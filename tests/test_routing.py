@@ -1,0 +1,94 @@
+import math
+
+import pytest
+import torch
+
+from experts_int8 import select_experts
+
+
+def test_softmax_topk_hand_computed():
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    w, ids = select_experts(logits, 2, renormalize=False)
+    p = torch.softmax(logits, -1)[0]
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32
+    assert ids.tolist() == [[1, 2]]
+    torch.testing.assert_close(w[0], p[[1, 2]])
+    w, _ = select_experts(logits, 2, renormalize=True)
+    e3, e2 = math.exp(3), math.exp(2)
+    torch.testing.assert_close(w[0], torch.tensor([e3 / (e3 + e2), e2 / (e3 + e2)]))
+
+
+def test_sigmoid_scoring_and_scaling():
+    logits = torch.tensor([[0.0, 2.0, -1.0]])
+    w, ids = select_experts(logits, 1, scoring="sigmoid", renormalize=False, routed_scaling_factor=2.5)
+    assert ids.tolist() == [[1]]
+    torch.testing.assert_close(w, torch.tensor([[2.5 / (1 + math.exp(-2.0))]]))
+
+
+def test_grouped_topk_deepseek_v2_uses_group_max():
+    # 4 groups of 2 experts. Group maxima: g0=0.9(e1), g1=0.5, g2=0.8, g3=0.85. Keep 2 groups: g0, g3.
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.45, 0.8, 0.0, 0.85, 0.84]])
+    logits = scores.log()  # softmax(log p) = p / sum(p): same order, easy to reason about
+    w, ids = select_experts(logits, 3, num_expert_group=4, topk_group=2, renormalize=False)
+    assert sorted(ids[0].tolist()) == [1, 6, 7]  # e4 (0.8) is excluded: its group lost
+    p = torch.softmax(logits, -1)[0]
+    torch.testing.assert_close(w[0].sort().values, p[[1, 6, 7]].sort().values)
+
+
+def test_deepseek_v3_bias_selects_but_weights_are_unbiased():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 1.5, 0.2, 0.1]])
+    bias = torch.tensor([0.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0])
+    w, ids = select_experts(logits, 2, scoring="sigmoid", num_expert_group=4, topk_group=2,
+                            correction_bias=bias, renormalize=True, routed_scaling_factor=2.0)
+    s = torch.sigmoid(logits[0])
+    b = s + bias
+    # Group scores = sum of top-2 biased scores per group of 2.
+    gs = b.view(4, 2).sum(-1)
+    kept = gs.topk(2).indices.tolist()
+    assert 1 in kept  # the group of expert 3 (boosted by the bias)
+    allowed = [e for g in kept for e in (2 * g, 2 * g + 1)]
+    expect = sorted(allowed, key=lambda e: -b[e].item())[:2]
+    assert sorted(ids[0].tolist()) == sorted(expect)
+    assert 3 in ids[0].tolist()
+    raw = s[ids[0].long()]
+    torch.testing.assert_close(w[0], raw / raw.sum() * 2.0)
+
+
+def test_custom_routing_function():
+    def first_k(logits, top_k, renormalize):
+        m = logits.shape[0]
+        ids = torch.arange(top_k).repeat(m, 1)
+        return torch.full((m, top_k), 0.5, dtype=torch.float16), ids
+
+    w, ids = select_experts(torch.randn(3, 4), 2, custom_routing_function=first_k, routed_scaling_factor=2.0)
+    assert ids.dtype == torch.int32 and ids.tolist() == [[0, 1]] * 3
+    assert w.dtype == torch.float32 and torch.all(w == 1.0)
+
+
+def test_empty_batch():
+    w, ids = select_experts(torch.randn(0, 8), 2)
+    assert w.shape == (0, 2) and ids.shape == (0, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(top_k=9), "top_k"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_k=2, scoring="relu"), "scoring"),
+        (dict(top_k=2, num_expert_group=3, topk_group=1), "divisible"),
+        (dict(top_k=2, num_expert_group=4), "together"),
+        (dict(top_k=5, num_expert_group=4, topk_group=2), "cannot hold"),
+        (dict(top_k=2, correction_bias=torch.zeros(7)), "correction_bias"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        select_experts(torch.randn(3, 8), **kwargs)
+
+
+def test_bad_logits():
+    with pytest.raises(ValueError, match="2-D"):
+        select_experts(torch.randn(8), 2)
+    with pytest.raises(TypeError, match="floating"):
+        select_experts(torch.ones(2, 8, dtype=torch.long), 2)

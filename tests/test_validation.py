@@ -1,0 +1,71 @@
+"""Bad input is rejected before any kernel launch with a message saying what was expected and given."""
+
+import pytest
+import torch
+
+from experts_int8 import fused_experts, quantize_weights
+
+E, H, I, M, K = 4, 32, 16, 3, 2
+
+
+def good():
+    q13, s13 = quantize_weights(torch.randn(E, 2 * I, H))
+    q2, s2 = quantize_weights(torch.randn(E, H, I))
+    return dict(x=torch.randn(M, H), w13=q13, w2=q2, topk_weights=torch.rand(M, K),
+                topk_ids=torch.randint(0, E, (M, K), dtype=torch.int32), w13_scale=s13, w2_scale=s2)
+
+
+def with_(**changes):
+    args = good()
+    args.update(changes)
+    return args
+
+
+CASES = [
+    ("x rank", lambda: with_(x=torch.randn(M, H, 1)), ValueError, "x must be 2-D"),
+    ("x dtype", lambda: with_(x=torch.randn(M, H).double()), TypeError, "bfloat16, float16 or float32"),
+    ("x int", lambda: with_(x=torch.ones(M, H, dtype=torch.int32)), TypeError, "x must be"),
+    ("w13 rank", lambda: with_(w13=torch.zeros(2 * I, H, dtype=torch.int8)), ValueError, "w13 must be 3-D"),
+    ("w dtype", lambda: with_(w2=torch.zeros(E, H, I, dtype=torch.int32)), TypeError, "w2 must be int8"),
+    ("mixed formats", lambda: with_(w2=torch.randn(E, H, I), w2_scale=None), TypeError, "both be int8"),
+    ("H mismatch x", lambda: with_(x=torch.randn(M, H + 1)), ValueError, "hidden size"),
+    ("I mismatch", lambda: with_(w2=torch.zeros(E, H, I + 1, dtype=torch.int8)), ValueError, r"w13 \[E, 2I, H\]"),
+    ("E mismatch", lambda: with_(w2=torch.zeros(E + 1, H, I, dtype=torch.int8)), ValueError, "same E"),
+    ("int8 without scales", lambda: with_(w13_scale=None), ValueError, "need w13_scale"),
+    ("float with scales", lambda: with_(w13=torch.randn(E, 2 * I, H), w2=torch.randn(E, H, I)), ValueError,
+     "drop the scales"),
+    ("scale shape", lambda: with_(w2_scale=torch.ones(E, H + 1)), ValueError, r"w2_scale must have shape \(4, 32\)"),
+    ("scale dtype", lambda: with_(w2_scale=torch.ones(E, H, dtype=torch.float16)), TypeError, "float32"),
+    ("topk shape", lambda: with_(topk_weights=torch.rand(M, K + 1)), ValueError, "topk_weights and topk_ids"),
+    ("topk rows", lambda: with_(topk_weights=torch.rand(M + 1, K),
+                                topk_ids=torch.zeros(M + 1, K, dtype=torch.int32)), ValueError, "M=3"),
+    ("ids dtype", lambda: with_(topk_ids=torch.zeros(M, K)), TypeError, "topk_ids must be int32 or int64"),
+    ("top_k > E", lambda: with_(topk_weights=torch.rand(M, E + 1),
+                                topk_ids=torch.zeros(M, E + 1, dtype=torch.int32)), ValueError, "exceeds"),
+    ("ids out of range", lambda: with_(topk_ids=torch.full((M, K), E, dtype=torch.int32)), ValueError,
+     r"\[0, 4\)"),
+    ("negative ids", lambda: with_(topk_ids=torch.full((M, K), -1, dtype=torch.int32)), ValueError, r"\[0, 4\)"),
+    ("activation", lambda: with_(activation="relu"), ValueError, "activation must be one of"),
+    ("backend", lambda: with_(backend="cuda"), ValueError, "backend must be one of"),
+    ("non-contiguous x", lambda: with_(x=torch.randn(H, M).t()), ValueError, "contiguous"),
+    ("non-contiguous w13", lambda: with_(w13=quantize_weights(torch.randn(E, H, 2 * I))[0].transpose(1, 2)),
+     ValueError, "w13 must be contiguous"),
+    ("expert_map length", lambda: with_(expert_map=torch.arange(E), global_num_experts=E + 2), ValueError,
+     "expert_map has 4 entries"),
+    ("global without map", lambda: with_(global_num_experts=8), ValueError, "pass expert_map"),
+    ("expert_map values", lambda: with_(expert_map=torch.tensor([0, 1, 2, 9])), ValueError, "expert_map entries"),
+    ("not a tensor", lambda: with_(x=[[1.0] * H] * M), TypeError, "x must be a torch.Tensor"),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("make, exc, match", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_rejected(make, exc, match, backend):
+    args = make()
+    args.setdefault("backend", backend)
+    with pytest.raises(exc, match=match):
+        fused_experts(**args)
+
+
+def test_good_args_pass():
+    assert fused_experts(**good(), backend="torch").shape == (M, H)
