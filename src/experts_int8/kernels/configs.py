@@ -5,16 +5,21 @@ intermediate size I of the (possibly tensor-parallel-sharded) experts, ``device`
 with spaces as underscores and ``dtype`` the *weight* format (``int8_w8a16`` or ``bf16``/``fp16``/
 ``fp32``). Each maps a token count M (as a string) to a config; the nearest M is used. Tables are
 searched in the user's tuning cache first (written by ``experts-int8 tune``), then in the package.
+
+``with override_config(cfg):`` forces one config for every ``get_config`` call in the block (the
+tuner times candidates this way; tests use it to pin block sizes).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import json
 import logging
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -22,6 +27,35 @@ logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).parent / "configs"
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+
+_OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
+
+
+def check_config(config: dict) -> dict:
+    """A validated copy of ``config``: exactly the keys of CONFIG_KEYS, positive ints, block sizes
+    powers of two of at least 16 (``tl.dot``'s minimum)."""
+    if not isinstance(config, dict) or set(config) != set(CONFIG_KEYS):
+        got = sorted(config) if isinstance(config, dict) else type(config).__name__
+        raise ValueError(f"a MoE config needs exactly the keys {list(CONFIG_KEYS)}, got {got}")
+    out = {key: config[key] for key in CONFIG_KEYS}
+    for key, value in out.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"config[{key!r}] must be a positive int, got {value!r}")
+    for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+        if out[key] < 16 or out[key] & (out[key] - 1):
+            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {out[key]}")
+    return out
+
+
+@contextlib.contextmanager
+def override_config(config: dict) -> Iterator[dict]:
+    """Within the block, ``get_config`` returns ``config`` for every shape and M (context-local,
+    so threads and nested blocks don't interfere). Yields the validated config."""
+    token = _OVERRIDE.set(check_config(config))
+    try:
+        yield _OVERRIDE.get()
+    finally:
+        _OVERRIDE.reset(token)
 
 
 def user_config_dir() -> Path:
@@ -85,6 +119,9 @@ def heuristic_config(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
 def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
                device: Optional[torch.device] = None) -> dict:
     """The block config for ``m`` tokens on experts of intermediate size ``inter``."""
+    forced = _OVERRIDE.get()
+    if forced is not None:
+        return dict(forced)
     dev = device_name(device)
     table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
     if table:
