@@ -213,7 +213,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
     has_scale = w13_scale is not None
-    _kernel(moe_gate_up_kernel, x.device)[grid](
+    return _kernel(moe_gate_up_kernel, x.device)[grid](
         x, w13, w13_scale if has_scale else w13, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, inter, x.shape[1],
@@ -230,7 +230,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]),)
     has_scale = w2_scale is not None
-    _kernel(moe_down_kernel, a.device)[grid](
+    return _kernel(moe_down_kernel, a.device)[grid](
         a, w2, w2_scale if has_scale else w2, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter,
