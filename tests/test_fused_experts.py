@@ -158,3 +158,26 @@ def test_align_block_size_invariants(block_m):
         expect = -1 if flat[rows[0]] < 0 else int(flat[rows[0]])
         assert int(block_expert[b]) == expect
         assert all((-1 if flat[r] < 0 else int(flat[r])) == expect for r in rows)
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_single_program_align_matches_torch_align(trial, monkeypatch):
+    from experts_int8.kernels import align
+
+    e = int(torch.randint(1, 40, ()))
+    m = int(torch.randint(0, 60, ()))
+    k = int(torch.randint(1, min(e, 6) + 1, ()))
+    block_m = [16, 32, 64][trial % 3]
+    ids = torch.randint(-1, e + 1, (m, k), dtype=torch.int32 if trial % 2 else torch.int64, device=DEVICE)
+    expert_map = None
+    if trial % 4 == 0:
+        expert_map = torch.randint(-1, e, (e + 3,), dtype=torch.int32, device=DEVICE)
+        ids = torch.randint(0, e + 3, (m, k), device=DEVICE)
+    fast = align._align_single_program(ids, block_m, e, expert_map)
+    monkeypatch.setattr(align, "SINGLE_PROGRAM_MAX_PAIRS", -1)
+    slow = align.align_block_size(ids, block_m, e, expert_map)
+    n = int(slow[2])
+    assert int(fast[2]) == n
+    assert torch.equal(fast[0], slow[0])
+    assert torch.equal(fast[1][: n // block_m], slow[1][: n // block_m])
+    assert torch.all(fast[1][n // block_m:] == -1)

@@ -18,6 +18,12 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import triton
+import triton.language as tl
+
+# Up to this many (token, slot) pairs the whole align step is one Triton program (decode and small
+# prefill: one launch instead of a dozen small torch ops); above it, torch's sort is used.
+SINGLE_PROGRAM_MAX_PAIRS = 4096
 
 
 def max_sorted_len(numel: int, num_experts: int, block_m: int) -> int:
@@ -26,6 +32,66 @@ def max_sorted_len(numel: int, num_experts: int, block_m: int) -> int:
     groups = min(numel, num_experts + 1)
     bound = numel + groups * (block_m - 1)
     return (bound + block_m - 1) // block_m * block_m
+
+
+@triton.jit
+def align_single_program_kernel(
+    topk_ids_ptr,  # (numel,) int32/int64 global expert ids
+    expert_map_ptr,  # (num_global,) int32/int64 global -> local or -1; read only when HAS_MAP
+    sorted_token_ids_ptr,  # (num_sorted,) int32, out
+    block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32, out
+    num_tokens_post_padded_ptr,  # (1,) int32, out
+    scratch_ptr,  # (2, GROUPS) int32: padded group starts, then unpadded group starts
+    numel,
+    num_experts,
+    num_global,
+    num_sorted,
+    HAS_MAP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    PAIRS: tl.constexpr,  # power of two >= numel
+    GROUPS: tl.constexpr,  # power of two >= num_experts + 2 (experts, the absent group, padding lanes)
+    CHUNK: tl.constexpr,
+    BLOCK_CHUNK: tl.constexpr,
+):
+    """Grid (1,): one program does the whole align step for up to PAIRS pairs."""
+    offs = tl.arange(0, PAIRS)
+    in_batch = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=in_batch, other=-1).to(tl.int32)
+    if HAS_MAP:
+        known = (ids >= 0) & (ids < num_global)
+        ids = tl.where(known, tl.load(expert_map_ptr + ids, mask=known & in_batch, other=-1).to(tl.int32), -1)
+    group = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)  # the absent group
+    group = tl.where(in_batch, group, num_experts + 1)  # padding lanes: a group that is never stored
+
+    g = tl.arange(0, GROUPS)
+    counts = tl.where(g <= num_experts, tl.histogram(group, GROUPS), 0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    tl.store(scratch_ptr + g, padded_end - padded)
+    tl.store(scratch_ptr + GROUPS + g, tl.cumsum(counts, 0) - counts)
+    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
+    for start in range(0, num_sorted, CHUNK):
+        rows = start + tl.arange(0, CHUNK)
+        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < num_sorted)
+    num_blocks = num_sorted // BLOCK_M
+    for start in range(0, num_blocks, BLOCK_CHUNK):
+        blocks = start + tl.arange(0, BLOCK_CHUNK)
+        # A block's group is the number of groups that end at or before the block's first row.
+        group_of_block = tl.sum((padded_end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), 1)
+        tl.store(block_expert_ids_ptr + blocks, tl.where(group_of_block < num_experts, group_of_block, -1),
+                 mask=blocks < num_blocks)
+    tl.debug_barrier()  # the scratch and sentinel stores above are read / overwritten below
+
+    # Stable sort of the pairs by group: sort keys (group, pair index); the rank inside a group is
+    # the sorted position minus the group's unpadded start.
+    keys = tl.sort(group * PAIRS + offs)
+    sorted_group = keys // PAIRS
+    pair = keys % PAIRS
+    valid = sorted_group <= num_experts
+    safe_group = tl.where(valid, sorted_group, 0)
+    rank = offs - tl.load(scratch_ptr + GROUPS + safe_group)
+    dest = tl.load(scratch_ptr + safe_group) + rank
+    tl.store(sorted_token_ids_ptr + dest, pair, mask=valid)
 
 
 def align_block_size(
@@ -39,8 +105,10 @@ def align_block_size(
     Ids that are out of range, or that ``expert_map`` marks -1, land in the absent group.
     """
     device = topk_ids.device
+    numel = topk_ids.numel()
+    if numel <= SINGLE_PROGRAM_MAX_PAIRS and (device.type == "cuda" or _interpreting()):
+        return _align_single_program(topk_ids, block_m, num_experts, expert_map)
     flat = topk_ids.reshape(-1).long()
-    numel = flat.numel()
     if expert_map is not None:
         in_range = (flat >= 0) & (flat < expert_map.numel())
         local = torch.where(in_range, expert_map.long()[flat.clamp(0, expert_map.numel() - 1)], -1)
@@ -66,4 +134,29 @@ def align_block_size(
     block_group = torch.searchsorted(padded_end, block_start, right=True)
     block_expert_ids = torch.where(block_group < num_experts, block_group, -1).to(torch.int32)
     num_tokens_post_padded = padded_end[-1:].to(torch.int32)
+    return sorted_token_ids, block_expert_ids, num_tokens_post_padded
+
+
+def _interpreting() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    return isinstance(align_single_program_kernel, InterpretedFunction)
+
+
+def _align_single_program(topk_ids, block_m, num_experts, expert_map):
+    device = topk_ids.device
+    numel = topk_ids.numel()
+    num_sorted = max_sorted_len(numel, num_experts, block_m)
+    groups = triton.next_power_of_2(num_experts + 2)
+    sorted_token_ids = torch.empty(num_sorted, dtype=torch.int32, device=device)
+    block_expert_ids = torch.empty(num_sorted // block_m, dtype=torch.int32, device=device)
+    num_tokens_post_padded = torch.empty(1, dtype=torch.int32, device=device)
+    scratch = torch.empty(2 * groups, dtype=torch.int32, device=device)
+    has_map = expert_map is not None
+    align_single_program_kernel[(1,)](
+        topk_ids.reshape(-1), expert_map if has_map else topk_ids, sorted_token_ids, block_expert_ids,
+        num_tokens_post_padded, scratch, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted,
+        HAS_MAP=has_map, BLOCK_M=block_m, PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups,
+        CHUNK=1024, BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4,
+    )
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
