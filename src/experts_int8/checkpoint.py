@@ -1,0 +1,55 @@
+"""Safetensors helpers: read tensor headers without loading data, and validate int8 experts checkpoints."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from safetensors import safe_open
+
+SAFETENSORS_DTYPES = {"int8": "I8", "float32": "F32"}
+
+
+def read_headers(files: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{key: (safetensors dtype, shape)}`` over all ``*.safetensors`` files given (no tensor data read)."""
+    out = {}
+    for path in files or ():
+        if not str(path).endswith(".safetensors"):
+            continue
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                s = f.get_slice(key)
+                out[key] = (s.get_dtype(), tuple(s.get_shape()))
+    return out
+
+
+def _signature(name: str) -> tuple:
+    """Layer indices + the last two name parts: equal for a key and its renamed in-memory name
+    (e.g. ``layers.3.block_sparse_moe.experts.down_proj`` and ``layers.3.mlp.experts.down_proj``)."""
+    parts = name.split(".")
+    return tuple(p for p in parts[:-2] if p.isdigit()) + tuple(parts[-2:])
+
+
+def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
+    """Raise ValueError naming the key when an expected int8 experts tensor or its scale is missing,
+    mis-shaped or of the wrong dtype. ``expected``: in-memory name -> (safetensors dtype, shape)."""
+    by_signature: dict[tuple, list[str]] = {}
+    for key in headers:
+        by_signature.setdefault(_signature(key), []).append(key)
+    problems = []
+    for name, (dtype, shape) in sorted(expected.items()):
+        if name in headers:
+            key = name
+        else:
+            candidates = by_signature.get(_signature(name), [])
+            if len(candidates) != 1:
+                problems.append(f"{name}: not found in the checkpoint (expected {dtype} {list(shape)})")
+                continue
+            key = candidates[0]
+        got_dtype, got_shape = headers[key]
+        if got_dtype != dtype or tuple(got_shape) != tuple(shape):
+            problems.append(f"{key}: expected {dtype} {list(shape)}, got {got_dtype} {list(got_shape)}")
+    if problems:
+        raise ValueError("int8 experts checkpoint is incomplete or inconsistent:\n  " + "\n  ".join(problems))
+
+
+__all__ = ["check_int8_checkpoint", "read_headers"]

@@ -1,0 +1,533 @@
+"""Hugging Face transformers integration: int8 routed experts one argument away.
+
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(), ...)
+    model.save_pretrained(out)                        # int8 experts + fp32 scales + quantization_config
+    model = AutoModelForCausalLM.from_pretrained(out) # reloads int8 directly (after `import experts_int8`)
+    quantize_(model)                                  # a model already in memory
+
+How it plugs in (transformers' own mechanisms, no per-model patches):
+  * :class:`ExpertsInt8Config` / :class:`ExpertsInt8HfQuantizer` are registered under the quant method
+    ``"experts_int8"`` with ``register_quantization_config`` / ``register_quantizer``.
+  * Every transformers 5 experts module (``@use_experts_implementation``: fused ``gate_up_proj
+    [E, 2I, H]`` + ``down_proj [E, H, I]``) is swapped, on the meta device, for
+    :class:`experts_int8.layer.Int8Experts`. Routing stays with the model's own router.
+  * Loading a float checkpoint: transformers' converters merge the per-expert keys on disk
+    (``experts.{e}.w1.weight``, ``experts.{e}.gate_proj.weight``, ...) into the fused tensor; our
+    quantize op then turns it into int8 + fp32 scales, one expert at a time on the target device.
+    Expert converters run on the CPU (``force_cpu``), so device memory holds the int8 model plus
+    at most one expert's float copy. A checkpoint that already has fused float keys is quantized
+    from that one tensor (one layer's gate_up at most).
+  * Saving writes the fused int8 tensors and their scales under the in-memory names
+    (``...experts.gate_up_proj``, ``...experts.gate_up_proj_scale``, ...), so reloading is a plain
+    key match that needs no conversion and no re-quantization.
+  * ``experts_implementation="experts_int8"`` is also registered in transformers' ``ExpertsInterface``:
+    it runs any (float) experts module through our fused kernel.
+
+Only routed experts become int8; attention, routers, shared experts, embeddings and lm_head keep the
+checkpoint dtype. :data:`ARCHITECTURES` lists the supported model types with their routing options.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import nn
+from transformers.core_model_loading import ConversionOps, WeightConverter
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.quantizers.auto import (
+    AUTO_QUANTIZATION_CONFIG_MAPPING,
+    AUTO_QUANTIZER_MAPPING,
+    register_quantization_config,
+    register_quantizer,
+)
+from transformers.quantizers.base import HfQuantizer
+from transformers.utils import logging as hf_logging
+from transformers.utils.quantization_config import QuantizationConfigMixin
+
+from ..checkpoint import check_int8_checkpoint, read_headers
+from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
+from ..quant import quantize_rows
+
+QUANT_METHOD = "experts_int8"
+logger = hf_logging.get_logger(__name__)
+
+
+# --------------------------------------------------------------------------------------------------
+# The architecture table: one row per supported model type.
+# --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Arch:
+    """How one architecture routes tokens, in :func:`experts_int8.select_experts` terms.
+
+    ``router``: attribute of the MoE block (the experts module's parent) that holds the router.
+    ``routing(config)``: select_experts keyword options for the (text) config.
+    ``correction_bias``: attribute of the router with the selection-only score bias, if any.
+    """
+
+    router: str
+    routing: Callable[[Any], dict]
+    correction_bias: Optional[str] = None
+
+
+def _softmax_topk(renormalize: Callable[[Any], bool]):
+    return lambda c: {"top_k": c.num_experts_per_tok, "renormalize": bool(renormalize(c))}
+
+
+def _deepseek_v2(c) -> dict:
+    opts = {"top_k": c.num_experts_per_tok, "renormalize": False,
+            "routed_scaling_factor": float(c.routed_scaling_factor)}
+    if getattr(c, "topk_method", "greedy") == "group_limited_greedy":
+        opts.update(num_expert_group=c.n_group, topk_group=c.topk_group)
+    return opts
+
+
+def _deepseek_v3(c) -> dict:
+    return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": bool(c.norm_topk_prob),
+            "num_expert_group": c.n_group, "topk_group": c.topk_group,
+            "routed_scaling_factor": float(c.routed_scaling_factor)}
+
+
+ARCHITECTURES: dict[str, Arch] = {
+    "mixtral": Arch("gate", _softmax_topk(lambda c: True)),
+    "qwen2_moe": Arch("gate", _softmax_topk(lambda c: c.norm_topk_prob)),
+    "qwen3_moe": Arch("gate", _softmax_topk(lambda c: c.norm_topk_prob)),
+    "olmoe": Arch("gate", _softmax_topk(lambda c: c.norm_topk_prob)),
+    "deepseek_v2": Arch("gate", _deepseek_v2),
+    "deepseek_v3": Arch("gate", _deepseek_v3, correction_bias="e_score_correction_bias"),
+    "jamba": Arch("router", _softmax_topk(lambda c: False)),
+}
+
+
+def _model_type(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    if config is None:
+        raise TypeError(f"expected a transformers PreTrainedModel (with .config), got {type(model).__name__}")
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "model_type", None) or getattr(config, "model_type", None)
+
+
+def routing_options(model: nn.Module, moe_block: Optional[nn.Module] = None) -> dict:
+    """select_experts options of ``model``'s architecture (+ the correction bias of ``moe_block``)."""
+    arch = _arch(model)
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    opts = arch.routing(config)
+    if arch.correction_bias is not None and moe_block is not None:
+        opts["correction_bias"] = getattr(getattr(moe_block, arch.router), arch.correction_bias)
+    return opts
+
+
+def _arch(model: nn.Module) -> Arch:
+    model_type = _model_type(model)
+    if model_type not in ARCHITECTURES:
+        raise ValueError(
+            f"experts_int8 does not support model_type {model_type!r}; supported: {sorted(ARCHITECTURES)}. "
+            f"Adding one is a row in experts_int8.integrations.transformers.ARCHITECTURES."
+        )
+    return ARCHITECTURES[model_type]
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+class ExpertsInt8Config(QuantizationConfigMixin):
+    """W8A16 for the routed experts of an MoE model: per-expert, per-output-row symmetric int8.
+
+    Args:
+        modules_to_not_convert: module names (or name fragments, e.g. ``"layers.0."``) whose experts
+            stay in the checkpoint dtype. Non-expert modules are never converted anyway.
+        allow_no_experts: when the model has no MoE experts, warn and leave it unchanged instead of
+            raising.
+    """
+
+    def __init__(self, modules_to_not_convert: Optional[list[str]] = None, allow_no_experts: bool = False,
+                 **kwargs):
+        self.quant_method = QUANT_METHOD
+        self.bits = 8
+        self.scheme = "symmetric_per_row"
+        if modules_to_not_convert is not None:
+            if isinstance(modules_to_not_convert, str) or not all(
+                    isinstance(m, str) for m in modules_to_not_convert):
+                raise TypeError(f"modules_to_not_convert must be a list of str, got {modules_to_not_convert!r}")
+            modules_to_not_convert = list(modules_to_not_convert)
+        self.modules_to_not_convert = modules_to_not_convert
+        if not isinstance(allow_no_experts, bool):
+            raise TypeError(f"allow_no_experts must be a bool, got {allow_no_experts!r}")
+        self.allow_no_experts = allow_no_experts
+        kwargs.pop("quant_method", None)
+        for key, expected in (("bits", 8), ("scheme", "symmetric_per_row")):
+            if key in kwargs and kwargs.pop(key) != expected:
+                raise ValueError(f"ExpertsInt8Config only supports {key}={expected!r}")
+        if kwargs:
+            raise TypeError(f"ExpertsInt8Config got unexpected arguments: {sorted(kwargs)}")
+
+    def skips(self, module_name: str) -> bool:
+        return any(m and (module_name == m or m in module_name) for m in (self.modules_to_not_convert or ()))
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding and replacing experts modules
+# --------------------------------------------------------------------------------------------------
+def _is_experts_module(module: nn.Module) -> bool:
+    """A transformers 5 fused experts module (or ours)."""
+    if isinstance(module, Int8Experts):
+        return True
+    w13, w2 = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    return isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3 and w2.dim() == 3
+
+
+def find_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every routed-experts module of ``model`` (float or already int8)."""
+    return [(name, m) for name, m in model.named_modules() if _is_experts_module(m)]
+
+
+def _check_layout(name: str, module: nn.Module) -> None:
+    bad = [f"{flag}={getattr(module, flag)}" for flag, ok in
+           (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True))
+           if getattr(module, flag, ok) != ok]
+    if getattr(module, "has_post_expert_norm", False):
+        bad.append("has_post_expert_norm=True")
+    if bad:
+        raise ValueError(f"{name}: experts layout not supported by experts_int8 ({', '.join(bad)}); expected "
+                         f"gate_up_proj [E, 2I, H] (gate then up) and down_proj [E, H, I] without bias")
+
+
+def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
+    """The float experts modules to convert. None: nothing to do (no experts and allowed)."""
+    experts = [(n, m) for n, m in find_experts(model) if not isinstance(m, Int8Experts)]
+    if not find_experts(model):
+        msg = (f"{type(model).__name__} has no MoE experts modules (fused gate_up_proj [E, 2I, H] + "
+               f"down_proj [E, H, I]); experts_int8 only quantizes routed experts")
+        if config.allow_no_experts:
+            logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
+            return None
+        raise ValueError(msg + ". Pass ExpertsInt8Config(allow_no_experts=True) to load it unchanged.")
+    _arch(model)  # raises for unsupported architectures
+    todo = []
+    for name, module in experts:
+        if config.skips(name):
+            continue
+        _check_layout(name, module)
+        todo.append((name, module))
+    return todo
+
+
+def _activation_of(model: nn.Module, module: nn.Module) -> str:
+    cfg = getattr(module, "config", None) or model.config.get_text_config()
+    return activation_from_hf(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", "silu"))
+
+
+def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, new)
+
+
+def _int8_param_names(model: nn.Module) -> set[str]:
+    return {f"{n}.{t}" for n, m in model.named_modules() if isinstance(m, Int8Experts)
+            for t in ("gate_up_proj", "gate_up_proj_scale", "down_proj", "down_proj_scale")}
+
+
+def _is_expert_converter(conversion, int8_names: set[str]) -> bool:
+    if not isinstance(conversion, WeightConverter):
+        return False
+    targets = getattr(conversion, "target_patterns", None) or []
+    targets = [targets] if isinstance(targets, str) else targets
+    for target in targets:
+        plain = re.sub(r"[\^\$\\]", "", target)
+        if plain and any(plain in name for name in int8_names):
+            return True
+    return False
+
+
+def _drop_expert_converters(model: nn.Module) -> None:
+    """Make save_pretrained write our fused int8 tensors as they are (no split into per-expert keys)."""
+    int8_names = _int8_param_names(model)
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:
+        try:
+            from transformers.conversion_mapping import get_model_conversion_mapping
+
+            conversions = get_model_conversion_mapping(model, add_legacy=False)
+        except Exception:  # noqa: BLE001 -- no mapping for this model: nothing to revert on save
+            conversions = []
+        # Same as transformers for models not built by from_pretrained: no prefix changes on save.
+        conversions = [c for c in conversions if type(c).__name__ != "PrefixChange"]
+    model._weight_conversions = [c for c in conversions if not _is_expert_converter(c, int8_names)]
+
+
+# --------------------------------------------------------------------------------------------------
+# Quantization during loading
+# --------------------------------------------------------------------------------------------------
+def _device_for(device_map, name: str) -> Optional[torch.device]:
+    """Where transformers will place ``name`` (None: leave the tensor where it is)."""
+    if device_map is None:
+        return None
+    if isinstance(device_map, dict):
+        best, best_len = None, -1
+        for prefix, dev in device_map.items():
+            if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = dev, len(prefix)
+        device_map = best
+        if device_map is None:
+            return None
+    if isinstance(device_map, int):
+        return torch.device("cuda", device_map)
+    if isinstance(device_map, str) and device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+        return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if isinstance(device_map, str) and device_map == "disk":
+        return torch.device("cpu")
+    try:
+        return torch.device(device_map)
+    except (TypeError, RuntimeError):
+        return None
+
+
+def _source_key(full_name: str, sources, targets, expert: int, rows: str) -> str:
+    """Best-effort checkpoint key of one expert's part of a merged tensor (for error messages)."""
+    sources = [re.sub(r"[\^\$\\]", "", s) for s in (sources or [])]
+    targets = [re.sub(r"[\^\$\\]", "", t) for t in (targets or [])]
+    if not sources or not targets:
+        return f"{full_name}[expert {expert}]"
+    prefix = full_name.split(targets[0])[0] if targets[0] in full_name else ""
+    if len(sources) == 2 and rows in ("gate", "up"):
+        src = sources[0] if rows == "gate" else sources[1]
+    else:
+        src = sources[0]
+    return prefix + src.replace("*", str(expert))
+
+
+class Int8Quantize(ConversionOps):
+    """Loading op: a fused float experts tensor ``[E, N, K]`` -> int8 + ``<name>_scale`` fp32 ``[E, N]``."""
+
+    def __init__(self, hf_quantizer: "ExpertsInt8HfQuantizer"):
+        self.hf_quantizer = hf_quantizer
+
+    def convert(self, input_dict, source_patterns=None, target_patterns=None, **kwargs):
+        out = {}
+        for key, value in input_dict.items():
+            tensor = value[0] if isinstance(value, (list, tuple)) else value
+            try:
+                q, s = self._quantize(key, tensor, source_patterns, target_patterns)
+            except ValueError as e:
+                # transformers would log this and only say "see the report": record it, fill a placeholder,
+                # and fail the whole load with this message in _process_model_after_weight_loading.
+                self.hf_quantizer._errors.append(str(e))
+                e_, n, k = tensor.shape if tensor.dim() == 3 else (0, 0, 0)
+                q = torch.zeros((e_, n, k), dtype=torch.int8)
+                s = torch.ones((e_, n), dtype=torch.float32)
+            out[key] = q
+            out[key + "_scale"] = s
+            self.hf_quantizer._quantized.add(key)
+        return out
+
+    def _quantize(self, key, w, sources, targets):
+        if w.dim() != 3 or not w.is_floating_point():
+            raise ValueError(f"{key}: expected a float [E, N, K] experts tensor, got {w.dtype} {tuple(w.shape)}")
+        device = _device_for(self.hf_quantizer._device_map, key) or w.device
+        e, n, k = w.shape
+        q = torch.empty((e, n, k), dtype=torch.int8, device=device)
+        scale = torch.empty((e, n), dtype=torch.float32, device=device)
+        is_gate_up = key.endswith("gate_up_proj")
+        for i in range(e):
+            wi = w[i].to(device, non_blocking=True)
+            if not torch.isfinite(wi).all():
+                if is_gate_up:
+                    half = "gate" if not torch.isfinite(wi[: n // 2]).all() else "up"
+                else:
+                    half = "down"
+                name = _source_key(key, sources, targets, i, half)
+                raise ValueError(f"checkpoint tensor {name} (-> {key}, expert {i}) contains NaN or Inf; "
+                                 f"int8 quantization needs finite weights")
+            q[i], scale[i] = quantize_rows(wi, f"{key}[expert {i}]")
+            del wi
+        return q, scale
+
+
+# --------------------------------------------------------------------------------------------------
+# The HfQuantizer
+# --------------------------------------------------------------------------------------------------
+class ExpertsInt8HfQuantizer(HfQuantizer):
+    """transformers quantizer for ``quant_method="experts_int8"``."""
+
+    requires_calibration = False
+
+    def __init__(self, quantization_config, **kwargs):
+        super().__init__(quantization_config, **kwargs)
+        self._device_map = None
+        self._errors: list[str] = []
+        self._quantized: set[str] = set()
+        self._targets: set[str] = set()  # full names of the int8 weights to fill
+
+    @property
+    def quantized_element_size(self) -> float:
+        return 1
+
+    def validate_environment(self, *args, **kwargs):
+        self._device_map = kwargs.get("device_map", self._device_map)
+
+    def update_device_map(self, device_map):
+        self._device_map = device_map
+        return device_map
+
+    def _process_model_before_weight_loading(self, model, device_map=None, checkpoint_files=None, **kwargs):
+        if device_map is not None:
+            self._device_map = device_map
+        todo = _plan(model, self.quantization_config)
+        if todo is None:
+            return model
+        for name, module in todo:
+            w13, w2 = module.gate_up_proj, module.down_proj
+            e, h, i = w2.shape
+            with torch.device("meta"):
+                new = Int8Experts(e, h, i, activation=_activation_of(model, module))
+                if not self.pre_quantized:
+                    # Placeholders in the checkpoint's float dtype until Int8Quantize fills them with int8:
+                    # some transformers versions (5.17) cast each tensor to its meta param's dtype first.
+                    new.gate_up_proj = nn.Parameter(torch.empty_like(w13), requires_grad=False)
+                    new.down_proj = nn.Parameter(torch.empty_like(w2), requires_grad=False)
+            _set_submodule(model, name, new)
+            self._targets.update({f"{name}.gate_up_proj", f"{name}.down_proj"})
+        if self.pre_quantized and checkpoint_files:
+            # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
+            # (transformers would re-initialize it and only log a report).
+            expected = {}
+            for name, module in find_experts(model):
+                if isinstance(module, Int8Experts):
+                    for t, value in module.state_dict().items():
+                        expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}[value.dtype],
+                                                   tuple(value.shape))
+            check_int8_checkpoint(read_headers(checkpoint_files), expected)
+        return model
+
+    def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
+        return not self.pre_quantized and param_name in self._targets
+
+    def get_quantize_ops(self):
+        return Int8Quantize(self)
+
+    def update_weight_conversions(self, weight_conversions, model=None):
+        # Merge each layer's per-expert float tensors on the CPU: device memory never holds more than
+        # one expert's float copy (Int8Quantize moves expert by expert to the device).
+        if not self.pre_quantized:
+            for conversion in weight_conversions:
+                if _is_expert_converter(conversion, self._targets):
+                    conversion.force_cpu = True
+        return list(weight_conversions) + self.get_weight_conversions()
+
+    def get_weight_conversions(self):
+        return []
+
+    def _process_model_after_weight_loading(self, model, **kwargs):
+        if self._errors:
+            raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
+        if not self.pre_quantized:
+            missing = sorted(self._targets - self._quantized)
+            if missing:
+                raise ValueError(f"experts_int8: the checkpoint provided no weights for {len(missing)} experts "
+                                 f"tensors, e.g. {missing[:3]}; they would be left uninitialized")
+        verify_int8_model(model, self.quantization_config)
+        _drop_expert_converters(model)
+        return model
+
+    def is_serializable(self, safe_serialization=None):
+        return True
+
+    @property
+    def is_trainable(self) -> bool:
+        return False
+
+    @property
+    def is_compileable(self) -> bool:
+        return True
+
+
+def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> int:
+    """Check every routed experts module is int8 with sane fp32 scales; returns how many are.
+
+    Raises ValueError naming the module when an experts module was left in float (and not listed
+    in ``modules_to_not_convert``) or a tensor has the wrong dtype / shape / non-finite scales.
+    """
+    count = 0
+    for name, module in find_experts(model):
+        if not isinstance(module, Int8Experts):
+            if config is not None and config.skips(name):
+                continue
+            raise ValueError(f"routed experts {name} ({type(module).__name__}) were left in "
+                             f"{module.gate_up_proj.dtype}; expected int8")
+        e, h, i = module.num_experts, module.hidden_size, module.intermediate_size
+        for t, shape, dtype in (("gate_up_proj", (e, 2 * i, h), torch.int8), ("down_proj", (e, h, i), torch.int8),
+                                ("gate_up_proj_scale", (e, 2 * i), torch.float32),
+                                ("down_proj_scale", (e, h), torch.float32)):
+            value = getattr(module, t)
+            if value.device.type == "meta":
+                raise ValueError(f"{name}.{t} was not loaded (still on the meta device)")
+            if value.dtype != dtype or tuple(value.shape) != shape:
+                raise ValueError(f"{name}.{t}: expected {dtype} {shape}, got {value.dtype} {tuple(value.shape)}")
+        for t in ("gate_up_proj_scale", "down_proj_scale"):
+            s = getattr(module, t)
+            if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
+                raise ValueError(f"{name}.{t} holds non-finite or non-positive scales; the checkpoint's "
+                                 f"scales are missing or corrupt")
+        count += 1
+    return count
+
+
+# --------------------------------------------------------------------------------------------------
+# quantize_: a model already in memory
+# --------------------------------------------------------------------------------------------------
+def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> nn.Module:
+    """Replace the routed experts of ``model`` with :class:`Int8Experts`, in place; returns ``model``.
+
+    Each experts module is quantized on its own device and its float tensors are released right
+    after, so peak memory grows by one experts module at most. All weights are checked for NaN/Inf
+    first, so a failure leaves the model untouched.
+    """
+    config = config if config is not None else ExpertsInt8Config()
+    if not isinstance(config, ExpertsInt8Config):
+        raise TypeError(f"config must be an ExpertsInt8Config, got {type(config).__name__}")
+    todo = _plan(model, config)
+    if todo is None:
+        return model
+    for name, module in todo:  # validate everything before changing anything
+        for t in ("gate_up_proj", "down_proj"):
+            w = getattr(module, t)
+            if w.device.type == "meta":
+                raise ValueError(f"{name}.{t} is on the meta device; load the weights first")
+            if not w.is_floating_point():
+                raise TypeError(f"{name}.{t}: expected float weights, got {w.dtype}")
+            for i in range(w.shape[0]):
+                if not bool(torch.isfinite(w[i]).all()):
+                    raise ValueError(f"{name}.{t}[expert {i}] contains NaN or Inf; int8 quantization needs "
+                                     f"finite weights (model left unchanged)")
+    for name, module in todo:
+        new = Int8Experts.from_float(module.gate_up_proj.data, module.down_proj.data,
+                                     activation=_activation_of(model, module), name=name)
+        _set_submodule(model, name, new)
+        module._parameters.clear()  # free the float tensors now, even if someone holds the old module
+        del module
+    config_obj = model.config
+    config_obj.quantization_config = config
+    model.hf_quantizer = ExpertsInt8HfQuantizer(config, pre_quantized=True)
+    model.is_quantized = True
+    model.quantization_method = QUANT_METHOD
+    _drop_expert_converters(model)
+    verify_int8_model(model, config)
+    return model
+
+
+# --------------------------------------------------------------------------------------------------
+# Registration with transformers
+# --------------------------------------------------------------------------------------------------
+def _register() -> None:
+    if QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:
+        register_quantization_config(QUANT_METHOD)(ExpertsInt8Config)
+    if QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
+        register_quantizer(QUANT_METHOD)(ExpertsInt8HfQuantizer)
+    if QUANT_METHOD not in ALL_EXPERTS_FUNCTIONS:
+        ALL_EXPERTS_FUNCTIONS.register(QUANT_METHOD, int8_experts_forward)
+
+
+_register()

@@ -1,0 +1,164 @@
+"""``Int8Experts``: the routed experts of one MoE layer with int8 weights (W8A16).
+
+Legend: E local experts, H hidden, I intermediate (per expert), T tokens, k experts per token.
+
+Tensors (same layout as transformers 5 and vLLM; ``requires_grad`` is False everywhere):
+  ``gate_up_proj``        int8 ``[E, 2I, H]``  gate rows ``[:I]`` then up rows ``[I:]``
+  ``gate_up_proj_scale``  fp32 ``[E, 2I]``     one scale per output row
+  ``down_proj``           int8 ``[E, H, I]``
+  ``down_proj_scale``     fp32 ``[E, H]``
+
+The module only computes experts: routing (the router, top-k, renormalisation, ...) stays with the
+model, which calls ``experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`` like
+every transformers 5 experts module.
+
+Ready for tensor / expert parallelism: scales are always computed from full rows, so a rank that
+holds a slice of I keeps the matching rows of ``gate_up_proj`` (both halves) with their scales, and
+the matching columns of ``down_proj`` with the *unchanged* ``down_proj_scale``. A rank holding a
+subset of experts sets ``expert_map [global E]`` (global id -> local index or -1) and
+``global_num_experts``; :func:`experts_int8.fused_experts` already honours both.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from .ops import fused_experts
+from .quant import quantize_weights
+from .reference import ACTIVATIONS
+
+# transformers' ``hidden_act`` names -> our kernel's activation names
+HF_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+}
+
+
+def activation_from_hf(name: str) -> str:
+    """Map a transformers ``hidden_act`` string to one of :data:`experts_int8.reference.ACTIVATIONS`."""
+    if name in ACTIVATIONS:
+        return name
+    if name not in HF_ACTIVATIONS:
+        raise ValueError(f"unsupported expert activation {name!r}; supported: {sorted(HF_ACTIVATIONS)}")
+    return HF_ACTIVATIONS[name]
+
+
+class Int8Experts(nn.Module):
+    """Routed experts with int8 weights and fp32 per-row scales, computed by :func:`fused_experts`."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        activation: str = "silu",
+        global_num_experts: Optional[int] = None,
+        device: Optional[torch.device] = None,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        for name, value in (("num_experts", num_experts), ("hidden_size", hidden_size),
+                            ("intermediate_size", intermediate_size)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        self.num_experts = num_experts
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.activation = activation
+        self.backend = backend
+        self.global_num_experts = global_num_experts if global_num_experts is not None else num_experts
+        e, h, i = num_experts, hidden_size, intermediate_size
+
+        def int8(*shape):
+            return nn.Parameter(torch.empty(shape, dtype=torch.int8, device=device), requires_grad=False)
+
+        self.gate_up_proj = int8(e, 2 * i, h)
+        self.down_proj = int8(e, h, i)
+        # Scales are buffers: transformers' loader keeps buffers as plain tensors (never trainable).
+        self.register_buffer("gate_up_proj_scale", torch.empty(e, 2 * i, dtype=torch.float32, device=device))
+        self.register_buffer("down_proj_scale", torch.empty(e, h, dtype=torch.float32, device=device))
+        # Expert parallelism: global expert id -> local index or -1. None: all experts are local.
+        self.register_buffer("expert_map", None, persistent=False)
+
+    @classmethod
+    def from_float(cls, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *, activation: str = "silu",
+                   name: str = "experts", **kwargs) -> "Int8Experts":
+        """Quantize float ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (same device as given)."""
+        if gate_up_proj.dim() != 3 or down_proj.dim() != 3:
+            raise ValueError(f"{name}: expected gate_up_proj [E, 2I, H] and down_proj [E, H, I], got "
+                             f"{tuple(gate_up_proj.shape)} and {tuple(down_proj.shape)}")
+        e, h, i = down_proj.shape
+        if tuple(gate_up_proj.shape) != (e, 2 * i, h):
+            raise ValueError(f"{name}: gate_up_proj {tuple(gate_up_proj.shape)} does not match down_proj "
+                             f"{tuple(down_proj.shape)} (expected ({e}, {2 * i}, {h}))")
+        with torch.device("meta"):
+            module = cls(e, h, i, activation=activation, **kwargs)
+        q13, s13 = quantize_weights(gate_up_proj.detach(), name=f"{name}.gate_up_proj")
+        q2, s2 = quantize_weights(down_proj.detach(), name=f"{name}.down_proj")
+        module.load_quantized(q13, s13, q2, s2)
+        return module
+
+    def load_quantized(self, gate_up_proj, gate_up_proj_scale, down_proj, down_proj_scale) -> None:
+        """Install already-quantized tensors after checking their shapes and dtypes."""
+        expected = {
+            "gate_up_proj": ((self.num_experts, 2 * self.intermediate_size, self.hidden_size), torch.int8),
+            "gate_up_proj_scale": ((self.num_experts, 2 * self.intermediate_size), torch.float32),
+            "down_proj": ((self.num_experts, self.hidden_size, self.intermediate_size), torch.int8),
+            "down_proj_scale": ((self.num_experts, self.hidden_size), torch.float32),
+        }
+        given = {"gate_up_proj": gate_up_proj, "gate_up_proj_scale": gate_up_proj_scale,
+                 "down_proj": down_proj, "down_proj_scale": down_proj_scale}
+        for name, (shape, dtype) in expected.items():
+            t = given[name]
+            if tuple(t.shape) != shape or t.dtype != dtype:
+                raise ValueError(f"{name} must be {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
+        self.gate_up_proj = nn.Parameter(gate_up_proj, requires_grad=False)
+        self.down_proj = nn.Parameter(down_proj, requires_grad=False)
+        self.gate_up_proj_scale = gate_up_proj_scale
+        self.down_proj_scale = down_proj_scale
+
+    def extra_repr(self) -> str:
+        return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, activation={self.activation}, int8 (W8A16)")
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        """``hidden_states [T, H]``, ``top_k_index [T, k]``, ``top_k_weights [T, k]`` -> ``[T, H]``."""
+        return int8_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+
+
+def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                         top_k_weights: torch.Tensor) -> torch.Tensor:
+    """Experts forward for any module with ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``.
+
+    int8 weights use ``gate_up_proj_scale`` / ``down_proj_scale``; float (bf16/fp16/fp32) weights run
+    unquantized through the same kernel. This is also the function registered as transformers'
+    ``experts_implementation="experts_int8"``.
+    """
+    w13, w2 = module.gate_up_proj, module.down_proj
+    s13 = getattr(module, "gate_up_proj_scale", None) if w13.dtype == torch.int8 else None
+    s2 = getattr(module, "down_proj_scale", None) if w2.dtype == torch.int8 else None
+    if s13 is not None and s13.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
+        s13, s2 = s13.float(), s2.float()
+    act = getattr(module, "activation", None)
+    if act is None:  # a transformers experts class: read its config
+        act = activation_from_hf(getattr(module.config, "hidden_act", "silu"))
+    x = hidden_states
+    if w13.dtype != torch.int8 and w13.dtype != x.dtype:
+        w13, w2 = w13.to(x.dtype), w2.to(x.dtype)
+    return fused_experts(
+        x.contiguous(), w13, w2, top_k_weights, top_k_index,
+        w13_scale=s13, w2_scale=s2, activation=act,
+        expert_map=getattr(module, "expert_map", None),
+        global_num_experts=getattr(module, "global_num_experts", None),
+        backend=getattr(module, "backend", "auto"),
+    )

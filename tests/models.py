@@ -1,0 +1,71 @@
+"""Tiny random-weight MoE models, one per supported architecture, built from transformers configs.
+
+Each is small enough to run on CPU in well under a second, yet keeps every structural feature that
+matters: several MoE layers, real per-expert checkpoint keys once saved with ``save_pretrained``,
+shared experts, grouped / biased routing, hybrid attention + Mamba layers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+COMMON = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=128, tie_word_embeddings=False,
+              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def _configs():
+    from transformers import (DeepseekV2Config, DeepseekV3Config, JambaConfig, MixtralConfig, OlmoeConfig,
+                              Qwen2MoeConfig, Qwen3MoeConfig)
+
+    return {
+        "mixtral": lambda: MixtralConfig(**COMMON, intermediate_size=48, num_hidden_layers=2,
+                                         num_local_experts=5, num_experts_per_tok=2),
+        "qwen2_moe": lambda: Qwen2MoeConfig(**COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                            shared_expert_intermediate_size=48, num_hidden_layers=2,
+                                            num_experts=6, num_experts_per_tok=2, decoder_sparse_step=1),
+        "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, head_dim=16, intermediate_size=96,
+                                            moe_intermediate_size=32, num_hidden_layers=2, num_experts=6,
+                                            num_experts_per_tok=2, norm_topk_prob=True),
+        "olmoe": lambda: OlmoeConfig(**COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=6,
+                                     num_experts_per_tok=2),
+        "deepseek_v2": lambda: DeepseekV2Config(**COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                                num_hidden_layers=2, first_k_dense_replace=1,
+                                                n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                                                n_group=4, topk_group=2, topk_method="group_limited_greedy",
+                                                routed_scaling_factor=1.5, kv_lora_rank=16, q_lora_rank=None,
+                                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+        "deepseek_v3": lambda: DeepseekV3Config(**COMMON, intermediate_size=96, moe_intermediate_size=32,
+                                                num_hidden_layers=2, first_k_dense_replace=1,
+                                                n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+                                                n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                                norm_topk_prob=True, kv_lora_rank=16, q_lora_rank=24,
+                                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
+        "jamba": lambda: JambaConfig(**COMMON, intermediate_size=48, num_hidden_layers=4, num_experts=4,
+                                     num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
+                                     attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8,
+                                     mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, use_mamba_kernels=False),
+    }
+
+
+ARCH_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "jamba")
+
+
+def tiny_config(arch: str):
+    return _configs()[arch]()
+
+
+def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
+    """A random-weight ``*ForCausalLM`` of ``arch``; weights are scaled so logits are not degenerate."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):  # make the selection-only bias matter
+                p.copy_(torch.randn_like(p) * 0.05)
+            elif p.dim() >= 2:
+                p.copy_(torch.randn_like(p) * (0.5 / p.shape[-1] ** 0.5) * (4 if "embed" in name else 1))
+    return model.eval()

@@ -1,0 +1,408 @@
+"""transformers integration: ExpertsInt8Config / quantize_ on tiny random models of every supported architecture.
+
+Each architecture's tiny model is written with ``save_pretrained`` (real per-expert keys on disk, bf16),
+loaded through ExpertsInt8Config, compared with the bf16 model, generated from, saved and reloaded.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts  # noqa: E402
+from experts_int8.integrations.transformers import (  # noqa: E402
+    ARCHITECTURES,
+    _arch,
+    find_experts,
+    routing_options,
+    verify_int8_model,
+)
+from experts_int8.quant import quantize_weights  # noqa: E402
+
+from models import ARCH_NAMES, COMMON, tiny_model  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# device_map needs accelerate; on CPU the default placement is the CPU anyway.
+ON_DEVICE = {"device_map": "cuda"} if DEVICE == "cuda" else {}
+
+
+def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.double(), out.double()
+    return float(10 * torch.log10(ref.pow(2).mean() / (ref - out).pow(2).mean().clamp_min(1e-30)))
+
+
+def _float_experts(model):
+    return [(n, m) for n, m in find_experts(model) if not isinstance(m, Int8Experts)]
+
+
+def _headers(path):
+    out = {}
+    for fn in glob.glob(os.path.join(path, "*.safetensors")):
+        with safe_open(fn, "pt") as f:
+            for k in f.keys():
+                out[k] = (f.get_slice(k).get_dtype(), tuple(f.get_slice(k).get_shape()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """arch -> directory of a bf16 checkpoint written by save_pretrained (built lazily, once)."""
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            path = tmp_path_factory.mktemp(arch) / "bf16"
+            tiny_model(arch, dtype=torch.bfloat16).save_pretrained(path)
+            cache[arch] = str(path)
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def int8_models(checkpoints):
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = AutoModelForCausalLM.from_pretrained(
+                checkpoints(arch), quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16, **ON_DEVICE)
+        return cache[arch]
+
+    return get
+
+
+def _inputs(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, COMMON["vocab_size"], (2, 12), generator=g).to(DEVICE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Per architecture: accuracy, int8 in memory, generation, save -> reload
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_int8_model_close_to_bf16(arch, checkpoints, int8_models):
+    ref_model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16, **ON_DEVICE)
+    q_model = int8_models(arch)
+    x = _inputs()
+    with torch.no_grad():
+        ref, out = ref_model(x).logits.float(), q_model(x).logits.float()
+    assert torch.isfinite(out).all()
+    assert snr_db(ref, out) >= 30.0, f"{arch}: SNR {snr_db(ref, out):.1f} dB"
+    # The quantization must actually change something (not a float model in disguise).
+    assert not torch.equal(ref, out)
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_every_routed_expert_is_int8(arch, checkpoints, int8_models):
+    ref_model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16)
+    q_model = int8_models(arch)
+    n_moe = len(find_experts(ref_model))
+    assert n_moe >= 1
+    int8_modules = [m for _, m in find_experts(q_model) if isinstance(m, Int8Experts)]
+    assert len(int8_modules) == n_moe and not _float_experts(q_model)
+    assert verify_int8_model(q_model) == n_moe
+    for m in int8_modules:
+        assert m.gate_up_proj.dtype == torch.int8 and m.down_proj.dtype == torch.int8
+        assert m.gate_up_proj_scale.dtype == torch.float32 and m.down_proj_scale.dtype == torch.float32
+        assert not m.gate_up_proj.requires_grad
+    # No 3-D float tensor anywhere in the model (all routed experts are int8)...
+    floats_3d = [n for n, p in q_model.state_dict().items() if p.dim() == 3 and p.is_floating_point()
+                 and "experts" in n]
+    assert floats_3d == []
+    # ...and everything else (attention, routers, shared experts, embeddings, lm_head) keeps its dtype.
+    ref_sd = ref_model.state_dict()
+    int8_names = {f"{n}.{t}" for n, m in find_experts(q_model) for t in m.state_dict()}
+    for name, value in q_model.state_dict().items():
+        if name in int8_names:
+            continue
+        assert name in ref_sd, name
+        assert value.dtype == ref_sd[name].dtype, name
+        assert torch.equal(value.cpu(), ref_sd[name].cpu()), name
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_greedy_generation_32_tokens(arch, int8_models):
+    model = int8_models(arch)
+    x = _inputs(1)[:1, :5]
+    out = model.generate(x, max_new_tokens=32, min_new_tokens=32, do_sample=False)
+    assert out.shape == (1, 5 + 32)
+    assert torch.equal(out[:, :5], x)
+    assert 0 <= int(out.min()) and int(out.max()) < COMMON["vocab_size"]
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_save_reload_identical(arch, int8_models, tmp_path):
+    model = int8_models(arch)
+    model.save_pretrained(tmp_path)
+    files = sorted(os.listdir(tmp_path))
+    assert any(f.endswith(".safetensors") for f in files) and not any(f.endswith(".bin") for f in files)
+    config = json.load(open(tmp_path / "config.json"))
+    assert config["quantization_config"]["quant_method"] == "experts_int8"
+    headers = _headers(tmp_path)
+    n_moe = len(find_experts(model))
+    int8_keys = [k for k, (dt, _) in headers.items() if dt == "I8"]
+    scale_keys = [k for k in headers if k.endswith("_proj_scale")]
+    assert len(int8_keys) == 2 * n_moe and len(scale_keys) == 2 * n_moe
+    assert all(headers[k][0] == "F32" for k in scale_keys)
+    # No float expert weight went to disk.
+    assert not [k for k, (dt, _) in headers.items() if ".experts." in k and dt in ("BF16", "F16", "F32")
+                and not k.endswith("_scale")]
+
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, **ON_DEVICE)
+    assert verify_int8_model(reloaded) == n_moe
+    x = _inputs(2)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, reloaded(x).logits)
+    for (n1, m1), (n2, m2) in zip(find_experts(model), find_experts(reloaded)):
+        assert n1 == n2
+        assert torch.equal(m1.gate_up_proj, m2.gate_up_proj) and torch.equal(m1.down_proj_scale, m2.down_proj_scale)
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_routing_table_matches_model_router(arch, int8_models):
+    """The table's select_experts options reproduce each architecture's own router."""
+    model = int8_models(arch)
+    logits_seen, routed_seen = [], []
+    name, experts = find_experts(model)[0]
+    block = model.get_submodule(name.rpartition(".")[0])
+    router = getattr(block, _arch(model).router)
+    # The router's output varies across transformers versions (logits, or (logits, weights, ids)); the
+    # experts module always receives (hidden_states, top_k_index, top_k_weights).
+    hooks = [router.register_forward_hook(lambda mod, args, out: logits_seen.append(
+                 out[0] if isinstance(out, tuple) else out)),
+             experts.register_forward_pre_hook(lambda mod, args: routed_seen.append(args[1:3]))]
+    try:
+        with torch.no_grad():
+            model(_inputs(3))
+    finally:
+        for h in hooks:
+            h.remove()
+    logits, (ids, weights) = logits_seen[0], routed_seen[0]
+    w, i = select_experts(logits.float(), **routing_options(model, block))
+    order_ref, order = ids.sort(dim=-1), i.long().sort(dim=-1)
+    assert torch.equal(order_ref.values, order.values)
+    tol = dict(rtol=1e-4, atol=1e-5) if weights.dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
+    torch.testing.assert_close(weights.float().gather(1, order_ref.indices), w.gather(1, order.indices), **tol)
+
+
+def test_architecture_table_covers_tested_models():
+    assert set(ARCH_NAMES) == set(ARCHITECTURES)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading paths
+# ---------------------------------------------------------------------------------------------------
+def test_fused_float_checkpoint_gives_same_int8(tmp_path, int8_models):
+    """A float checkpoint with fused expert keys (transformers' in-memory layout) loads to the same int8."""
+    arch = "qwen3_moe"
+    float_model = tiny_model(arch, dtype=torch.bfloat16)
+    float_model.save_pretrained(tmp_path, save_original_format=False)
+    assert any(k.endswith("experts.gate_up_proj") for k in _headers(tmp_path))
+    fused = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config(),
+                                                 dtype=torch.bfloat16)
+    per_expert = int8_models(arch)
+    for (_, a), (_, b) in zip(find_experts(fused), find_experts(per_expert)):
+        assert torch.equal(a.gate_up_proj.cpu(), b.gate_up_proj.cpu())
+        assert torch.equal(a.down_proj_scale.cpu(), b.down_proj_scale.cpu())
+
+
+def test_quantize_in_memory_matches_loading_and_frees(checkpoints, int8_models):
+    arch = "mixtral"
+    model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16, **ON_DEVICE)
+    old = [m for _, m in find_experts(model)]
+    w13 = old[0].gate_up_proj.detach().clone()
+    quantize_(model)
+    assert all(len(list(m.parameters())) == 0 for m in old)  # the bf16 tensors were released
+    loaded = int8_models(arch)
+    for (_, a), (_, b) in zip(find_experts(model), find_experts(loaded)):
+        assert torch.equal(a.gate_up_proj, b.gate_up_proj) and torch.equal(a.gate_up_proj_scale, b.gate_up_proj_scale)
+    q, s = quantize_weights(w13)
+    assert torch.equal(find_experts(model)[0][1].gate_up_proj, q)
+    x = _inputs(4)
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, loaded(x).logits)
+    assert model.config.quantization_config.quant_method == "experts_int8"
+
+
+def test_quantize_in_memory_saves_and_reloads(tmp_path):
+    model = tiny_model("olmoe", dtype=torch.bfloat16)
+    quantize_(model)
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    x = _inputs(5).cpu()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, reloaded(x).logits)
+
+
+def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):
+    config = ExpertsInt8Config(modules_to_not_convert=["layers.0."])
+    model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=config,
+                                                 dtype=torch.bfloat16)
+    kinds = {n: type(m).__name__ for n, m in find_experts(model)}
+    assert kinds["model.layers.0.mlp.experts"] == "MixtralExperts"
+    assert kinds["model.layers.1.mlp.experts"] == "Int8Experts"
+    assert model.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.bfloat16
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert {n: type(m).__name__ for n, m in find_experts(reloaded)} == kinds
+    x = _inputs(6).cpu()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, reloaded(x).logits)
+
+
+def test_experts_interface_backend_runs_float_model(checkpoints):
+    """``experts_implementation="experts_int8"`` routes a float model's experts through our fused path."""
+    ref = AutoModelForCausalLM.from_pretrained(checkpoints("qwen2_moe"), dtype=torch.float32)
+    ours = AutoModelForCausalLM.from_pretrained(checkpoints("qwen2_moe"), dtype=torch.float32,
+                                                experts_implementation="experts_int8")
+    assert ours.config._experts_implementation == "experts_int8"
+    calls = []
+    import experts_int8.layer as layer
+
+    orig = layer.fused_experts
+    layer.fused_experts = lambda *a, **k: (calls.append(1), orig(*a, **k))[1]
+    try:
+        x = _inputs(7).cpu()
+        with torch.no_grad():
+            torch.testing.assert_close(ours(x).logits, ref(x).logits, rtol=1e-4, atol=1e-4)
+    finally:
+        layer.fused_experts = orig
+    assert len(calls) == len(find_experts(ours))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Bad input
+# ---------------------------------------------------------------------------------------------------
+def _dense_llama():
+    cfg = LlamaConfig(**COMMON, intermediate_size=32, num_hidden_layers=1)
+    return AutoModelForCausalLM.from_config(cfg)
+
+
+def test_model_without_moe_raises(tmp_path):
+    model = _dense_llama()
+    with pytest.raises(ValueError, match="no MoE experts"):
+        quantize_(model)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no MoE experts"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config())
+
+
+def test_model_without_moe_warns_when_allowed(caplog):
+    model = _dense_llama()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with caplog.at_level(logging.WARNING):
+        assert quantize_(model, ExpertsInt8Config(allow_no_experts=True)) is model
+    assert "no MoE experts" in caplog.text
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_unsupported_architecture_lists_supported():
+    from transformers import PhimoeConfig
+
+    cfg = PhimoeConfig(**COMMON, intermediate_size=32, num_hidden_layers=1, num_local_experts=4,
+                       num_experts_per_tok=2)
+    model = AutoModelForCausalLM.from_config(cfg)
+    assert find_experts(model)  # it is an MoE, just not in our table
+    with pytest.raises(ValueError, match="phimoe") as err:
+        quantize_(model)
+    for name in ARCH_NAMES:
+        assert name in str(err.value)
+
+
+def test_nan_in_checkpoint_names_the_tensor(tmp_path):
+    model = tiny_model("mixtral", dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    (path,) = glob.glob(str(tmp_path / "*.safetensors"))
+    sd = load_file(path)
+    bad = "model.layers.1.block_sparse_moe.experts.3.w3.weight"
+    assert bad in sd
+    sd[bad][2, 5] = float("nan")
+    save_file(sd, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"experts\.3\.w3\.weight"):
+        AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config(),
+                                             dtype=torch.bfloat16)
+
+
+def test_nan_in_memory_leaves_model_unchanged():
+    model = tiny_model("qwen3_moe", dtype=torch.float32)
+    experts = find_experts(model)
+    experts[-1][1].down_proj.data[2, 0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.experts\.down_proj\[expert 2\]"):
+        quantize_(model)
+    assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # nothing half-converted
+
+
+@pytest.mark.parametrize("damage", ["missing", "misshaped"])
+def test_int8_checkpoint_with_bad_scales_names_the_key(damage, int8_models, tmp_path):
+    int8_models("mixtral").save_pretrained(tmp_path)
+    (path,) = glob.glob(str(tmp_path / "*.safetensors"))
+    sd = load_file(path)
+    key = "model.layers.1.block_sparse_moe.experts.down_proj_scale"
+    assert key in sd
+    if damage == "missing":
+        del sd[key]
+    else:
+        sd[key] = sd[key][:, :7].contiguous()
+    save_file(sd, path, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"layers\.1\.\S*experts\.down_proj_scale"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_config_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="modules_to_not_convert"):
+        ExpertsInt8Config(modules_to_not_convert="lm_head")
+    with pytest.raises(ValueError, match="bits"):
+        ExpertsInt8Config(bits=4)
+    with pytest.raises(TypeError, match="unexpected"):
+        ExpertsInt8Config(group_size=128)
+    cfg = ExpertsInt8Config(modules_to_not_convert=["layers.0."])
+    assert ExpertsInt8Config.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPU: generation goes through the fused Triton kernel; loading keeps device memory low
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "jamba"])
+def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
+    import experts_int8.ops as ops
+
+    calls = []
+    orig = ops._fused_experts_triton
+
+    def counting(*args, **kwargs):
+        calls.append(args[1].dtype)
+        return orig(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "_fused_experts_triton", counting)
+    model = int8_models(arch)
+    assert next(model.parameters()).device.type == "cuda"
+    out = model.generate(_inputs(8)[:1, :4], max_new_tokens=32, min_new_tokens=32, do_sample=False)
+    assert out.shape[1] == 4 + 32
+    n_moe = len(find_experts(model))
+    assert len(calls) == 32 * n_moe  # prefill + 31 decode steps, one kernel call per MoE layer
+    assert set(calls) == {torch.int8}
+
+
+@pytest.mark.gpu
+def test_gpu_load_peak_memory_below_int8_plus_one_layer(checkpoints):
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
+                                                 dtype=torch.bfloat16, device_map="cuda")
+    peak = torch.cuda.max_memory_allocated() - base
+    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for _, m in find_experts(model)) * 2
+    assert peak <= size + layer_bf16, (peak, size, layer_bf16)
