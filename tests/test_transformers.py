@@ -403,6 +403,7 @@ def test_gpu_load_peak_memory_below_int8_plus_one_layer(checkpoints):
     model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
                                                  dtype=torch.bfloat16, device_map="cuda")
     peak = torch.cuda.max_memory_allocated() - base
-    size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    # The CUDA caching allocator rounds every tensor up to 512 bytes.
+    size = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in model.state_dict().values())
     layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for _, m in find_experts(model)) * 2
     assert peak <= size + layer_bf16, (peak, size, layer_bf16)
