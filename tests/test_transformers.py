@@ -407,3 +407,33 @@ def test_gpu_load_peak_memory_below_int8_plus_one_layer(checkpoints):
     size = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in model.state_dict().values())
     layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for _, m in find_experts(model)) * 2
     assert peak <= size + layer_bf16, (peak, size, layer_bf16)
+
+
+def test_expert_converters_merge_on_cpu(checkpoints, monkeypatch):
+    """Per-expert float keys are merged on the CPU and quantized expert by expert on the target device,
+    so device memory never holds a whole layer of float experts (measured on the GPU by the test below
+    and by benchmarks/load_memory.py)."""
+    from experts_int8.integrations.transformers import ExpertsInt8HfQuantizer, Int8Quantize
+
+    seen, shapes = [], []
+    orig_update = ExpertsInt8HfQuantizer.update_weight_conversions
+    orig_quantize = Int8Quantize._quantize
+
+    def update(self, conversions, model=None):
+        out = orig_update(self, conversions, model)
+        seen.extend(c for c in out if type(c).__name__ == "WeightConverter")
+        return out
+
+    def quantize(self, key, w, *args):
+        shapes.append((key, tuple(w.shape), w.device.type))
+        return orig_quantize(self, key, w, *args)
+
+    monkeypatch.setattr(ExpertsInt8HfQuantizer, "update_weight_conversions", update)
+    monkeypatch.setattr(Int8Quantize, "_quantize", quantize)
+    model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
+                                                 dtype=torch.bfloat16)
+    expert_converters = [c for c in seen if any("experts" in t for t in c.target_patterns)]
+    assert expert_converters and all(c.force_cpu for c in expert_converters)
+    n_moe = len(find_experts(model))
+    assert len(shapes) == 2 * n_moe and {d for _, _, d in shapes} == {"cpu"}
+    assert all(len(s) == 3 for _, s, _ in shapes)
