@@ -209,3 +209,205 @@ def test_bench_runs_on_gpu(tmp_path):
     result = bench.run_benchmark(settings, command="pytest")
     assert all("time_us" in r for r in result["rows"]) and len(result["rows"]) == 4
     assert result["ceilings"]["copy_GBps"] > 100 and list(tmp_path.glob("*.json"))
+
+
+# --- tuner -----------------------------------------------------------------------------------------
+
+from experts_int8 import tune  # noqa: E402
+
+
+@pytest.mark.parametrize("shape", list(bench.SHAPES))
+def test_tune_search_space_is_pruned(shape):
+    e, h, i, k = bench.SHAPES[shape]
+    union = set()
+    for m in tune.DEFAULT_MS:
+        for wdtype in (torch.int8, torch.bfloat16):
+            cands = tune.candidate_configs(m, e, h, i, k, wdtype)
+            assert cands[0] == configs.heuristic_config(m, e, k, wdtype, "cuda")  # default first
+            assert 1 < len(cands) <= 32 + 1
+            assert len({tuple(c.items()) for c in cands}) == len(cands)
+            rows = m * k / e
+            for cfg in cands[1:]:
+                assert configs.check_config(cfg) == cfg
+                assert cfg["BLOCK_SIZE_M"] <= max(16, 2 * rows)
+                assert not (rows > 64 and cfg["BLOCK_SIZE_M"] == 16)
+                assert tune.smem_bytes(cfg, wdtype.itemsize) <= tune.DEFAULT_SMEM
+                assert 2 * cfg["BLOCK_SIZE_M"] * cfg["BLOCK_SIZE_N"] / (32 * cfg["num_warps"]) <= tune.MAX_ACC_REGS
+            if rows <= 8:
+                assert {c["BLOCK_SIZE_M"] for c in cands[1:]} == {16}  # decode: smallest block only
+            union |= {tuple(c.items()) for c in cands}
+    # Samples nest across M, so the distinct configs (what Triton compiles) stay few.
+    assert len(union) <= 2 * 80
+
+
+def test_tune_candidates_are_deterministic_and_budgeted():
+    a = tune.candidate_configs(1024, 8, 4096, 14336, 2, torch.int8, max_candidates=12)
+    assert a == tune.candidate_configs(1024, 8, 4096, 14336, 2, torch.int8, max_candidates=12)
+    assert len(a) <= 13 and {c["BLOCK_SIZE_M"] for c in a[1:4]} == {32, 64, 128}  # interleaved over BLOCK_M
+    smaller = tune.candidate_configs(1024, 8, 4096, 14336, 2, torch.int8, max_candidates=6)
+    assert all(c in a for c in smaller)  # prefixes nest
+    tight = tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, smem_limit=48 * 1024)
+    assert all(tune.smem_bytes(c, 1) <= 48 * 1024 for c in tight[1:])
+
+
+def test_tune_group_variants_only_when_experts_span_blocks():
+    cfg = dict(PINNED, BLOCK_SIZE_M=64, GROUP_SIZE_M=1)
+    assert tune.group_variants(cfg, m=16, num_experts=8, top_k=2) == []
+    assert [c["GROUP_SIZE_M"] for c in tune.group_variants(cfg, m=4096, num_experts=8, top_k=2)] == [8, 16]
+
+
+def test_tune_search_keeps_fastest_and_skips_failures():
+    cands = [dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)]
+    times = {16: 3.0, 32: 1.0, 128: 2.0}
+
+    def measure(cfg, best):
+        n = cfg["BLOCK_SIZE_N"]
+        if n == 64:
+            raise RuntimeError("out of resource: shared memory, Required: 300000")
+        return times[n]
+
+    steps = []
+    r = tune.search(cands, measure, refine=lambda best: [dict(best, GROUP_SIZE_M=8)], on_step=steps.append)
+    assert r.best == cands[1] and r.best_s == 1.0 and r.default_s == 3.0
+    assert r.timed == 4 and dict(r.skipped) == {"RuntimeError": 1} and len(steps) == 5
+    assert "out of resource" in r.first_error
+
+
+def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():
+    clock = iter(range(100)).__next__
+    r = tune.search([dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)], lambda cfg, best: 1.0,
+                    deadline=0.5, clock=clock)
+    assert r.timed == 2 and r.not_tried == 2  # the default always runs, then one more before the deadline
+    with pytest.raises(RuntimeError, match="all 2 candidate configs failed"):
+        tune.search([PINNED, PINNED], lambda cfg, best: 1 / 0)
+
+
+def test_tune_search_stops_on_cuda_faults():
+    def measure(cfg, best):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        tune.search([PINNED, PINNED], measure)
+
+
+def test_tune_table_is_written_merged_and_read_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "NVIDIA_H200")
+    configs.load_table.cache_clear()
+    small = dict(PINNED, BLOCK_SIZE_M=16)
+    big = dict(PINNED, BLOCK_SIZE_M=128, num_warps=8)
+    path = tune.write_table({1: small, 1024: big}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
+    assert path == tmp_path / "configs" / "E=8,N=14336,device=NVIDIA_H200,dtype=int8_w8a16.json"
+    assert list(json.loads(path.read_text())) == ["1", "1024"]
+    try:
+        assert configs.get_config(3, 8, 14336, 2, torch.int8) == small  # nearest M
+        assert configs.get_config(8192, 8, 14336, 2, torch.int8) == big
+        assert configs.get_config(3, 8, 14336, 2, torch.bfloat16) != small  # other dtype: no table
+        mid = dict(PINNED, BLOCK_SIZE_M=64)
+        tune.write_table({256: mid, 1: big}, 8, 14336, "NVIDIA_H200", "int8_w8a16")  # merge, clears the cache
+        assert list(json.loads(path.read_text())) == ["1", "256", "1024"]
+        assert configs.get_config(200, 8, 14336, 2, torch.int8) == mid
+        assert configs.get_config(1, 8, 14336, 2, torch.int8) == big
+        with pytest.raises(ValueError, match="power of two"):
+            tune.write_table({1: dict(PINNED, BLOCK_SIZE_N=48)}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
+    finally:
+        configs.load_table.cache_clear()
+
+
+def test_tune_refuses_without_gpu():
+    if HAS_CUDA:
+        pytest.skip("checks the CPU-only message")
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        tune.tune(8, 64, 64, 2, ms=[1])
+
+
+@pytest.mark.gpu
+def test_tune_runs_on_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False)
+    table = json.loads(paths["int8"].read_text())
+    assert set(table) == {"1", "256"}
+    assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda")) == table["1"]
+    configs.load_table.cache_clear()
+
+
+# --- command line ----------------------------------------------------------------------------------
+
+from click.testing import CliRunner  # noqa: E402
+
+from experts_int8 import cli  # noqa: E402
+
+
+def _run(*args):
+    return CliRunner().invoke(cli.main, list(args))
+
+
+@pytest.mark.parametrize("args, words", [
+    ([], ["bench", "tune"]),
+    (["bench"], ["--shapes", "--quick", "--debug", "Examples", "experts-int8 bench --quick"]),
+    (["tune"], ["--shape", "--model-config", "--debug", "Examples", "experts-int8 tune --shape 8,4096,14336,2"]),
+])
+def test_cli_help(args, words):
+    r = _run(*args, "--help")
+    assert r.exit_code == 0, r.output
+    for word in words:
+        assert word in r.output
+
+
+def test_cli_errors_are_one_clean_line():
+    r = _run("bench", "--shapes", "not-a-model")
+    assert r.exit_code == 1
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: unknown shape 'not-a-model'")
+    assert "Traceback" not in r.output
+    r = _run("tune", "--shape", "8,64")
+    assert r.exit_code == 2 and "E,H,I,k" in r.output
+    r = _run("tune")
+    assert r.exit_code == 2 and "exactly one of" in r.output
+
+
+def test_cli_debug_shows_the_exception():
+    r = _run("bench", "--shapes", "not-a-model", "--debug")
+    assert r.exit_code == 1 and isinstance(r.exception, ValueError)
+
+
+def test_cli_without_gpu_says_so():
+    if HAS_CUDA:
+        pytest.skip("checks the CPU-only message")
+    r = _run("tune", "--shape", "8,64,64,2", "--m", "1")
+    assert r.exit_code == 1 and r.output.startswith("Error: tuning needs a CUDA GPU")
+
+
+def test_cli_new_commands_get_debug_and_clean_errors():
+    @cli.command("boom-test")
+    def boom():
+        """Fails on purpose."""
+        raise KeyError("no such model: foo\nsecond line")
+
+    try:
+        r = _run("boom-test")
+        assert r.exit_code == 1 and r.output.count("\n") == 1 and "no such model: foo second line" in r.output
+        assert isinstance(_run("boom-test", "--debug").exception, KeyError)
+    finally:
+        cli.main.commands.pop("boom-test")
+
+
+@pytest.mark.parametrize("cfg, shape", [
+    (dict(num_local_experts=8, hidden_size=4096, intermediate_size=14336, num_experts_per_tok=2), (8, 4096, 14336, 2)),
+    (dict(num_experts=128, hidden_size=2048, moe_intermediate_size=768, intermediate_size=6144,
+          num_experts_per_tok=8), (128, 2048, 768, 8)),
+    (dict(n_routed_experts=64, hidden_size=2048, moe_intermediate_size=1408, intermediate_size=10944,
+          num_experts_per_tok=6), (64, 2048, 1408, 6)),
+    (dict(text_config=dict(num_local_experts=16, hidden_size=5120, intermediate_size=8192, num_experts_per_tok=1)),
+     (16, 5120, 8192, 1)),
+])
+def test_cli_shape_from_model_config(tmp_path, cfg, shape):
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert cli.shape_from_model_config(str(tmp_path)) == shape
+    assert cli.shape_from_model_config(str(tmp_path / "config.json")) == shape
+
+
+def test_cli_model_config_without_experts_is_a_clean_error(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(hidden_size=576, intermediate_size=1536)))
+    r = _run("tune", "--model-config", str(tmp_path))
+    assert r.exit_code == 1 and "is not an MoE model config" in r.output

@@ -1,0 +1,381 @@
+"""Tune the MoE block configs of one expert shape on the local GPU and save them as a table.
+
+``tune(E, H, I, k)`` times the whole ``fused_experts`` call (align + both GEMMs + the sum over k)
+for each candidate config, forced with :func:`~experts_int8.kernels.configs.override_config`, at a
+few token counts M, and writes ``E={E},N={I},device={gpu},dtype={fmt}.json`` (M -> best config)
+into the user cache, where ``get_config`` finds it from then on (nearest M).
+
+Search space: BLOCK_SIZE_M 16..128 limited by the rows each expert receives (M * k / E),
+BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, pruned by shared memory
+and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
+over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
+the next). The winner is then tried with GROUP_SIZE_M 8 and 16 when an expert spans several row
+blocks. The
+heuristic default config is always a candidate, so the table never loses to it on the tuning
+inputs. Configs that fail to compile or run out of resources are skipped.
+
+Weights are cycled over a pool of distinct layers (as in :mod:`experts_int8.bench`) so small-M
+timings read from HBM, not L2. Most of the cost is Triton compiling each candidate once (a few
+seconds for both kernels); Triton's on-disk cache makes a second run, or another shape with the same
+k, much faster. ``budget_s`` bounds the whole search: the remaining time is shared by the remaining
+(dtype, M) searches, each of which stops early (keeping the best so far) when its share is spent.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import os
+import random
+import statistics
+import time
+import zlib
+from pathlib import Path
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+from .kernels import configs
+
+BLOCK_M = (16, 32, 64, 128)
+BLOCK_N = (32, 64, 128, 256)
+BLOCK_K = (64, 128, 256)
+GROUP_M = (1, 8, 16)
+NUM_WARPS = (4, 8)
+NUM_STAGES = (2, 3, 4, 5)
+DEFAULT_MS = (1, 4, 16, 64, 256, 1024, 2048, 4096)
+DTYPES = {"int8": torch.int8, "bf16": torch.bfloat16}
+DEFAULT_SMEM = 232448  # bytes per block on H100/H200 (opt-in maximum)
+MAX_ACC_REGS = 128  # fp32 accumulator registers per thread in GEMM1 (gate and up tiles)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def rows_per_expert(m: int, num_experts: int, top_k: int) -> float:
+    return m * top_k / num_experts
+
+
+def block_m_choices(m: int, num_experts: int, top_k: int) -> list[int]:
+    """BLOCK_SIZE_M values worth trying: at most about twice the rows an expert gets (bigger blocks
+    are mostly padding), and no 16 once experts get more than 64 rows."""
+    r = rows_per_expert(m, num_experts, top_k)
+    return [b for b in BLOCK_M if b <= max(16, 2 * r) and not (b == 16 and r > 64)]
+
+
+def smem_bytes(cfg: dict, weight_bytes: int, act_bytes: int = 2) -> int:
+    """Shared memory of GEMM1's pipeline: per stage an activation tile and the gate and up weight tiles."""
+    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+    return cfg["num_stages"] * (bm * bk * act_bytes + 2 * bk * bn * weight_bytes)
+
+
+def _plausible(cfg: dict, weight_bytes: int, smem_limit: int) -> bool:
+    bm, bn, warps = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["num_warps"]
+    if smem_bytes(cfg, weight_bytes) > smem_limit:
+        return False
+    if 2 * bm * bn / (32 * warps) > MAX_ACC_REGS:  # gate + up accumulators would spill
+        return False
+    if warps == 8 and bm * bn < 4096:  # too little work for 8 warps
+        return False
+    return True
+
+
+def _space(bm: int, bns: Sequence[int], bks: Sequence[int], wbytes: int, smem_limit: int) -> list[dict]:
+    """Plausible configs of one BLOCK_SIZE_M (GROUP_SIZE_M 1), in a fixed pseudo-random order seeded
+    by the arguments, so a prefix of it is a sample and shorter prefixes nest in longer ones."""
+    space = []
+    for bn in bns:
+        for bk in bks:
+            for warps in NUM_WARPS:
+                for stages in NUM_STAGES:
+                    cfg = dict(BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=bk, GROUP_SIZE_M=1,
+                               num_warps=warps, num_stages=stages)
+                    if _plausible(cfg, wbytes, smem_limit):
+                        space.append(cfg)
+    random.Random(zlib.crc32(repr((bm, list(bns), list(bks), wbytes, smem_limit)).encode())).shuffle(space)
+    return space
+
+
+def candidate_configs(m: int, num_experts: int, hidden: int, inter: int, top_k: int,
+                      weight_dtype: torch.dtype = torch.int8, *, smem_limit: int = DEFAULT_SMEM,
+                      max_candidates: int = 32) -> list[dict]:
+    """First-stage candidates for M tokens: the heuristic default, then the pruned space sampled.
+
+    The budget is split evenly over the BLOCK_SIZE_M choices; each takes a prefix of its fixed
+    shuffled space (so different M share most candidates and Triton compiles each only once), and
+    the prefixes are interleaved so a search cut short by its time budget still covers every
+    BLOCK_SIZE_M. GROUP_SIZE_M is 1 here; :func:`group_variants` tries the others on the winner.
+    """
+    wbytes = torch.empty((), dtype=weight_dtype).element_size()
+    bms = block_m_choices(m, num_experts, top_k)
+    bns = [b for b in BLOCK_N if b <= max(32, _next_pow2(max(hidden, inter)))]
+    bks = [b for b in BLOCK_K if b <= max(64, _next_pow2(min(hidden, inter)))]
+    share = max(1, math.ceil(max_candidates / len(bms)))
+    prefixes = [_space(bm, bns, bks, wbytes, smem_limit)[:share] for bm in bms]
+    default = configs.heuristic_config(m, num_experts, top_k, weight_dtype, "cuda")
+    out = []
+    for j in range(share):
+        out += [p[j] for p in prefixes if j < len(p) and p[j] != default]
+    return [default] + out[:max_candidates]
+
+
+def group_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
+    """The winner with the other GROUP_SIZE_M values, when an expert's rows span several blocks."""
+    if rows_per_expert(m, num_experts, top_k) <= best["BLOCK_SIZE_M"]:
+        return []
+    return [dict(best, GROUP_SIZE_M=g) for g in GROUP_M if g != best["GROUP_SIZE_M"]]
+
+
+class SearchResult:
+    """Outcome of one M: the best config and its time, the default's time, what was skipped or cut."""
+
+    def __init__(self):
+        self.best: Optional[dict] = None
+        self.best_s = math.inf
+        self.default_s: Optional[float] = None
+        self.timed = 0
+        self.not_tried = 0
+        self.skipped: collections.Counter = collections.Counter()
+        self.first_error: Optional[str] = None
+
+
+def _is_fatal(exc: BaseException) -> bool:
+    """A CUDA fault poisons the context: stop instead of skipping every later candidate."""
+    return type(exc).__name__ == "AcceleratorError" or "CUDA error" in str(exc)
+
+
+def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], *,
+           refine: Optional[Callable[[dict], list[dict]]] = None, deadline: float = math.inf,
+           clock: Callable[[], float] = time.perf_counter,
+           on_step: Optional[Callable[[SearchResult], None]] = None) -> SearchResult:
+    """Time candidates with ``measure(cfg, best_so_far_s) -> seconds`` and keep the fastest.
+
+    The first candidate is taken to be the default config and is always timed. A candidate whose
+    ``measure`` raises (compile failure, out of shared memory or registers) is skipped and counted.
+    Once ``clock()`` passes ``deadline`` the remaining candidates are not tried (counted in
+    ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well.
+    """
+    result = SearchResult()
+
+    def attempt(cfg: dict, is_default: bool) -> None:
+        try:
+            seconds = measure(cfg, result.best_s)
+        except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is just not a candidate
+            if _is_fatal(exc):
+                raise
+            result.skipped[type(exc).__name__] += 1
+            result.first_error = result.first_error or f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        else:
+            result.timed += 1
+            if is_default:
+                result.default_s = seconds
+            if seconds < result.best_s:
+                result.best, result.best_s = dict(cfg), seconds
+        if on_step is not None:
+            on_step(result)
+
+    for index, cfg in enumerate(candidates):
+        if index > 0 and clock() > deadline:
+            result.not_tried = len(candidates) - index
+            break
+        attempt(cfg, index == 0)
+    if result.best is not None and refine is not None:
+        for cfg in refine(result.best):
+            attempt(cfg, False)
+    if result.best is None:
+        raise RuntimeError(f"all {len(candidates)} candidate configs failed; the first error was {result.first_error}")
+    return result
+
+
+def write_table(best: dict[int, dict], num_experts: int, inter: int, device: str, fmt: str,
+                out_dir: Optional[os.PathLike] = None, *, merge: bool = True) -> Path:
+    """Write (merged into an existing table of the same name, new M values winning) and return the path.
+
+    Clears ``get_config``'s table cache so the new table takes effect in this process too.
+    """
+    folder = Path(out_dir) if out_dir is not None else configs.user_config_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / configs.table_name(num_experts, inter, device, fmt)
+    table: dict[int, dict] = {}
+    if merge and path.is_file():
+        try:
+            with open(path) as f:
+                table = {int(k): v for k, v in json.load(f).items()}
+        except (ValueError, OSError):
+            table = {}  # unreadable: replaced below
+    table.update({int(m): configs.check_config(cfg) for m, cfg in best.items()})
+    tmp = path.with_suffix(".json.tmp")
+    with open(tmp, "w") as f:
+        json.dump({str(m): table[m] for m in sorted(table)}, f, indent=4)
+        f.write("\n")
+    os.replace(tmp, path)
+    configs.load_table.cache_clear()
+    return path
+
+
+class _Progress:
+    """tqdm when installed, otherwise a line every 10%."""
+
+    def __init__(self, total: int, enabled: bool, log: Callable[[str], None]):
+        self._bar = None
+        self._total, self._done, self._next, self._log, self._enabled = total, 0, 0.1, log, enabled
+        self._desc = ""
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=total, unit="cfg", dynamic_ncols=True)
+            except ImportError:
+                pass
+
+    def describe(self, desc: str) -> None:
+        self._desc = desc
+        if self._bar is not None:
+            self._bar.set_description(desc)
+
+    def step(self, postfix: str) -> None:
+        self._done += 1
+        if self._bar is not None:
+            self._bar.set_postfix_str(postfix, refresh=False)
+            self._bar.update(1)
+        elif self._enabled and self._done >= self._next * self._total:
+            self._log(f"  {self._done}/{self._total} configs timed ({self._desc}, {postfix})")
+            self._next += 0.1
+
+    def advance(self, n: int) -> None:
+        """Count ``n`` steps that will not run (a search cut short), without logging them."""
+        self._done += n
+        if self._bar is not None and n:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _smem_limit() -> int:
+    try:
+        import triton
+
+        props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
+        return int(props["max_shared_mem"])
+    except Exception:  # noqa: BLE001 - the default is right for Hopper
+        return DEFAULT_SMEM
+
+
+def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float]:
+    from .ops import fused_experts
+
+    def run():
+        for layer, (weights, ids) in zip(layers, routing):
+            fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale)
+
+    def timed() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / len(layers)
+
+    def measure(cfg: dict, best_s: float) -> float:
+        with configs.override_config(cfg):
+            run()  # compiles this config (first time) and warms up
+            torch.cuda.synchronize()
+            first = timed()
+            if first > 2 * best_s:  # clearly slower: don't spend more replays on it
+                return first
+            return statistics.median([first] + [timed() for _ in range(reps - 1)])
+
+    return measure
+
+
+def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable[str] = ("int8", "bf16"),
+         ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
+         reps: int = 5, pool_gb: float = 2.0, budget_s: Optional[float] = 300.0, progress: bool = True,
+         log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU.
+
+    ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
+    table per weight format into ``out_dir`` (default: the user cache, used automatically by
+    ``get_config``) and returns ``{dtype: path}``. ``budget_s`` (None: unbounded) caps the search
+    time; a search cut short keeps its best config so far and says so in the summary.
+    """
+    from . import bench
+    from .routing import select_experts
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("tuning needs a CUDA GPU, and torch.cuda.is_available() is False")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1 is set, so Triton would not compile for the GPU; unset it")
+    dtypes = list(dict.fromkeys(dtypes))
+    for d in dtypes:
+        if d not in DTYPES:
+            raise ValueError(f"unknown dtype {d!r}: use {' and/or '.join(DTYPES)}")
+    if min(num_experts, hidden, inter, top_k) < 1 or top_k > num_experts:
+        raise ValueError(f"bad shape E={num_experts}, H={hidden}, I={inter}, k={top_k}: positive, with k <= E")
+    ms = sorted(set(int(m) for m in ms))
+    if not ms or ms[0] < 1:
+        raise ValueError(f"token counts must be positive integers, got {ms}")
+    if reps < 1:
+        raise ValueError(f"reps must be >= 1, got {reps}")
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    gpu = configs.device_name(device)
+    smem = _smem_limit()
+    started = time.perf_counter()
+    plan = {(d, m): candidate_configs(m, num_experts, hidden, inter, top_k, DTYPES[d], smem_limit=smem,
+                                      max_candidates=max_candidates) for d in dtypes for m in ms}
+    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k} on {gpu}: {', '.join(dtypes)} at M = "
+        f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
+        f"{len({tuple(c.items()) for c in sum(plan.values(), [])})} distinct configs")
+    bar = _Progress(sum(map(len, plan.values())), progress, log)
+    slots_left = len(plan)
+    paths: dict[str, Path] = {}
+    summary = []
+    try:
+        for d in dtypes:
+            num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9)
+            layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device)
+            best: dict[int, dict] = {}
+            for m in ms:
+                bar.describe(f"{d} M={m}")
+                x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
+                routing = [select_experts(torch.randn(m, num_experts, device=device), top_k) for _ in layers]
+                deadline = math.inf
+                if budget_s is not None:
+                    left = budget_s - (time.perf_counter() - started)
+                    deadline = time.perf_counter() + max(0.0, left) / slots_left
+                slots_left -= 1
+                result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
+                                refine=lambda cfg: group_variants(cfg, m, num_experts, top_k),
+                                on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
+                bar.advance(result.not_tried)
+                best[m] = result.best
+                summary.append((d, m, result))
+            del layers
+            torch.cuda.empty_cache()
+            paths[d] = write_table(best, num_experts, inter, gpu, configs.weight_format(DTYPES[d]), out_dir)
+    finally:
+        bar.close()
+
+    for d, m, r in summary:
+        gain = f"{r.default_s / r.best_s:5.2f}x vs default" if r.default_s else "default failed"
+        skipped = f", skipped {sum(r.skipped.values())} ({dict(r.skipped)})" if r.skipped else ""
+        cut = f", {r.not_tried} not tried (time budget)" if r.not_tried else ""
+        log(f"  {d:4s} M={m:<5d} {r.best_s * 1e6:9.1f} us  {gain}  {_short(r.best)}  "
+            f"[{r.timed} timed{skipped}{cut}]")
+    for d, path in paths.items():
+        log(f"wrote {path}")
+    if out_dir is not None and Path(out_dir).resolve() != configs.user_config_dir().resolve():
+        log(f"note: get_config reads {configs.user_config_dir()} (set EXPERTS_INT8_CACHE to change it), "
+            f"not {out_dir}")
+    log(f"tuning took {time.perf_counter() - started:.0f} s")
+    return paths
+
+
+def _short(cfg: dict) -> str:
+    return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
+            f"w{cfg['num_warps']} s{cfg['num_stages']}")
