@@ -56,6 +56,7 @@ def moe_gate_up_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
     num_pid_n = tl.cdiv(I, BLOCK_N)
@@ -81,18 +82,29 @@ def moe_gate_up_kernel(
     a_ptrs = x_ptr + (rows // TOP_K)[:, None] * stride_xm + offs_k[None, :]
     g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]
     u_ptrs = g_ptrs + I * stride_wn
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_mask = offs_k < H - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         g = tl.load(g_ptrs, mask=k_mask[:, None], other=0)
         u = tl.load(u_ptrs, mask=k_mask[:, None], other=0)
-        acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
-        acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
+        if SWAP_AB:  # weights as the left operand: acc^T = w^T x^T
+            acc_g = tl.dot(tl.trans(g.to(a.dtype)), tl.trans(a), acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(tl.trans(u.to(a.dtype)), tl.trans(a), acc_u, input_precision=DOT_PRECISION)
+        else:
+            acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
 
     if HAS_SCALE:
         s_ptrs = scale_ptr + expert * stride_se + offs_wn
@@ -138,6 +150,7 @@ def moe_down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
 ):
     # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
     num_pid_n = tl.cdiv(H, BLOCK_N)
@@ -162,14 +175,22 @@ def moe_down_kernel(
     offs_wn = offs_n % H
     a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
     w_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(I, BLOCK_K)):
         k_mask = offs_k < I - kb * BLOCK_K
         a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_mask[:, None], other=0)
-        acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+        if SWAP_AB:  # weights as the left operand: acc^T = w^T a^T
+            acc = tl.dot(tl.trans(w.to(a.dtype)), tl.trans(a), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if SWAP_AB:
+        acc = tl.trans(acc)
 
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + expert * stride_se + offs_wn)[None, :]
@@ -201,6 +222,7 @@ def _launch_meta(config: dict) -> dict:
         BLOCK_N=config["BLOCK_SIZE_N"],
         BLOCK_K=config["BLOCK_SIZE_K"],
         GROUP_M=config["GROUP_SIZE_M"],
+        SWAP_AB=bool(config.get("SWAP_AB", 0)),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
