@@ -57,7 +57,11 @@ def test_override_config_nests_and_restores():
 
 
 @pytest.mark.parametrize("bad, words", [
-    ({k: v for k, v in PINNED.items() if k != "num_stages"}, "exactly the keys"),
+    ({k: v for k, v in PINNED.items() if k != "num_stages"}, "needs the keys"),
+    (dict(PINNED, BLOCK_SIZE_Q=16), "needs the keys"),
+    (dict(PINNED, SWAP_AB=2), "SWAP_AB"),
+    (dict(PINNED, down=dict(BLOCK_SIZE_M=32)), "needs the keys"),
+    (dict(PINNED, down=dict(BLOCK_SIZE_N=24)), "power of two"),
     (dict(PINNED, BLOCK_SIZE_N=48), "power of two"),
     (dict(PINNED, BLOCK_SIZE_K=8), "power of two"),
     (dict(PINNED, num_warps=0), "positive int"),

@@ -181,3 +181,14 @@ def test_single_program_align_matches_torch_align(trial, monkeypatch):
     assert torch.equal(fast[0], slow[0])
     assert torch.equal(fast[1][: n // block_m], slow[1][: n // block_m])
     assert torch.all(fast[1][n // block_m:] == -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swap_gate_up, swap_down", [(0, 1), (1, 0), (1, 1)])
+def test_swapped_operand_orientation_and_per_gemm_configs(dtype, swap_gate_up, swap_down):
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=2, num_warps=4, num_stages=2,
+               SWAP_AB=swap_gate_up, down=dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=64, SWAP_AB=swap_down))
+    with override_config(cfg):
+        check(29, 5, 67, 45, 2, dtype, "triton")

@@ -15,7 +15,7 @@ import torch
 
 from . import reference
 from .kernels.align import align_block_size
-from .kernels.configs import get_config
+from .kernels.configs import get_config, split_config
 from .kernels.fused_moe import invoke_down, invoke_gate_up
 from .reference import ACTIVATIONS
 from .routing import select_experts
@@ -142,17 +142,17 @@ def _fused_experts_triton(
     num_experts, hidden, inter = w2.shape
     if m == 0:
         return x.new_empty((0, hidden))
-    config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
+    gate_up_config, down_config = split_config(get_config(m, num_experts, inter, top_k, w13.dtype, x.device))
     sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
-        topk_ids, config["BLOCK_SIZE_M"], num_experts, expert_map
+        topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
     )
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     h = x.new_empty((m * top_k, inter))
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                   top_k, activation, apply_router_weight_on_input, config)
+                   top_k, activation, apply_router_weight_on_input, gate_up_config)
     y = x.new_empty((m * top_k, hidden))
     invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                not apply_router_weight_on_input, config)
+                not apply_router_weight_on_input, down_config)
     return y if top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)
 
 

@@ -27,24 +27,42 @@ logger = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).parent / "configs"
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
+# Optional: SWAP_AB (0/1) puts the weight tile on the left of the dot; "down" holds overrides of the
+# keys above (all but BLOCK_SIZE_M, which the align step fixes for both GEMMs) for the down GEMM.
+OPTIONAL_KEYS = ("SWAP_AB", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
-def check_config(config: dict) -> dict:
-    """A validated copy of ``config``: exactly the keys of CONFIG_KEYS, positive ints, block sizes
-    powers of two of at least 16 (``tl.dot``'s minimum)."""
-    if not isinstance(config, dict) or set(config) != set(CONFIG_KEYS):
+def check_config(config: dict, *, _nested: bool = False) -> dict:
+    """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB and "down"),
+    positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
+    required = () if _nested else CONFIG_KEYS
+    allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
+    if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
-        raise ValueError(f"a MoE config needs exactly the keys {list(CONFIG_KEYS)}, got {got}")
-    out = {key: config[key] for key in CONFIG_KEYS}
+        raise ValueError(f"a MoE config needs the keys {list(CONFIG_KEYS)} (optionally {list(OPTIONAL_KEYS)}), "
+                         f"got {got}")
+    out = dict(config)
     for key, value in out.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if key == "down":
+            out[key] = check_config(value, _nested=True)
+        elif key == "SWAP_AB":
+            if value not in (0, 1):
+                raise ValueError(f"config['SWAP_AB'] must be 0 or 1, got {value!r}")
+            out[key] = int(value)
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"config[{key!r}] must be a positive int, got {value!r}")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
-        if out[key] < 16 or out[key] & (out[key] - 1):
+        if key in out and (out[key] < 16 or out[key] & (out[key] - 1)):
             raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {out[key]}")
     return out
+
+
+def split_config(config: dict) -> tuple[dict, dict]:
+    """``(gate_up, down)`` kernel configs from one table entry."""
+    gate_up = {key: value for key, value in config.items() if key != "down"}
+    return gate_up, {**gate_up, **config.get("down", {})}
 
 
 @contextlib.contextmanager
@@ -94,7 +112,7 @@ def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[
             with open(path) as f:
                 raw = json.load(f)
             logger.info("experts_int8: using tuned MoE configs %s", path)
-            return {int(m): {key: int(cfg[key]) for key in CONFIG_KEYS} for m, cfg in raw.items()}
+            return {int(m): check_config(cfg) for m, cfg in raw.items()}
     if device != "cpu":
         logger.info("experts_int8: no tuned configs for %s; using heuristics", name)
     return None

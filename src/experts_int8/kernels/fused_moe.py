@@ -79,24 +79,30 @@ def moe_gate_up_kernel(
 
     offs_k = tl.arange(0, BLOCK_K)
     offs_wn = offs_n % I  # wrapped, so weight loads need no mask along N
-    a_ptrs = x_ptr + (rows // TOP_K)[:, None] * stride_xm + offs_k[None, :]
-    g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]
-    u_ptrs = g_ptrs + I * stride_wn
-    if SWAP_AB:
+    x_rows = rows // TOP_K
+    if SWAP_AB:  # weights as the left operand, loaded (N, K): acc^T = w x^T
+        a_ptrs = x_ptr + x_rows[None, :] * stride_xm + offs_k[:, None]  # (BLOCK_K, BLOCK_M)
+        g_ptrs = w_ptr + expert * stride_we + offs_wn[:, None] * stride_wn + offs_k[None, :]  # (BLOCK_N, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
+        a_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
+        g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    u_ptrs = g_ptrs + I * stride_wn
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
-        k_mask = offs_k < H - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        g = tl.load(g_ptrs, mask=k_mask[:, None], other=0)
-        u = tl.load(u_ptrs, mask=k_mask[:, None], other=0)
-        if SWAP_AB:  # weights as the left operand: acc^T = w^T x^T
-            acc_g = tl.dot(tl.trans(g.to(a.dtype)), tl.trans(a), acc_g, input_precision=DOT_PRECISION)
-            acc_u = tl.dot(tl.trans(u.to(a.dtype)), tl.trans(a), acc_u, input_precision=DOT_PRECISION)
+        k_left = H - kb * BLOCK_K
+        if SWAP_AB:
+            a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
+            g = tl.load(g_ptrs, mask=offs_k[None, :] < k_left, other=0)
+            u = tl.load(u_ptrs, mask=offs_k[None, :] < k_left, other=0)
+            acc_g = tl.dot(g.to(a.dtype), a, acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(u.to(a.dtype), a, acc_u, input_precision=DOT_PRECISION)
         else:
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0)
+            u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0)
             acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
             acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
@@ -173,19 +179,23 @@ def moe_down_kernel(
 
     offs_k = tl.arange(0, BLOCK_K)
     offs_wn = offs_n % H
-    a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]
-    w_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]
-    if SWAP_AB:
+    if SWAP_AB:  # weights as the left operand, loaded (N, K): acc^T = w a^T
+        a_ptrs = a_ptr + rows[None, :] * stride_am + offs_k[:, None]  # (BLOCK_K, BLOCK_M)
+        w_ptrs = w_ptr + expert * stride_we + offs_wn[:, None] * stride_wn + offs_k[None, :]  # (BLOCK_N, BLOCK_K)
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
+        a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
+        w_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(I, BLOCK_K)):
-        k_mask = offs_k < I - kb * BLOCK_K
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_ptrs, mask=k_mask[:, None], other=0)
-        if SWAP_AB:  # weights as the left operand: acc^T = w^T a^T
-            acc = tl.dot(tl.trans(w.to(a.dtype)), tl.trans(a), acc, input_precision=DOT_PRECISION)
+        k_left = I - kb * BLOCK_K
+        if SWAP_AB:
+            a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
+            w = tl.load(w_ptrs, mask=offs_k[None, :] < k_left, other=0)
+            acc = tl.dot(w.to(a.dtype), a, acc, input_precision=DOT_PRECISION)
         else:
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
+            w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0)
             acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
