@@ -415,3 +415,13 @@ def test_cli_model_config_without_experts_is_a_clean_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(hidden_size=576, intermediate_size=1536)))
     r = _run("tune", "--model-config", str(tmp_path))
     assert r.exit_code == 1 and "is not an MoE model config" in r.output
+
+
+def test_shipped_tables_are_valid_configs():
+    tables = sorted(configs.PACKAGE_DIR.glob("*.json"))
+    assert tables, "the package ships tuned tables"
+    for path in tables:
+        raw = json.loads(path.read_text())
+        assert raw and all(int(m) >= 1 for m in raw)
+        for cfg in raw.values():
+            configs.check_config(cfg)
