@@ -1,0 +1,381 @@
+"""Offline conversion of a Hugging Face MoE checkpoint directory into an int8 experts checkpoint.
+
+    report = quantize_checkpoint("Mixtral-8x7B", "Mixtral-8x7B-int8")
+
+The result is the same on-disk format that ``save_pretrained`` writes for a model loaded with
+``ExpertsInt8Config`` (so ``from_pretrained(dst)`` reloads it without re-quantizing):
+
+  * every routed-experts block becomes four tensors under the checkpoint's own prefix
+    (``<prefix>.experts.gate_up_proj`` int8 ``[E, 2I, H]`` gate rows then up rows,
+    ``<prefix>.experts.gate_up_proj_scale`` fp32 ``[E, 2I]``, ``<prefix>.experts.down_proj`` int8
+    ``[E, H, I]``, ``<prefix>.experts.down_proj_scale`` fp32 ``[E, H]``);
+  * every other tensor is copied unchanged (name, dtype, values);
+  * ``config.json`` gains ``quantization_config`` (``quant_method: experts_int8``); tokenizer and
+    other small files are copied.
+
+Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (Mixtral) or
+``<prefix>.experts.{e}.{gate_proj|up_proj|down_proj}.weight``, and already fused float
+``<prefix>.experts.gate_up_proj`` ``[E, 2I, H]`` / ``<prefix>.experts.down_proj`` ``[E, H, I]``.
+
+Streaming: tensors are read one at a time with ``safe_open`` and each expert is quantized on its
+own, so memory holds about one output shard plus one expert's float copy. Output goes into a
+temporary directory next to ``dst`` that is renamed at the end: a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .quant import dequantize_weights, quantize_weights
+
+QUANT_CONFIG = {"quant_method": "experts_int8", "bits": 8, "scheme": "symmetric_per_row",
+                "modules_to_not_convert": None, "allow_no_experts": False}
+INDEX_NAME = "model.safetensors.index.json"
+# Per-expert projection names -> role in the fused layout.
+ROLES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
+PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)"
+                        r"\.weight$")
+FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+
+
+@dataclass
+class ExpertsGroup:
+    """One routed-experts block of the source checkpoint and where its tensors live."""
+
+    prefix: str                                                   # e.g. model.layers.3.block_sparse_moe.experts
+    per_expert: dict = field(default_factory=dict)                # (role, e) -> source key
+    fused: dict = field(default_factory=dict)                     # "gate_up_proj" | "down_proj" -> source key
+
+    def source_keys(self) -> list[str]:
+        return list(self.per_expert.values()) + list(self.fused.values())
+
+
+@dataclass
+class ConversionReport:
+    src: str
+    dst: str
+    seconds: float
+    bytes_before: int
+    bytes_after: int
+    num_tensors: int
+    snr_db: dict  # "<prefix>.gate_up_proj" -> dB (dequantized vs original)
+
+    def snr_summary(self) -> tuple[float, float]:
+        values = list(self.snr_db.values())
+        return min(values), statistics.median(values)
+
+
+def parse_size(text: str) -> int:
+    """``"5GB"``, ``"500MB"``, ``"1.5GiB"``, ``"1000"`` -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?)[bB]?\s*", str(text))
+    if not m:
+        raise ValueError(f"cannot read the size {text!r} (examples: 5GB, 500MB, 2GiB)")
+    base = 1024 if m.group(3) else 1000
+    power = " KMGT".index(m.group(2).upper() or " ")
+    return int(float(m.group(1)) * base ** power)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
+    """Check ``path`` is a Hugging Face model directory; returns (dir, config dict, safetensors files)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if not p.is_dir():
+        raise NotADirectoryError(f"{path} is a file; expected a model directory (config.json + *.safetensors)")
+    config_file = p / "config.json"
+    if not config_file.is_file():
+        raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        config = json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_file} is not valid JSON ({e})") from None
+    files = sorted(p.glob("*.safetensors"))
+    return p, config, files
+
+
+def _text_config(config: dict) -> dict:
+    return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
+
+
+def plan_groups(keys) -> dict[str, ExpertsGroup]:
+    """Group the routed-experts keys of a checkpoint by block prefix."""
+    groups: dict[str, ExpertsGroup] = {}
+    for key in keys:
+        m = PER_EXPERT.match(key)
+        if m:
+            g = groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"]))
+            g.per_expert[(ROLES[m["proj"]], int(m["e"]))] = key
+            continue
+        m = FUSED.match(key)
+        if m:
+            groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"])).fused[m["proj"]] = key
+    return groups
+
+
+def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple[int, int, int]:
+    """Validate one block's keys and shapes; returns (E, H, I)."""
+    if g.per_expert and g.fused:
+        raise ValueError(f"{g.prefix}: the checkpoint has both per-expert and fused keys for the same experts")
+    if g.fused:
+        missing = {"gate_up_proj", "down_proj"} - set(g.fused)
+        if missing:
+            raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{missing.pop()} is missing")
+        (d13, s13), (d2, s2) = headers[g.fused["gate_up_proj"]], headers[g.fused["down_proj"]]
+        for key, dtype in ((g.fused["gate_up_proj"], d13), (g.fused["down_proj"], d2)):
+            if dtype not in ("F32", "F16", "BF16", "F64"):
+                raise ValueError(f"{key} is {dtype}, not a float tensor (is this checkpoint already quantized?)")
+        if len(s13) != 3 or len(s2) != 3:
+            raise ValueError(f"{g.prefix}: expected fused experts tensors of 3 dims, got {list(s13)} and {list(s2)}")
+        e, h, i = s2
+        if tuple(s13) != (e, 2 * i, h) or (hidden is not None and h != hidden):
+            raise ValueError(f"{g.prefix}: experts layout not supported: gate_up_proj {list(s13)}, down_proj "
+                             f"{list(s2)}; expected gate_up_proj [E, 2I, H] and down_proj [E, H, I]"
+                             + (f" with H = hidden_size = {hidden}" if hidden is not None else ""))
+        return e, h, i
+    experts = sorted({e for _, e in g.per_expert})
+    n = len(experts)
+    if experts != list(range(n)):
+        raise ValueError(f"{g.prefix}: expert indices are not 0..{n - 1} (found {experts[:8]}...)")
+    shapes = {}
+    for (role, e), key in sorted(g.per_expert.items()):
+        dtype, shape = headers[key]
+        if dtype not in ("F32", "F16", "BF16", "F64"):
+            raise ValueError(f"{key} is {dtype}, not a float tensor (is this checkpoint already quantized?)")
+        shapes.setdefault(role, set()).add(tuple(shape))
+    for role in ("gate", "up", "down"):
+        have = [e for e in experts if (role, e) in g.per_expert]
+        if len(have) != n:
+            miss = sorted(set(experts) - set(have))[0]
+            raise ValueError(f"{g.prefix}: expert {miss} has no {role} projection in the checkpoint")
+        if len(shapes[role]) != 1:
+            raise ValueError(f"{g.prefix}: {role} projections differ in shape across experts: {sorted(shapes[role])}")
+    (gi, gh), (ui, uh), (dh, di) = (next(iter(shapes[r])) for r in ("gate", "up", "down"))
+    if not (gi == ui == di and gh == uh == dh) or (hidden is not None and gh != hidden):
+        raise ValueError(f"{g.prefix}: inconsistent expert shapes gate {[gi, gh]}, up {[ui, uh]}, down {[dh, di]}")
+    return n, gh, gi
+
+
+def _snr_db(signal: float, noise: float) -> float:
+    import math
+
+    if noise == 0:
+        return float("inf")
+    return 10 * math.log10(signal / noise) if signal > 0 else float("-inf")
+
+
+class _Writer:
+    """Buffers output tensors and writes a safetensors shard whenever ``max_bytes`` would be exceeded."""
+
+    def __init__(self, out_dir: Path, max_bytes: int):
+        self.out_dir, self.max_bytes = out_dir, max_bytes
+        self.buffer: dict[str, torch.Tensor] = {}
+        self.buffered = 0
+        self.shards: list[tuple[str, list[str]]] = []
+        self.total = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.buffer and self.buffered + size > self.max_bytes:
+            self.flush()
+        self.buffer[name] = tensor.contiguous()
+        self.buffered += size
+        self.total += size
+
+    def flush(self) -> None:
+        if not self.buffer:
+            return
+        name = f"shard-{len(self.shards):05d}.safetensors"
+        save_file(self.buffer, str(self.out_dir / name), metadata={"format": "pt"})
+        self.shards.append((name, list(self.buffer)))
+        self.buffer, self.buffered = {}, 0
+
+    def finish(self) -> None:
+        self.flush()
+        n = len(self.shards)
+        if n == 1:
+            os.replace(self.out_dir / self.shards[0][0], self.out_dir / "model.safetensors")
+            return
+        weight_map = {}
+        for i, (tmp_name, keys) in enumerate(self.shards):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(self.out_dir / tmp_name, self.out_dir / final)
+            weight_map.update({k: final for k in keys})
+        index = {"metadata": {"total_size": self.total}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def quantize_checkpoint(src, dst, *, device="cpu", max_shard_size="5GB", overwrite: bool = False,
+                        progress: bool = True, log: Callable[[str], None] = print) -> ConversionReport:
+    """Convert the checkpoint directory ``src`` into an int8 experts checkpoint at ``dst`` (see module doc)."""
+    start = time.perf_counter()
+    src_dir, config, files = read_model_dir(src)
+    if not files:
+        others = sorted(f.name for f in src_dir.iterdir() if f.suffix in WEIGHT_FILE_SUFFIXES)
+        raise ValueError(f"{src} has no *.safetensors weights" + (f" (found {', '.join(others[:3])}; only "
+                         f"safetensors checkpoints can be converted)" if others else ""))
+    qc = config.get("quantization_config")
+    if qc:
+        raise ValueError(f"{src} is already quantized (quant_method {qc.get('quant_method')!r}); "
+                         f"convert the original float checkpoint instead")
+    dst_dir = Path(dst)
+    if dst_dir.resolve() == src_dir.resolve():
+        raise ValueError("DST must differ from SRC")
+    if dst_dir.exists() and not overwrite:
+        raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
+    max_bytes = parse_size(max_shard_size)
+    device = torch.device(device)
+
+    handles = {}
+    headers: dict[str, tuple[str, tuple]] = {}
+    key_file: dict[str, Path] = {}
+    try:
+        for f in files:
+            handles[f] = safe_open(str(f), framework="pt")
+            for key in handles[f].keys():
+                if key in key_file:
+                    raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
+                s = handles[f].get_slice(key)
+                headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
+        groups = plan_groups(headers)
+        if not groups:
+            raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
+                             f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
+                             f"'...experts.gate_up_proj'); nothing to quantize")
+        text = _text_config(config)
+        hidden = text.get("hidden_size")
+        shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
+        _check_model_type(config)
+        in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
+
+        parent = dst_dir.resolve().parent
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
+        try:
+            writer = _Writer(tmp, max_bytes)
+            snr: dict[str, float] = {}
+            from tqdm.auto import tqdm
+
+            order = [k for f in files for k in sorted(handles[f].keys())]
+            done = set()
+            bar = tqdm(total=len(order), unit="tensor", desc="quantizing", disable=not progress, leave=False)
+            for key in order:
+                if key in done:
+                    continue
+                prefix = in_group.get(key)
+                if prefix is None:
+                    writer.add(key, handles[key_file[key]].get_tensor(key))
+                    done.add(key)
+                    bar.update(1)
+                    continue
+                g = groups[prefix]
+                get = lambda k: handles[key_file[k]].get_tensor(k)  # noqa: E731
+                for name, tensors in _quantize_group(g, shapes[prefix], get, device, snr):
+                    writer.add(name, tensors)
+                done.update(g.source_keys())
+                bar.update(len(g.source_keys()))
+            bar.close()
+            writer.finish()
+            _copy_side_files(src_dir, tmp, config)
+            if dst_dir.exists():  # overwrite: swap in, then remove the old one
+                old = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".old", dir=parent))
+                os.replace(dst_dir, old / "x")
+                os.replace(tmp, dst_dir)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, dst_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        handles.clear()
+    bytes_before = sum(f.stat().st_size for f in files)
+    bytes_after = sum(f.stat().st_size for f in dst_dir.glob("*.safetensors"))
+    return ConversionReport(str(src), str(dst), time.perf_counter() - start, bytes_before, bytes_after,
+                            len(headers), snr)
+
+
+def _check_model_type(config: dict) -> None:
+    """Refuse model types the integration cannot reload (when transformers is installed)."""
+    try:
+        from .integrations.transformers import ARCHITECTURES
+    except ImportError:  # no transformers: the converter itself does not need it
+        return
+    model_type = _text_config(config).get("model_type") or config.get("model_type")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"model_type {model_type!r} is not supported by experts_int8 (supported: "
+                         f"{', '.join(sorted(ARCHITECTURES))})")
+
+
+def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
+    """Yield the four int8 tensors of one experts block, recording the SNR of each weight tensor."""
+    e, h, i = shape
+    q13 = torch.empty((e, 2 * i, h), dtype=torch.int8)
+    s13 = torch.empty((e, 2 * i), dtype=torch.float32)
+    q2 = torch.empty((e, h, i), dtype=torch.int8)
+    s2 = torch.empty((e, h), dtype=torch.float32)
+    stats = {"gate_up_proj": [0.0, 0.0], "down_proj": [0.0, 0.0]}
+
+    def one(w, name, q_out, s_out, stat):
+        w = w.to(device)
+        q, s = quantize_weights(w, name=name)
+        wf = w.double()
+        stat[0] += float(wf.pow(2).sum())
+        stat[1] += float((wf - dequantize_weights(q, s, torch.float64)).pow(2).sum())
+        q_out.copy_(q.cpu())
+        s_out.copy_(s.cpu())
+
+    if g.fused:
+        w13, w2 = get(g.fused["gate_up_proj"]), get(g.fused["down_proj"])
+        for x in range(e):
+            one(w13[x], f"{g.fused['gate_up_proj']}[expert {x}]", q13[x], s13[x], stats["gate_up_proj"])
+            one(w2[x], f"{g.fused['down_proj']}[expert {x}]", q2[x], s2[x], stats["down_proj"])
+        del w13, w2
+    else:
+        for x in range(e):
+            gate, up = get(g.per_expert[("gate", x)]), get(g.per_expert[("up", x)])
+            one(torch.cat([gate, up], dim=0), f"{g.per_expert[('gate', x)]} + {g.per_expert[('up', x)]}",
+                q13[x], s13[x], stats["gate_up_proj"])
+            one(get(g.per_expert[("down", x)]), g.per_expert[("down", x)], q2[x], s2[x], stats["down_proj"])
+    for name, (sig, noise) in stats.items():
+        snr[f"{g.prefix}.{name}"] = _snr_db(sig, noise)
+    yield f"{g.prefix}.down_proj", q2
+    yield f"{g.prefix}.down_proj_scale", s2
+    yield f"{g.prefix}.gate_up_proj", q13
+    yield f"{g.prefix}.gate_up_proj_scale", s13
+
+
+def _copy_side_files(src_dir: Path, out_dir: Path, config: dict) -> None:
+    """config.json with quantization_config, plus every other non-weight file (tokenizer, generation config)."""
+    for f in sorted(src_dir.iterdir()):
+        if not f.is_file() or f.name in ("config.json", INDEX_NAME) or f.name.endswith(WEIGHT_FILE_SUFFIXES) \
+                or f.name.endswith(".index.json"):
+            continue
+        shutil.copy2(f, out_dir / f.name)
+    config = dict(config)
+    config["quantization_config"] = dict(QUANT_CONFIG)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+__all__ = ["ConversionReport", "format_bytes", "parse_size", "plan_groups", "quantize_checkpoint", "read_model_dir"]
