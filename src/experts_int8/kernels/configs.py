@@ -114,7 +114,7 @@ def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[
             logger.info("experts_int8: using tuned MoE configs %s", path)
             return {int(m): check_config(cfg) for m, cfg in raw.items()}
     if device != "cpu":
-        logger.info("experts_int8: no tuned configs for %s; using heuristics", name)
+        logger.warning("experts_int8: no tuned MoE configs for %s; using heuristic block sizes", name)
     return None
 
 
