@@ -1,0 +1,147 @@
+"""End-to-end generation latency: transformers' own experts vs our kernel in bf16 vs our kernel in int8.
+
+Three columns from one model in one process, in this order (each later one reuses the weights):
+  hf-bf16    transformers' default experts implementation (as the model loads), bf16 weights
+  ours-bf16  the same bf16 weights through our fused kernel (``set_experts_implementation``)
+  ours-int8  the experts quantized in place (``quantize_``: each bf16 expert tensor freed as it goes)
+All use transformers' static cache (which compiles the decode step on CUDA). For each batch size:
+end-to-end latency of ``prompt_len`` prompt tokens + ``new_tokens`` generated, the prefill alone,
+and decode throughput = batch * (new_tokens - 1) / (end-to-end - prefill).
+
+    experts-int8 bench-e2e --config mixtral-8x7b --random-weights
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+
+# Full-size architectures for --random-weights (their public configs' shapes).
+CONFIGS = {
+    "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
+                         num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=32768,
+                         rope_theta=1e6, rms_norm_eps=1e-5),
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                          moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, max_position_embeddings=40960, rope_theta=1e6, rms_norm_eps=1e-6),
+}
+
+
+def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Optional[dict] = None):
+    """A model of a named architecture with random weights, built directly on ``device``."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if name not in CONFIGS:
+        raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)}")
+    spec = dict(CONFIGS[name], **(overrides or {}))
+    config = AutoConfig.for_model(**spec)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(fn: Callable[[], object], device: str, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, reps: int,
+            cache: str = "static") -> dict:
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
+    mask = torch.ones_like(ids)
+    kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, cache_implementation=cache)
+
+    def run(n):
+        return model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+
+    with torch.inference_mode():
+        run(new_tokens)  # warm-up: compiles the decode step for this shape
+        total = _timed(lambda: run(new_tokens), device, reps)
+        prefill = _timed(lambda: run(1), device, reps)
+    decode = total - prefill  # timing noise can make this <= 0 for tiny runs: then no rate
+    return dict(batch=batch, e2e_s=total, prefill_s=prefill,
+                decode_tok_s=batch * (new_tokens - 1) / decode if decode > 0 else float("nan"))
+
+
+def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int = 1024, new_tokens: int = 128,
+        reps: int = 3, cache: str = "static", overrides: Optional[dict] = None,
+        columns=("hf-bf16", "ours-bf16", "ours-int8"), out: Optional[str] = None,
+        log: Callable[[str], None] = print) -> dict:
+    from .integrations.transformers import quantize_
+
+    model = random_model(config, device, overrides=overrides)
+    default_impl = model.config._experts_implementation  # what users get today
+    rows = []
+    for column in columns:
+        if column == "hf-bf16":
+            model.set_experts_implementation(default_impl)
+        elif column == "ours-bf16":
+            model.set_experts_implementation("experts_int8")
+        elif column == "ours-int8":
+            quantize_(model)
+        else:
+            raise ValueError(f"unknown column {column!r}")
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        for batch in batches:
+            r = measure(model, batch, prompt_len, new_tokens, device, reps, cache)
+            r.update(column=column)
+            if device.startswith("cuda"):
+                r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            rows.append(r)
+            log(f"{column:10s} batch {batch}: e2e {r['e2e_s']:.3f} s, prefill {r['prefill_s']:.3f} s, "
+                f"decode {r['decode_tok_s']:.1f} tok/s")
+        torch._dynamo.reset()  # the next column recompiles against its own experts
+    result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
+                  gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+                  torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache,
+                  command=" ".join(sys.argv), commit=_commit(), rows=rows)
+    log(table(result))
+    if out:
+        os.makedirs(out, exist_ok=True)
+        path = os.path.join(out, f"bench_e2e_{config}_{time.strftime('%Y%m%dT%H%M%S')}.json")
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+        log(f"wrote {path}")
+    return result
+
+
+def table(result: dict) -> str:
+    by = {(r["column"], r["batch"]): r for r in result["rows"]}
+    columns = list(dict.fromkeys(r["column"] for r in result["rows"]))
+    batches = sorted({r["batch"] for r in result["rows"]})
+    lines = [f"{result['config']} on {result['gpu']}: {result['prompt_len']} prompt + {result['new_tokens']} new tokens",
+             "batch | " + " | ".join(f"{c} e2e s, tok/s" for c in columns)]
+    for b in batches:
+        cells = [f"{by[(c, b)]['e2e_s']:.3f}, {by[(c, b)]['decode_tok_s']:.1f}" for c in columns if (c, b) in by]
+        lines.append(f"{b:5d} | " + " | ".join(cells))
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL,
+                                       cwd=os.path.dirname(os.path.abspath(__file__))).decode().strip()
+    except Exception:
+        return os.environ.get("EXPERTS_INT8_COMMIT", "unknown")
