@@ -1,0 +1,170 @@
+"""Loading a model directory for inference and timing generation (used by ``experts-int8 generate`` and
+``experts-int8 demo``).
+
+A float checkpoint is quantized while it loads (``ExpertsInt8Config``); a checkpoint whose
+``config.json`` has ``quantization_config.quant_method == "experts_int8"`` (written by ``save_pretrained``
+or ``experts-int8 quantize``) loads its int8 experts directly.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .convert import QUANT_CONFIG, read_model_dir
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown device {device!r} ({e})") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    return dev
+
+
+def checkpoint_kind(config: dict) -> str:
+    """``"int8"`` for an experts_int8 checkpoint, ``"float"`` for an unquantized one; raises for others."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return "float"
+    if qc.get("quant_method") == QUANT_CONFIG["quant_method"]:
+        return "int8"
+    raise ValueError(f"the checkpoint is quantized with {qc.get('quant_method')!r}; experts-int8 loads float "
+                     f"checkpoints (quantizing on the fly) or its own int8 checkpoints")
+
+
+def has_tokenizer(path) -> bool:
+    return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
+
+
+def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16):
+    """``(model, kind)``: the model of directory ``path`` with int8 routed experts, in eval mode on ``device``."""
+    from transformers import AutoModelForCausalLM
+
+    from .integrations.transformers import ExpertsInt8Config, verify_int8_model
+
+    _, config, files = read_model_dir(path)
+    kind = checkpoint_kind(config)
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors weights")
+    dev = check_device(str(device))
+    kwargs = {"dtype": dtype}
+    move_after = False
+    if dev.type != "cpu":
+        try:
+            import accelerate  # noqa: F401  -- device_map needs it
+
+            kwargs["device_map"] = str(dev)
+        except ImportError:
+            move_after = True
+    if kind == "float":
+        kwargs["quantization_config"] = ExpertsInt8Config()
+    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    if move_after:
+        model = model.to(dev)
+    verify_int8_model(model)
+    return model.eval(), kind
+
+
+def memory_bytes(model) -> dict:
+    """Bytes of the routed experts (weights + scales) and of all parameters and buffers."""
+    from .integrations.transformers import find_experts
+
+    def size(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    experts = find_experts(model)
+    expert_ids = set()
+    expert_bytes = 0
+    for _, module in experts:
+        tensors = [t for t in list(module.parameters()) + list(module.buffers()) if id(t) not in expert_ids]
+        expert_ids.update(id(t) for t in tensors)
+        expert_bytes += size(tensors)
+    total = size({id(t): t for t in list(model.parameters()) + list(model.buffers())}.values())
+    return {"experts": expert_bytes, "total": total, "expert_modules": len(experts)}
+
+
+class _BarStreamer:
+    """A transformers streamer that advances a tqdm bar per generated token (the prompt is skipped)."""
+
+    def __init__(self, bar):
+        self.bar, self.seen_prompt = bar, False
+
+    def put(self, value):
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        self.bar.update(1)
+
+    def end(self):
+        pass
+
+
+@dataclass
+class Generation:
+    ids: torch.Tensor         # [batch, prompt + new]
+    new_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, progress: bool = False,
+             desc: str = "generating", stop_at_eos: bool = True) -> Generation:
+    """Greedy generation, timed (prefill + decode, after the caller's warm-up)."""
+    from tqdm.auto import tqdm
+
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    cfg = model.generation_config
+    extra = {} if stop_at_eos else {"min_new_tokens": max_new_tokens}
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
+    with tqdm(total=max_new_tokens, desc=desc, unit="tok", disable=not progress, leave=False) as bar:
+        _sync(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, pad_token_id=pad, streamer=_BarStreamer(bar) if progress else None,
+                                 **extra)
+        _sync(device)
+        seconds = time.perf_counter() - start
+    return Generation(out, out.shape[1] - input_ids.shape[1], seconds)
+
+
+def peak_memory(device) -> tuple[str, int]:
+    """(what was measured, bytes): peak CUDA memory allocated, or on CPU the process's peak RSS."""
+    if torch.device(device).type == "cuda":
+        return "peak GPU memory allocated", torch.cuda.max_memory_allocated(device)
+    return "peak process memory (RSS)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def quiet_transformers() -> None:
+    """No transformers progress bars / info logs: our commands show their own."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+__all__ = ["DTYPES", "Generation", "checkpoint_kind", "default_device", "generate", "has_tokenizer", "load_model",
+           "memory_bytes", "peak_memory"]

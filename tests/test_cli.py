@@ -1,0 +1,189 @@
+"""The ``experts-int8`` demo / quantize / generate commands, through click's CliRunner (CPU, seconds)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+transformers = pytest.importorskip("transformers")
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from experts_int8 import ExpertsInt8Config  # noqa: E402
+from experts_int8.cli import main  # noqa: E402
+
+from models import tiny_model  # noqa: E402
+
+COMMANDS = ("demo", "quantize", "generate", "bench", "tune")
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def tensors(path) -> dict:
+    out = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        out.update(load_file(f))
+    return out
+
+
+def assert_one_line_error(result, *needles):
+    assert result.exit_code != 0, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.output
+    assert "Traceback" not in result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """One demo run on the CPU that keeps its checkpoints (bf16 + int8, with the demo tokenizer)."""
+    keep = tmp_path_factory.mktemp("demo") / "kept"
+    result = invoke("demo", "--device", "cpu", "--no-progress", "--new-tokens", "4", "--keep", keep)
+    return result, keep
+
+
+@pytest.fixture(scope="module")
+def bf16_checkpoint(tmp_path_factory):
+    def make(arch):
+        path = tmp_path_factory.mktemp(arch) / "bf16"
+        tiny_model(arch, dtype=torch.bfloat16).save_pretrained(path)
+        return path
+    return make
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_has_examples(command):
+    result = invoke(command, "--help")
+    assert result.exit_code == 0, result.output
+    assert "Examples:" in result.output and f"experts-int8 {command}" in result.output
+    if command in ("demo", "quantize", "generate"):
+        assert "--device" in result.output and "--debug" in result.output
+
+
+def test_demo_prints_the_table_with_high_snr(demo_run):
+    result, keep = demo_run
+    assert result.exit_code == 0, result.output
+    out = result.output
+    for row in ("routed experts (weights + scales)", "all parameters + buffers", "checkpoint on disk",
+                "logits SNR vs bf16", "top-1 agreement", "tokens/s"):
+        assert row in out, out
+    snr = float(re.search(r"logits SNR vs bf16\s+-\s+([0-9.]+) dB", out).group(1))
+    assert snr >= 30, out
+    assert "router (gate) weights scaled x20" in out
+    assert "logits identical to on-the-fly quantization" in out
+    ratio = float(re.search(r"routed experts \(weights \+ scales\).*\(([0-9.]+)x\)", out).group(1))
+    assert 0.45 < ratio < 0.55, out  # int8 + fp32 row scales vs bf16
+    assert (keep / "int8" / "config.json").is_file() and (keep / "bf16" / "tokenizer.json").is_file()
+
+
+def test_generate_int8_and_float_checkpoints(demo_run):
+    _, keep = demo_run
+    texts = []
+    for sub in ("int8", "bf16"):  # int8 loads directly; bf16 is quantized on load: same int8 model
+        result = invoke("generate", keep / sub, "--prompt", "The assert", "--max-new-tokens", "5",
+                        "--device", "cpu", "--no-progress")
+        assert result.exit_code == 0, result.output
+        assert "tokens/s" in result.output and "peak process memory" in result.output
+        texts.append(result.stdout.splitlines()[0])
+    assert texts[0].startswith("The assert") and texts[0] == texts[1]
+
+
+def _fused_checkpoint(tmp_path, arch="mixtral"):
+    """A checkpoint with already fused float experts keys (the in-memory transformers 5 names)."""
+    model = tiny_model(arch, dtype=torch.bfloat16)
+    path = tmp_path / "fused"
+    model.save_pretrained(path)
+    for f in glob.glob(str(path / "*.safetensors")):
+        os.remove(f)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    return path
+
+
+@pytest.mark.parametrize("arch,layout", [("mixtral", "per-expert"), ("qwen3_moe", "per-expert"),
+                                         ("mixtral", "fused")])
+def test_quantize_matches_on_the_fly_quantization(bf16_checkpoint, tmp_path, arch, layout):
+    src = bf16_checkpoint(arch) if layout == "per-expert" else _fused_checkpoint(tmp_path, arch)
+    dst = tmp_path / "int8"
+    result = invoke("quantize", src, dst, "--device", "cpu", "--no-progress", "--max-shard-size", "40KB")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"min [0-9.]+ dB, median [0-9.]+ dB", result.output), result.output
+    assert len(glob.glob(str(dst / "*.safetensors"))) > 1 and (dst / "model.safetensors.index.json").is_file()
+
+    fly = AutoModelForCausalLM.from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
+    fly.save_pretrained(tmp_path / "saved")
+    ours, theirs = tensors(dst), tensors(tmp_path / "saved")
+    assert set(ours) == set(theirs)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+
+    reloaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16)
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, fly(ids).logits)
+
+
+def test_quantize_failure_leaves_nothing(bf16_checkpoint, tmp_path):
+    src = tmp_path / "poisoned"
+    good = bf16_checkpoint("mixtral")
+    os.makedirs(src)
+    for f in os.listdir(good):
+        if not f.endswith(".safetensors"):
+            os.link(good / f, src / f)
+    state = tensors(good)
+    key = "model.layers.1.block_sparse_moe.experts.3.w2.weight"
+    state[key][0, 0] = float("nan")
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "out"
+    os.makedirs(out)
+    result = invoke("quantize", src, out / "int8", "--device", "cpu", "--no-progress")
+    assert_one_line_error(result, key, "NaN")
+    assert os.listdir(out) == []  # neither DST nor the temporary folder
+
+
+def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint, tmp_path):
+    dst = tmp_path / "int8"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("x")
+    assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress"), "--overwrite")
+    assert (dst / "keep.txt").exists()
+    result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert not (dst / "keep.txt").exists() and (dst / "model.safetensors").is_file()
+    assert sorted(os.listdir(tmp_path)) == ["int8"]
+
+
+def test_bad_paths_give_one_line(tmp_path):
+    missing = tmp_path / "missing"
+    assert_one_line_error(invoke("quantize", missing, tmp_path / "o"), "no such file")
+    assert_one_line_error(invoke("generate", missing, "--prompt", "a"), "no such file")
+    assert_one_line_error(invoke("quantize", tmp_path, tmp_path / "o"), "not a Hugging Face model directory")
+    assert_one_line_error(invoke("generate", tmp_path, "--prompt", "a"), "not a Hugging Face model directory")
+    assert not (tmp_path / "o").exists()
+
+
+def test_model_without_experts_gives_one_line(tmp_path):
+    dense = tmp_path / "dense"
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
+    assert_one_line_error(invoke("quantize", dense, tmp_path / "o", "--no-progress"), "no routed MoE experts")
+    assert not (tmp_path / "o").exists()
+    assert_one_line_error(invoke("generate", dense, "--prompt", "a"), "no tokenizer")
+
+
+def test_generate_without_tokenizer(bf16_checkpoint):
+    assert_one_line_error(invoke("generate", bf16_checkpoint("mixtral"), "--prompt", "a"), "no tokenizer")
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    result = invoke("quantize", tmp_path / "missing", tmp_path / "o", "--debug")
+    assert result.exit_code != 0 and isinstance(result.exception, FileNotFoundError)
