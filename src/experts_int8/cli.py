@@ -240,7 +240,7 @@ Examples:
   experts-int8 quantize ~/models/Mixtral-8x7B-v0.1 ~/models/Mixtral-8x7B-int8
   experts-int8 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-int8 --device cuda --max-shard-size 2GB
 \b
-Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
+Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8.integrations.transformers`, or
   experts-int8 generate DST --prompt "Hello"
 """)
 @click.argument("src", type=click.Path())
