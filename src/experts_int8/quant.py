@@ -26,11 +26,14 @@ def _check_finite(w: torch.Tensor, name: str) -> None:
 def quantize_rows(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize one ``[N, K]`` matrix (any float dtype) row by row."""
     _check_finite(w, name)
-    wf = w.float()
-    amax = wf.abs().amax(dim=-1)
+    # One fp32 working copy, updated in place: besides ``w`` only that copy and ``q`` exist at once
+    # (this runs on the GPU while a checkpoint loads, where it is the loader's peak).
+    wf = w.to(torch.float32, copy=True)
+    lo, hi = torch.aminmax(wf, dim=-1)
+    amax = torch.maximum(hi, lo.neg())  # = |w|.amax(-1), exactly, without an |w| temporary
     # All-zero rows get scale 1 so q = 0 and dequantization stays exact (never 0/0).
     scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
-    q = torch.clamp(torch.round(wf / scale.unsqueeze(-1)), -QMAX, QMAX).to(torch.int8)
+    q = wf.div_(scale.unsqueeze(-1)).round_().clamp_(-QMAX, QMAX).to(torch.int8)
     return q, scale
 
 
