@@ -10,6 +10,7 @@ import glob
 import json
 import logging
 import os
+import weakref
 
 import pytest
 import torch
@@ -396,13 +397,23 @@ def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_load_peak_memory_below_int8_plus_one_layer(checkpoints):
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+def test_gpu_load_peak_memory_below_int8_plus_one_layer(tmp_path):
+    """The measured twin of test_on_the_fly_load_device_memory_bound. Six layers, so that the bf16 experts
+    (what 5.17's warm-up used to reserve) exceed int8 + one layer by far more than allocator rounding."""
+    import gc
+
+    path = _mixtral_checkpoint(tmp_path / "bf16", hidden_size=512, intermediate_size=1024, num_hidden_layers=6,
+                               num_local_experts=8)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # no cached-but-unused memory: the warm-up then reserves what it is asked for
+    torch.cuda.reset_peak_memory_stats()  # right before loading: the peak is this load's alone
     base = torch.cuda.memory_allocated()
-    model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
+    model = AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(),
                                                  dtype=torch.bfloat16, device_map="cuda")
+    torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
+    assert verify_int8_model(model) == 6
     # The CUDA caching allocator rounds every tensor up to 512 bytes.
     size = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in model.state_dict().values())
     layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for _, m in find_experts(model)) * 2
@@ -437,3 +448,169 @@ def test_expert_converters_merge_on_cpu(checkpoints, monkeypatch):
     n_moe = len(find_experts(model))
     assert len(shapes) == 2 * n_moe and {d for _, _, d in shapes} == {"cpu"}
     assert all(len(s) == 3 for _, s, _ in shapes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Device memory while quantizing on the fly, modelled on the CPU
+# ---------------------------------------------------------------------------------------------------
+def _mixtral_checkpoint(path, **sizes):
+    """A random bf16 Mixtral checkpoint with per-expert keys; ``sizes`` override the tiny config."""
+    from transformers import MixtralConfig
+
+    torch.manual_seed(0)
+    cfg = MixtralConfig(**{**COMMON, "intermediate_size": 48, "num_hidden_layers": 4, "num_local_experts": 5,
+                           "num_experts_per_tok": 2, **sizes})
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(path)
+    return str(path)
+
+
+class _DeviceExpertBytes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Expert tensors a GPU load would hold on the device, counted on the CPU.
+
+    Every storage created by an op is attributed by where the loader is when it is created:
+      * inside ``Int8Quantize._quantize``: device (the op allocates int8, scales and the per-expert float
+        copy on the target device);
+      * inside the convert step of a mapping with a quantization op: host when the mapping has
+        ``force_cpu`` (transformers materializes and merges it on the CPU), device otherwise;
+      * anything else (non-expert weights): not counted.
+    A storage counts until it is freed (a finalizer on the storage object, which torch keeps alive as
+    long as any tensor or Parameter uses it). ``peak()``: most device bytes at once; ``peak_transient()``:
+    most bytes at once of the storages freed before loading ended (the float copies and temporaries).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.where = None  # None | "host" | "device"
+        self.live = {}  # id(storage) -> (serial, bytes)
+        self.events = []  # (serial, +bytes | -bytes) in time order
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.where == "device":
+            inputs = {id(t.untyped_storage()) for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                      if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+            for t in torch.utils._pytree.tree_leaves(out):
+                # Only new storages: a view or an in-place result is memory that already exists.
+                if isinstance(t, torch.Tensor) and t.device.type != "meta" and id(t.untyped_storage()) not in inputs:
+                    self._count(t.untyped_storage())
+        return out
+
+    def _count(self, storage):
+        if id(storage) not in self.live:  # id() of a live object is unique; events get a serial number
+            self.live[id(storage)] = (len(self.events), storage.nbytes())
+            self.events.append((len(self.events), storage.nbytes()))
+            weakref.finalize(storage, self._release, id(storage))
+
+    def _release(self, key):
+        serial, nbytes = self.live.pop(key)
+        self.events.append((serial, -nbytes))
+
+    def _peak(self, keys=None):
+        current = peak = 0
+        for key, delta in self.events:
+            if keys is None or key in keys:
+                current += delta
+                peak = max(peak, current)
+        return peak
+
+    def peak(self):
+        return self._peak()
+
+    def peak_transient(self):
+        return self._peak({key for key, delta in self.events if delta < 0})
+
+
+def _load_tracking_device_memory(path, monkeypatch, force_cpu=True):
+    """from_pretrained(device_map="cpu") of a bf16 checkpoint with ExpertsInt8Config, returning the model,
+    the bytes transformers' caching-allocator warm-up would reserve on an accelerator, and the peak bytes of
+    expert tensors that would be on the device at once (see _DeviceExpertBytes)."""
+    import transformers.core_model_loading as cml
+    import transformers.modeling_utils as mu
+
+    from experts_int8.integrations.transformers import ExpertsInt8HfQuantizer, Int8Quantize
+
+    mode, warmup = _DeviceExpertBytes(), []
+    orig_warmup = mu.caching_allocator_warmup
+
+    def record_warmup(model, expanded_device_map, hf_quantizer):
+        # What the warm-up would ask for if every tensor went to cuda:0 (on CPU it returns early).
+        on_gpu = {name: torch.device("cuda", 0) for name in expanded_device_map}
+        warmup.append(sum(mu.get_total_byte_count(model, on_gpu, hf_quantizer).values()))
+        return orig_warmup(model, expanded_device_map, hf_quantizer)
+
+    def attributed(orig, where):
+        def wrapper(self, *args, **kwargs):
+            before = mode.where
+            mode.where = where(self)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                mode.where = before
+        return wrapper
+
+    def mapping_place(mapping):
+        if getattr(mapping, "quantization_operation", None) is None:
+            return None
+        return "host" if getattr(mapping, "force_cpu", False) else "device"
+
+    monkeypatch.setattr(mu, "caching_allocator_warmup", record_warmup)
+    for cls in (cml.WeightConverter, cml.WeightRenaming):
+        monkeypatch.setattr(cls, "convert", attributed(cls.convert, mapping_place))
+    monkeypatch.setattr(Int8Quantize, "_quantize", attributed(Int8Quantize._quantize, lambda _: "device"))
+    if not force_cpu:  # negative control: the loader merges the float experts on the device
+        orig_update = ExpertsInt8HfQuantizer.update_weight_conversions
+
+        def update(self, conversions, model=None):
+            out = orig_update(self, conversions, model)
+            for c in out:
+                if hasattr(c, "force_cpu"):
+                    c.force_cpu = False
+            return out
+
+        monkeypatch.setattr(ExpertsInt8HfQuantizer, "update_weight_conversions", update)
+    with mode:
+        model = AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(),
+                                                     dtype=torch.bfloat16, device_map="cpu")
+    return model, warmup, mode
+
+
+def _sizes(model):
+    int8_size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    experts = [m for _, m in find_experts(model)]
+    int8_experts = sum(t.numel() * t.element_size() for m in experts for t in m.state_dict().values())
+    layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for m in experts) * 2
+    return int8_size, int8_experts, layer_bf16
+
+
+@pytest.fixture(scope="module")
+def mixtral_4_layers(tmp_path_factory):
+    return _mixtral_checkpoint(tmp_path_factory.mktemp("mixtral4") / "bf16")
+
+
+def test_on_the_fly_load_device_memory_bound(mixtral_4_layers, monkeypatch):
+    """Peak device memory of a bf16 -> int8 load <= int8 model + one layer's bf16 experts, on the CPU.
+
+    On the GPU the peak is the larger of (a) transformers' caching-allocator warm-up, one allocation of
+    what the quantizer reports as the model's size, and (b) the model's tensors as they load plus the
+    expert tensors being quantized. (a) must be the int8 size: with 5.17 it was the bf16 size (the
+    meta placeholders are bf16), which alone made the H200 peak 3.40 GiB = the bf16 model.
+    (b): the expert tensors on the device at once must stay within their int8 size + one layer of bf16.
+    """
+    pytest.importorskip("accelerate")
+    model, warmup, device = _load_tracking_device_memory(mixtral_4_layers, monkeypatch)
+    assert verify_int8_model(model) == 4
+    int8_size, int8_experts, layer_bf16 = _sizes(model)
+    assert len(warmup) == 1
+    assert warmup[0] <= int8_size, (warmup[0], int8_size)  # reserves the int8 model, not the bf16 one
+    assert device.peak() <= int8_experts + layer_bf16, (device.peak(), int8_experts, layer_bf16)
+    # What is converted on the device is one expert at a time: far below a layer.
+    assert 0 < device.peak_transient() <= layer_bf16 // 2, (device.peak_transient(), layer_bf16)
+
+
+def test_device_memory_tracker_sees_a_device_merge(mixtral_4_layers, monkeypatch):
+    """Negative control for the test above: without force_cpu, transformers merges each layer's float
+    experts on the device, and the tracker reports more than one layer of bf16 in flight."""
+    pytest.importorskip("accelerate")
+    model, _, device = _load_tracking_device_memory(mixtral_4_layers, monkeypatch, force_cpu=False)
+    _, _, layer_bf16 = _sizes(model)
+    assert device.peak_transient() > layer_bf16, (device.peak_transient(), layer_bf16)

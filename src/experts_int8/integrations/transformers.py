@@ -15,8 +15,10 @@ How it plugs in (transformers' own mechanisms, no per-model patches):
     (``experts.{e}.w1.weight``, ``experts.{e}.gate_proj.weight``, ...) into the fused tensor; our
     quantize op then turns it into int8 + fp32 scales, one expert at a time on the target device.
     Expert converters run on the CPU (``force_cpu``), so device memory holds the int8 model plus
-    at most one expert's float copy. A checkpoint that already has fused float keys is quantized
-    from that one tensor (one layer's gate_up at most).
+    at most one expert's float copy (and its fp32 temporaries). A checkpoint that already has fused
+    float keys is quantized from that one tensor (one layer's gate_up at most). The quantizer reports
+    1 byte per expert weight (``param_element_size``), so transformers' caching-allocator warm-up
+    reserves the int8 size, not the checkpoint's bf16 size.
   * Saving writes the fused int8 tensors and their scales under the in-memory names
     (``...experts.gate_up_proj``, ``...experts.gate_up_proj_scale``, ...), so reloading is a plain
     key match that needs no conversion and no re-quantization.
@@ -332,7 +334,9 @@ class Int8Quantize(ConversionOps):
         scale = torch.empty((e, n), dtype=torch.float32, device=device)
         is_gate_up = key.endswith("gate_up_proj")
         for i in range(e):
-            wi = w[i].to(device, non_blocking=True)
+            # Always a copy: on the GPU this is the one float expert on the device at a time (and on
+            # the CPU the tests can count it, instead of seeing a view of the merged host tensor).
+            wi = w[i].to(device, copy=True)
             if not torch.isfinite(wi).all():
                 if is_gate_up:
                     half = "gate" if not torch.isfinite(wi[: n // 2]).all() else "up"
@@ -364,6 +368,21 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     @property
     def quantized_element_size(self) -> float:
         return 1
+
+    def param_element_size(self, model, param_name: str, param: torch.Tensor) -> float:
+        """Bytes per element the loaded ``param_name`` will take: 1 for the experts we quantize.
+
+        transformers sizes its caching-allocator warm-up (``caching_allocator_warmup``: one
+        ``torch.empty`` of the whole model's size on each accelerator, before any weight is read) and
+        its ``device_map="auto"`` placement with this. The expert placeholders on the meta device are
+        in the checkpoint's float dtype (see ``_process_model_before_weight_loading``), so without this
+        the warm-up alone allocates the full bf16 model on the device (measured on an H200 with
+        transformers 5.17: peak 3.40 GiB = the bf16 model, for a 1.90 GiB int8 model). transformers
+        5.24's default derives this from ``quantized_element_size``; 5.17's ignores it.
+        """
+        if self.param_needs_quantization(model, param_name):
+            return 1  # int8; the fp32 scales are their own (already fp32) buffers
+        return param.element_size()
 
     def validate_environment(self, *args, **kwargs):
         self._device_map = kwargs.get("device_map", self._device_map)
