@@ -29,3 +29,15 @@ def test_unknown_config_is_a_clear_error():
 
     with pytest.raises(ValueError, match="choose one of"):
         bench_e2e.random_model("mixtral-9x9b", "cpu")
+
+
+def test_cli_help_and_bad_config():
+    from click.testing import CliRunner
+
+    from experts_int8.cli import main
+
+    runner = CliRunner()
+    help_text = runner.invoke(main, ["bench-e2e", "--help"]).output
+    assert "--random-weights" in help_text and "Examples" in help_text
+    bad = runner.invoke(main, ["bench-e2e", "--config", "nope", "--random-weights"])
+    assert bad.exit_code != 0 and "choose one of" in bad.output

@@ -337,5 +337,44 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, no_progress):
                f"tokens, greedy); loaded in {load_s:.1f} s; {what}: {format_bytes(peak)}", err=True)
 
 
+@command("bench-e2e", epilog="""\b
+Examples:
+  experts-int8 bench-e2e --config mixtral-8x7b --random-weights          # full size, one GPU (~93 GB bf16)
+  experts-int8 bench-e2e --config qwen3-30b-a3b --random-weights --batch 1,8
+  experts-int8 bench-e2e --config mixtral-8x7b --random-weights --layers 4 --prompt-len 256 --new-tokens 32
+""")
+@click.option("--config", "config_name", required=True, metavar="NAME",
+              help="Architecture to build: mixtral-8x7b or qwen3-30b-a3b.")
+@click.option("--random-weights", is_flag=True, required=True,
+              help="Build the full-size architecture with random weights (no checkpoint needed).")
+@device_option
+@click.option("--batch", "batches", default="1,4,8", show_default=True, help="Comma-separated batch sizes.")
+@click.option("--prompt-len", type=click.IntRange(1), default=1024, show_default=True)
+@click.option("--new-tokens", type=click.IntRange(2), default=128, show_default=True)
+@click.option("--layers", type=click.IntRange(1), default=None, help="Fewer layers than the real model (quicker runs).")
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="Timed generations per cell (median).")
+@click.option("--cache", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
+              help="KV cache; static compiles the decode step (transformers' fastest path).")
+@click.option("--out", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
+def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, new_tokens, layers, reps, cache, out):
+    """End-to-end generation latency: transformers' experts vs ours in bf16 vs ours in int8.
+
+    One model, three columns in one run: transformers' default experts implementation, the same bf16
+    weights through our fused kernel, then the experts quantized to int8 in place. Prints end-to-end
+    seconds and decode tokens/s per batch size and writes JSON under --out.
+    """
+    from .bench_e2e import CONFIGS, run
+
+    if config_name not in CONFIGS:
+        raise click.BadParameter(f"choose one of {sorted(CONFIGS)}", param_hint="--config")
+    try:
+        sizes = tuple(int(b) for b in batches.split(","))
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {batches!r}", param_hint="--batch")
+    run(config_name, device=device or _default_device(), batches=sizes, prompt_len=prompt_len,
+        new_tokens=new_tokens, reps=reps, cache=cache, out=out, log=click.echo,
+        overrides=dict(num_hidden_layers=layers) if layers else None)
+
+
 if __name__ == "__main__":
     main()
