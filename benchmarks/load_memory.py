@@ -7,9 +7,26 @@ per-expert keys), then loads it to CUDA three ways and records the peak allocate
   reload    from_pretrained(int8 ckpt written by save_pretrained)    (no re-quantization)
   bf16      from_pretrained(bf16 ckpt, device_map="cuda")            (for comparison)
 
-Self-check: peak(int8) <= size of the int8 model + one layer's bf16 experts; int8 logits vs bf16 logits
-SNR >= 30 dB; generation goes through the Triton kernel; reload gives identical logits. Writes JSON to
-benchmarks/results/load_memory.json and prints a short table last. Exit code 1 when a check fails.
+Self-check: peak(int8) <= size of the int8 model + one layer's bf16 experts (and transformers' caching-
+allocator warm-up, one allocation of the size the quantizer reports, asks for no more than the int8 model);
+quality >= 30 dB SNR vs the bf16 model (see below); generation goes through the Triton kernel; reload gives
+identical logits. Writes JSON to benchmarks/results/load_memory.json and prints a short table last. Exit
+code 1 when a check fails.
+
+Quality, and why the free-running logits SNR is reported but not checked: this model has random weights,
+so its routers are close to uniform. The second and third expert scores of a token are often nearly tied
+(median softmax gap ~0.05), and the ~-38 dB int8 noise upstream of a router flips the top-2 choice for a
+few percent of the tokens per layer. A flipped token gets a different expert's output -- an O(1) change --
+so the logits SNR of the whole random model drops to ~21 dB, while the int8 experts themselves are at
+~37 dB (CPU study, 4-8 layers, fp32 and bf16: 21 dB free-running, 35-38 dB with the routing held to the
+reference's, 37-38 dB per MoE block; scaling the router weights does not help, as it scales the noise on
+the router logits too). Trained routers are not uniform, so this says little about real models. What the
+int8 experts are responsible for is measured with the bf16 model's routing:
+  * per MoE layer: int8 experts on the bf16 model's expert inputs, top-k ids and weights vs that layer's
+    bf16 experts output (min over layers >= 30 dB);
+  * whole model: int8 logits with every layer's top-k ids and weights replaced by the bf16 model's
+    (>= 30 dB).
+The free-running SNR and the fraction of tokens whose top-k changed are in the JSON and the table.
 
     python benchmarks/load_memory.py                    # ~3.4 GB bf16 checkpoint under /tmp
     python benchmarks/load_memory.py --layers 4 --hidden 1024 --intermediate 2048   # smaller
@@ -77,6 +94,64 @@ def model_bytes(model) -> int:
     return sum(-(-t.numel() * t.element_size() // 512) * 512 for t in model.state_dict().values())
 
 
+def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    ref, out = ref.double(), out.double()
+    return float(10 * torch.log10(ref.pow(2).mean() / (ref - out).pow(2).mean().clamp_min(1e-30)))
+
+
+def record_experts(model):
+    """Forward hooks on every experts module: a list that fills with (inputs, top_k_index, top_k_weights,
+    output) per MoE layer and forward, and the hook handles."""
+    from experts_int8.integrations.transformers import find_experts
+
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(
+        (args[0].detach().clone(), args[1].clone(), args[2].clone(), out.detach().clone())))
+        for _, m in find_experts(model)]
+    return seen, hooks
+
+
+def routing_quality(ref_model, int8_model, x) -> dict:
+    """int8 vs reference (bf16) quality: free-running, and with the reference's routing (see the module doc)."""
+    from experts_int8.integrations.transformers import find_experts
+
+    seen, hooks = record_experts(ref_model)
+    with torch.no_grad():
+        ref_logits = ref_model(x).logits.float()
+    for h in hooks:
+        h.remove()
+    experts = [m for _, m in find_experts(int8_model)]
+    assert len(seen) == len(experts), (len(seen), len(experts))
+    # Free-running: the int8 model routes on its own hidden states.
+    mine, hooks = record_experts(int8_model)
+    with torch.no_grad():
+        free_logits = int8_model(x).logits.float()
+    for h in hooks:
+        h.remove()
+    changed = [float((a[1].sort(-1).values != b[1].sort(-1).values).any(-1).float().mean())
+               for a, b in zip(seen, mine)]
+    # Each int8 experts module on the reference's inputs and routing.
+    with torch.no_grad():
+        per_layer = [snr_db(out.float(), m(inp, ids, w).float()) for m, (inp, ids, w, out) in zip(experts, seen)]
+
+    # Whole model, each layer's top-k ids and weights replaced by the reference's.
+    def forced(mod, args, ids, w):
+        return (args[0], ids, w)
+
+    hooks = [m.register_forward_pre_hook(lambda mod, args, r=r: forced(mod, args, r[1], r[2]))
+             for m, r in zip(experts, seen)]
+    try:
+        with torch.no_grad():
+            forced_logits = int8_model(x).logits.float()
+    finally:
+        for h in hooks:
+            h.remove()
+    return {"logits_snr_db_free_running": snr_db(ref_logits, free_logits),
+            "tokens_with_changed_topk_per_layer": changed,
+            "logits_snr_db_reference_routing": snr_db(ref_logits, forced_logits),
+            "moe_layer_snr_db_reference_routing": per_layer}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default="/tmp/experts_int8_load_memory")
@@ -106,9 +181,25 @@ def main() -> int:
     layer_bf16 = 3 * e * h * i * 2
     x = torch.randint(0, args.vocab, (2, 64), generator=torch.Generator().manual_seed(0)).cuda()
 
+    # transformers pre-allocates (then frees) the model's size on the GPU before reading any weight, sized
+    # by the quantizer; max_memory_allocated counts that allocation. Record what it asks for.
+    import transformers.modeling_utils as modeling_utils
+
+    warmup_bytes = []
+    orig_warmup = modeling_utils.caching_allocator_warmup
+
+    def recording_warmup(model, expanded_device_map, hf_quantizer):
+        on_gpu = {n: torch.device(d) for n, d in expanded_device_map.items()
+                  if modeling_utils.is_accelerator_device(d)}
+        warmup_bytes.append(sum(modeling_utils.get_total_byte_count(model, on_gpu, hf_quantizer).values()))
+        return orig_warmup(model, expanded_device_map, hf_quantizer)
+
+    modeling_utils.caching_allocator_warmup = recording_warmup
+
     # 1. bf16 checkpoint -> int8 experts on the GPU
     model, peak_int8, load_int8_s = measure(lambda: AutoModelForCausalLM.from_pretrained(
         bf16_dir, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16, device_map="cuda"))
+    warmup_int8 = warmup_bytes[-1] if warmup_bytes else 0
     n_int8 = verify_int8_model(model)
     n_moe = len(find_experts(model))
     int8_size = model_bytes(model)
@@ -139,18 +230,27 @@ def main() -> int:
     # 3. bf16 reference
     model, peak_bf16, load_bf16_s = measure(lambda: AutoModelForCausalLM.from_pretrained(
         bf16_dir, dtype=torch.bfloat16, device_map="cuda"))
+    modeling_utils.caching_allocator_warmup = orig_warmup
     bf16_size = model_bytes(model)
-    with torch.no_grad():
-        logits_bf16 = model(x).logits.float()
-    del model
+
+    # 4. quality (after all memory measurements): the int8 model (reloaded: identical logits, checked
+    # below) against the bf16 one, free-running and with the bf16 model's routing (see the module doc).
+    int8_model = AutoModelForCausalLM.from_pretrained(int8_dir, device_map="cuda")
+    quality = routing_quality(model, int8_model, x)
+    del model, int8_model
     gc.collect()
 
-    snr = float(10 * torch.log10(logits_bf16.pow(2).mean() / (logits_bf16 - logits_int8).pow(2).mean()))
+    snr = quality["logits_snr_db_free_running"]
+    snr_routed = quality["logits_snr_db_reference_routing"]
+    snr_layer = min(quality["moe_layer_snr_db_reference_routing"])
+    changed = max(quality["tokens_with_changed_topk_per_layer"])
     budget = int8_size + layer_bf16
     checks = {
         "peak_int8_load <= int8_size + one_layer_bf16_experts": peak_int8 <= budget,
+        "allocator warm-up asks for <= int8_size": 0 < warmup_int8 <= int8_size,
         "all routed experts int8": n_int8 == n_moe == args.layers,
-        "logits SNR int8 vs bf16 >= 30 dB": snr >= 30.0,
+        "every MoE layer SNR int8 vs bf16 (bf16 routing) >= 30 dB": snr_layer >= 30.0,
+        "logits SNR int8 vs bf16 with bf16 routing >= 30 dB": snr_routed >= 30.0,
         "generation used the Triton kernel (int8)": triton_calls >= 32 * n_moe and set(calls) == {torch.int8},
         "generated 32 tokens": gen.shape[1] == 8 + 32,
         "reload logits identical": bool(torch.equal(logits_int8, logits_reload)),
@@ -165,9 +265,11 @@ def main() -> int:
         "bytes": {"bf16_model": bf16_size, "int8_model": int8_size, "one_layer_bf16_experts": layer_bf16,
                   "budget": budget},
         "peak_bytes": {"int8_load": peak_int8, "int8_reload": peak_reload, "bf16_load": peak_bf16},
+        "warmup_bytes_int8_load": warmup_int8,
         "seconds": {"build_ckpt": build_s, "int8_load": load_int8_s, "int8_reload": load_reload_s,
                     "bf16_load": load_bf16_s},
         "snr_db": snr,
+        "quality": quality,
         "triton_calls": triton_calls,
         "checks": checks,
         "config": {k: config[k] for k in ("model_type", "num_local_experts", "num_experts_per_tok")},
@@ -185,8 +287,11 @@ def main() -> int:
     print(f"{'bf16 ckpt -> int8 experts':<28}{peak_int8 / gib:>10.3f}{int8_size / gib:>11.3f}{load_int8_s:>9.1f}")
     print(f"{'int8 ckpt reload':<28}{peak_reload / gib:>10.3f}{int8_size / gib:>11.3f}{load_reload_s:>9.1f}")
     print(f"{'bf16 ckpt -> bf16':<28}{peak_bf16 / gib:>10.3f}{bf16_size / gib:>11.3f}{load_bf16_s:>9.1f}")
-    print(f"budget (int8 model + one layer bf16 experts) {budget / gib:.3f} GiB; SNR {snr:.1f} dB; "
-          f"triton calls {triton_calls}")
+    print(f"budget (int8 model + one layer bf16 experts) {budget / gib:.3f} GiB; allocator warm-up "
+          f"{warmup_int8 / gib:.3f} GiB; triton calls {triton_calls}")
+    print(f"SNR int8 vs bf16 with bf16 routing: logits {snr_routed:.1f} dB, MoE layers >= {snr_layer:.1f} dB; "
+          f"free-running logits {snr:.1f} dB (random routers: up to {changed:.0%} of tokens change top-k "
+          f"in a layer; not checked, see the module doc)")
     for name, ok in checks.items():
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
     return 0 if all(checks.values()) else 1

@@ -614,3 +614,28 @@ def test_device_memory_tracker_sees_a_device_merge(mixtral_4_layers, monkeypatch
     model, _, device = _load_tracking_device_memory(mixtral_4_layers, monkeypatch, force_cpu=False)
     _, _, layer_bf16 = _sizes(model)
     assert device.peak_transient() > layer_bf16, (device.peak_transient(), layer_bf16)
+
+
+def test_load_memory_quality_separates_routing_flips_from_int8_error(tmp_path):
+    """benchmarks/load_memory.py's quality measure on a small version of its random Mixtral: the int8
+    experts are >= 30 dB with the bf16 model's routing, while near-tied random routers flip some tokens'
+    top-k, which is what pulls the free-running logits SNR of a random model down."""
+    import argparse
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "load_memory.py")
+    spec = importlib.util.spec_from_file_location("load_memory", path)
+    load_memory = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(load_memory)
+    args = argparse.Namespace(vocab=2000, hidden=256, intermediate=512, layers=4, experts=8)
+    load_memory.build_checkpoint(str(tmp_path), args)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    q = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config(),
+                                             dtype=torch.bfloat16)
+    x = torch.randint(0, args.vocab, (2, 64), generator=torch.Generator().manual_seed(0))
+    quality = load_memory.routing_quality(ref, q, x)
+    assert len(quality["moe_layer_snr_db_reference_routing"]) == args.layers
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+    assert quality["logits_snr_db_reference_routing"] >= 30.0, quality
+    assert max(quality["tokens_with_changed_topk_per_layer"]) > 0, quality  # flips happen in a random model
+    assert quality["logits_snr_db_free_running"] < quality["logits_snr_db_reference_routing"], quality
