@@ -1,0 +1,206 @@
+"""Quality of int8 experts on real weights: dense gated MLPs as 1-expert MoEs, and float-vs-int8 metrics.
+
+A dense gated MLP ``down(act(gate(x)) * up(x))`` is exactly a Mixture-of-Experts with one expert
+(E=1), one expert per token (k=1) and routing weight 1. :func:`dense_mlps_as_int8_experts_` uses
+that to run any causal LM's MLPs through :func:`experts_int8.fused_experts` with int8 weights, so
+pretrained dense checkpoints become real-weight test cases for the MoE kernel. :func:`compare_models`
+then measures what the quantization costs: perplexity of both models, top-1 next-token agreement and
+the mean KL divergence ``KL(float || int8)`` of the next-token distributions, over sliding windows.
+
+Both functions are model-agnostic: they need a module tree with ``gate_proj``/``up_proj``/
+``down_proj`` ``nn.Linear`` children (llama, mistral, qwen2/3, gemma, ...) and a causal LM whose
+``forward(input_ids)`` returns an object with ``.logits``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layer import Int8Experts
+from .reference import ACTIVATIONS, act_and_mul
+
+__all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation"]
+
+_GATED_NAMES = ("gate_proj", "up_proj", "down_proj")
+
+
+class Int8DenseMLP(nn.Module):
+    """A dense gated MLP computed as a 1-expert :class:`~experts_int8.layer.Int8Experts`.
+
+    ``experts.gate_up_proj [1, 2I, H]`` is ``[gate_proj.weight; up_proj.weight]`` in int8,
+    ``experts.down_proj [1, H, I]`` is ``down_proj.weight``; both with fp32 per-row scales.
+    Every token goes to expert 0 with weight 1.
+    """
+
+    def __init__(self, experts: Int8Experts):
+        super().__init__()
+        if experts.num_experts != 1:
+            raise ValueError(f"Int8DenseMLP needs a 1-expert Int8Experts, got {experts.num_experts} experts")
+        self.experts = experts
+
+    @classmethod
+    def from_linears(cls, gate_proj: nn.Linear, up_proj: nn.Linear, down_proj: nn.Linear, *,
+                     activation: str, backend: str = "auto", name: str = "mlp") -> "Int8DenseMLP":
+        """Quantize the three bias-free ``nn.Linear`` of a gated MLP (weights stay on their device)."""
+        w13 = torch.cat([gate_proj.weight.detach(), up_proj.weight.detach()], dim=0).unsqueeze(0)
+        w2 = down_proj.weight.detach().unsqueeze(0)
+        return cls(Int8Experts.from_float(w13, w2, activation=activation, backend=backend, name=name))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead, hidden = x.shape[:-1], x.shape[-1]
+        x2d = x.reshape(-1, hidden)
+        t = x2d.shape[0]
+        ids = torch.zeros((t, 1), dtype=torch.int32, device=x.device)
+        weights = torch.ones((t, 1), dtype=torch.float32, device=x.device)
+        return self.experts(x2d, ids, weights).reshape(*lead, hidden)
+
+
+def _gated_linears(module: nn.Module) -> Optional[tuple[nn.Linear, nn.Linear, nn.Linear]]:
+    """``(gate, up, down)`` if ``module`` is a bias-free gated MLP with consistent shapes, else None."""
+    children = [getattr(module, n, None) for n in _GATED_NAMES]
+    if not all(type(c) is nn.Linear and c.bias is None for c in children):
+        return None
+    gate, up, down = children
+    hidden, inter = gate.in_features, gate.out_features
+    if (up.in_features, up.out_features) != (hidden, inter) or (down.in_features, down.out_features) != (inter, hidden):
+        return None
+    return gate, up, down
+
+
+def detect_activation(act_fn: nn.Module) -> str:
+    """Which of :data:`experts_int8.reference.ACTIVATIONS` ``act_fn`` computes, found by evaluating it.
+
+    Reading the module's behaviour rather than a config name keeps this independent of how each
+    architecture names its activation (``hidden_act``, ``hidden_activation``, a class, ...).
+    """
+    probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
+    try:
+        got = act_fn(probe)
+    except Exception as exc:  # noqa: BLE001 - reported with the module's name below
+        raise ValueError(f"cannot evaluate activation {act_fn!r}: {exc}") from exc
+    for name in ACTIVATIONS:
+        # act_and_mul(cat(g, 1)) = act(g) * 1: the activation exactly as the kernel computes it.
+        ref = act_and_mul(torch.cat([probe, torch.ones_like(probe)]), name)
+        if torch.allclose(got.to(torch.float64), ref, rtol=1e-5, atol=1e-6):
+            return name
+    raise ValueError(f"activation {act_fn!r} is none of the kernel's activations {ACTIVATIONS}")
+
+
+@torch.no_grad()
+def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] = None,
+                                backend: str = "auto") -> int:
+    """Replace, in place, every dense gated MLP of ``model`` by an :class:`Int8DenseMLP`. Returns the count.
+
+    A gated MLP is any module with ``gate_proj``, ``up_proj`` and ``down_proj`` children that are
+    plain ``nn.Linear`` without bias (``[I, H]``, ``[I, H]``, ``[H, I]``), computing
+    ``down(act(gate(x)) * up(x))``. Its activation is read from its ``act_fn`` child (see
+    :func:`detect_activation`) unless ``activation`` is given. ``backend`` is passed to
+    :func:`experts_int8.fused_experts` ("auto", "triton" or "torch"); change it later through each
+    ``Int8Experts.backend``. Raises ``ValueError`` if the model has no such module.
+    """
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS} or None, got {activation!r}")
+    targets = [(name, mod, lin) for name, mod in model.named_modules()
+               if not isinstance(mod, Int8DenseMLP) and (lin := _gated_linears(mod)) is not None]
+    if not targets:
+        raise ValueError(
+            f"{type(model).__name__} has no dense gated MLP to convert: expected modules with bias-free "
+            f"nn.Linear children {', '.join(_GATED_NAMES)} (llama-style MLPs)"
+        )
+    for name, mod, (gate, up, down) in targets:
+        if activation is not None:
+            act = activation
+        elif isinstance(getattr(mod, "act_fn", None), nn.Module):
+            act = detect_activation(mod.act_fn)
+        else:
+            raise ValueError(f"{name}: no act_fn module to read the activation from; pass activation=")
+        new = Int8DenseMLP.from_linears(gate, up, down, activation=act, backend=backend, name=name)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else None
+        if parent is None:  # the model itself is the MLP
+            raise ValueError("the model itself is a gated MLP; convert its parent module instead")
+        setattr(parent, child, new)
+    return len(targets)
+
+
+def _windows(n: int, window: int, stride: int):
+    """``(begin, end, first_target)``: each target position in ``[1, n)`` is scored exactly once.
+
+    Needs ``stride < window`` (overlapping windows): a window cannot score its own first token.
+
+    Window ``[begin, end)`` scores targets ``[first_target, end)``; every scored token after the
+    first window sees at least ``window - stride`` tokens of context.
+    """
+    prev_end, begin = 0, 0
+    while prev_end < n:
+        end = min(begin + window, n)
+        yield begin, end, max(prev_end, begin + 1)
+        prev_end, begin = end, begin + stride
+
+
+@torch.inference_mode()
+def compare_models(float_model: nn.Module, int8_model: nn.Module,
+                   token_ids: Union[torch.Tensor, Sequence[int]], *, window: int = 1024,
+                   stride: int = 512) -> dict:
+    """Score ``token_ids`` with both causal LMs over sliding windows and compare them.
+
+    ``token_ids``: one sequence (1-D, or ``[1, N]``). Windows of ``window`` tokens advance by
+    ``stride < window``; each token after the first is predicted once, in the first window that reaches it
+    (with ``window - stride`` tokens of context or more beyond the first window), as in the usual
+    strided perplexity evaluation. Returns:
+
+    - ``ppl_float``, ``ppl_int8``: ``exp(mean negative log-likelihood)`` of the true next tokens
+    - ``ppl_rel_diff``: ``ppl_int8 / ppl_float - 1``
+    - ``top1_agreement``: fraction of positions where both models' argmax next token is the same
+    - ``mean_kl``: mean over positions of ``KL(p_float || p_int8)`` in nats
+    - ``top1_acc_float``, ``top1_acc_int8``: fraction of positions where the argmax is the true token
+    - ``tokens``: number of scored positions (``N - 1``); ``windows``: number of windows run
+
+    Log-probabilities are computed in fp32 from each model's logits; sums are kept in fp64.
+    """
+    ids = torch.as_tensor(token_ids, dtype=torch.long)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() < 2:
+        raise ValueError(f"token_ids must be one sequence of at least 2 tokens, got shape {tuple(ids.shape)}")
+    if not (isinstance(window, int) and isinstance(stride, int) and 1 <= stride < window):
+        # stride < window: a window's first token is only predicted from the previous window
+        raise ValueError(f"need 1 <= stride < window, got window={window}, stride={stride}")
+    device = next(float_model.parameters()).device
+    device_q = next(int8_model.parameters()).device
+    nll_f = nll_q = kl = 0.0
+    agree = hit_f = hit_q = count = n_windows = 0
+    for begin, end, first in _windows(ids.numel(), window, stride):
+        chunk = ids[begin:end]
+        pos = slice(first - 1 - begin, end - 1 - begin)  # logits at position p predict token p + 1
+        targets = ids[first:end]
+        lp_f = F.log_softmax(float_model(chunk[None].to(device)).logits[0, pos].float(), dim=-1).cpu()
+        lp_q = F.log_softmax(int8_model(chunk[None].to(device_q)).logits[0, pos].float(), dim=-1).cpu()
+        tgt = targets[:, None]
+        nll_f -= lp_f.gather(1, tgt).double().sum().item()
+        nll_q -= lp_q.gather(1, tgt).double().sum().item()
+        p_f = lp_f.exp()
+        kl += torch.where(p_f > 0, p_f * (lp_f - lp_q), 0.0).sum(-1).double().sum().item()
+        top_f, top_q = lp_f.argmax(-1), lp_q.argmax(-1)
+        agree += int((top_f == top_q).sum())
+        hit_f += int((top_f == targets).sum())
+        hit_q += int((top_q == targets).sum())
+        count += targets.numel()
+        n_windows += 1
+    ppl_f, ppl_q = math.exp(nll_f / count), math.exp(nll_q / count)
+    return {
+        "ppl_float": ppl_f,
+        "ppl_int8": ppl_q,
+        "ppl_rel_diff": ppl_q / ppl_f - 1.0,
+        "top1_agreement": agree / count,
+        "mean_kl": kl / count,
+        "top1_acc_float": hit_f / count,
+        "top1_acc_int8": hit_q / count,
+        "tokens": count,
+        "windows": n_windows,
+    }
