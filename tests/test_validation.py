@@ -69,3 +69,35 @@ def test_rejected(make, exc, match, backend):
 
 def test_good_args_pass():
     assert fused_experts(**good(), backend="torch").shape == (M, H)
+
+
+def test_old_gpu_falls_back_to_torch_with_one_warning(monkeypatch):
+    """On a GPU older than Ampere, backend='auto' warns once and uses the torch path."""
+    from experts_int8 import ops
+
+    ops._capability_ok.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    with pytest.warns(UserWarning, match=r"Tesla T4 \(compute capability 7\.5\).*torch path"):
+        assert ops.kernel_supported(torch.device("cuda", 0)) is False
+    assert ops.kernel_supported(torch.device("cuda", 0)) is False  # cached: no second warning
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    ops._capability_ok.cache_clear()
+    assert ops.kernel_supported(torch.device("cuda", 0)) is True
+    ops._capability_ok.cache_clear()
+
+
+def test_kernel_support_check_traces_without_graph_break(monkeypatch):
+    from experts_int8 import ops
+
+    def capability(device=None):
+        return (9, 0)
+
+    ops._capability_ok.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+
+    def f(x):
+        return x + 1 if ops.kernel_supported(torch.device("cuda", 0)) else x - 1
+
+    assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2)), torch.full((2,), 2.0))
+    ops._capability_ok.cache_clear()

@@ -9,6 +9,8 @@ step routes them to the absent group, so they contribute zero instead of reading
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -21,6 +23,7 @@ from .reference import ACTIVATIONS
 from .routing import select_experts
 
 BACKENDS = ("auto", "triton", "torch")
+MIN_CAPABILITY = (8, 0)  # bf16 tensor-core dots (Ampere and newer)
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (torch.int8, torch.bfloat16, torch.float16, torch.float32)
 
@@ -125,6 +128,26 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
                 raise ValueError(f"expert_map entries must be -1 or a local index < {num_experts}, got [{emin}, {emax}]")
 
 
+@torch.compiler.assume_constant_result  # torch.compile evaluates it once while tracing: no graph break
+def kernel_supported(device: torch.device) -> bool:
+    """Whether the Triton kernel runs on this CUDA device; warns once per device when it does not."""
+    return _capability_ok(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_ok(device: int) -> bool:
+    capability = torch.cuda.get_device_capability(device)
+    if capability >= MIN_CAPABILITY:
+        return True
+    warnings.warn(
+        f"experts_int8: {torch.cuda.get_device_name(device)} (compute capability {capability[0]}.{capability[1]}) is "
+        f"older than the fused kernel needs ({MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, Ampere); MoE layers fall back "
+        f"to the slower torch path",
+        stacklevel=3,
+    )
+    return False
+
+
 @torch.library.custom_op("experts_int8::fused_experts", mutates_args=())
 def _fused_experts_triton(
     x: torch.Tensor,
@@ -183,11 +206,14 @@ def fused_experts(
     scales ``w13_scale [E, 2I]``, ``w2_scale [E, H]``, or float (bf16/fp16/fp32) without scales.
     ``expert_map [global E]`` maps global expert ids to local indices or -1 (expert parallelism).
     ``backend``: "triton" (on CPU tensors, Triton's interpreter), "torch" (reference), "auto"
-    (Triton on CUDA, torch on CPU).
+    (Triton on CUDA GPUs of compute capability 8.0 or newer, torch elsewhere, with a warning on an
+    older GPU).
     """
     _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend)
-    use_triton = backend == "triton" or (backend == "auto" and x.device.type == "cuda")
+    use_triton = backend == "triton" or (
+        backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)
+    )
     if not use_triton:
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
