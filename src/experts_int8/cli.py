@@ -239,14 +239,17 @@ def demo_command(device, new_tokens, router_scale, keep, seed, no_progress):
 Examples:
   experts-int8 quantize ~/models/Mixtral-8x7B-v0.1 ~/models/Mixtral-8x7B-int8
   experts-int8 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-int8 --device cuda --max-shard-size 2GB
+  experts-int8 quantize ./Mixtral-8x7B ./Mixtral-8x7B-w8a16 --format compressed-tensors   # vllm serve DST
 \b
 Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8.integrations.transformers`, or
   experts-int8 generate DST --prompt "Hello"
 """)
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
-@click.option("--format", "fmt", type=click.Choice(["native"]), default="native", show_default=True,
-              help="Output format: native = what save_pretrained of an ExpertsInt8Config model writes.")
+@click.option("--format", "fmt", type=click.Choice(["native", "compressed-tensors"]), default="native",
+              show_default=True,
+              help="Output format: native = what save_pretrained of an ExpertsInt8Config model writes; "
+                   "compressed-tensors = pack-quantized W8A16 per-channel, per-expert Linears (for vLLM).")
 @device_option
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard (e.g. 2GB, 500MB).")
 @click.option("--overwrite", is_flag=True, help="Replace DST if it exists (only once the new one is complete).")
@@ -257,7 +260,9 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
     Streams the safetensors shards tensor by tensor (memory ~ one output shard): routed experts
     (per-expert w1/w2/w3 or gate_proj/up_proj/down_proj keys, or fused gate_up_proj/down_proj) become
     int8 with fp32 per-row scales; every other tensor, the tokenizer and other files are copied;
-    config.json gets quantization_config. Writes into a temporary folder next to DST and renames it at
+    config.json gets quantization_config. With --format compressed-tensors the same int8 values and
+    fp32 scales are written as compressed-tensors pack-quantized Linears, one per expert projection
+    (weight_packed, weight_scale, weight_shape), non-expert layers listed in `ignore`. Writes into a temporary folder next to DST and renames it at
     the end, so a failure leaves nothing behind. Prints time, sizes and the quantization SNR per layer.
     """
     from .convert import format_bytes, parse_size, quantize_checkpoint
@@ -265,7 +270,7 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
 
     parse_size(max_shard_size)
     dev = check_device(device or _default_device())
-    r = quantize_checkpoint(src, dst, device=dev, max_shard_size=max_shard_size, overwrite=overwrite,
+    r = quantize_checkpoint(src, dst, format=fmt, device=dev, max_shard_size=max_shard_size, overwrite=overwrite,
                             progress=not no_progress, log=click.echo)
     click.echo(f"quantized {src} -> {dst} in {r.seconds:.1f} s ({r.num_tensors} tensors, format {fmt})")
     click.echo(f"size on disk: {format_bytes(r.bytes_before)} -> {format_bytes(r.bytes_after)} "
