@@ -1,0 +1,216 @@
+"""``experts-int8 quantize --format compressed-tensors``: checked with the compressed-tensors library itself.
+
+The export must hold exactly our int8 quantization: every expert Linear that compressed-tensors'
+own pack-quantized decompressor rebuilds equals ``dequantize_weights`` of our native checkpoint,
+bit for bit (fp32 scales are stored as they are). Non-expert tensors are byte-identical to the source.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+pytest.importorskip("transformers")
+ct = pytest.importorskip("compressed_tensors")
+from compressed_tensors.compressors import BaseCompressor  # noqa: E402
+from compressed_tensors.compressors.pack_quantized import pack_to_int32, unpack_from_int32  # noqa: E402
+from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, CompressedTensorsConfig  # noqa: E402
+
+import experts_int8.integrations.transformers  # noqa: E402,F401  (registers quant_method experts_int8)
+from experts_int8.cli import main  # noqa: E402
+from experts_int8.convert import PER_EXPERT, export_compressed_tensors, pack_int8, quantize_checkpoint  # noqa: E402
+from experts_int8.quant import dequantize_weights  # noqa: E402
+
+from models import tiny_model  # noqa: E402
+
+SUFFIXES = ("weight_packed", "weight_scale", "weight_shape")
+CASES = [("mixtral", "per-expert"), ("qwen3_moe", "per-expert"), ("mixtral", "fused")]
+
+
+def tensors(path) -> dict:
+    out = {}
+    for f in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        out.update(load_file(f))
+    return out
+
+
+def snr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    x, ref = x.double(), ref.double()
+    return float(10 * torch.log10(ref.pow(2).sum() / (x - ref).pow(2).sum()))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """(arch, layout) -> (src, compressed-tensors dst, native dst, CLI output), each made once."""
+    cache = {}
+
+    def make(arch, layout):
+        if (arch, layout) in cache:
+            return cache[arch, layout]
+        root = tmp_path_factory.mktemp(f"{arch}-{layout}")
+        model = tiny_model(arch, dtype=torch.bfloat16)
+        src = root / "bf16"
+        model.save_pretrained(src)
+        if layout == "fused":  # the in-memory transformers 5 names: experts.gate_up_proj [E, 2I, H]
+            for f in glob.glob(str(src / "*.safetensors")):
+                os.remove(f)
+            save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(src / "model.safetensors"),
+                      metadata={"format": "pt"})
+        dst = root / "ct"
+        result = CliRunner().invoke(main, ["quantize", str(src), str(dst), "--format", "compressed-tensors",
+                                           "--device", "cpu", "--no-progress", "--max-shard-size", "40KB"])
+        assert result.exit_code == 0, result.output
+        native = root / "native"
+        quantize_checkpoint(src, native, progress=False)
+        cache[arch, layout] = (src, dst, native, result.output)
+        return cache[arch, layout]
+
+    return make
+
+
+def native_experts(native_dir) -> dict:
+    """Our native checkpoint as {per-expert role key: (q int8 [N, K], scale fp32 [N])}, by (prefix, role, e)."""
+    t = tensors(native_dir)
+    out = {}
+    for key in t:
+        if key.endswith(".experts.gate_up_proj"):
+            prefix = key[: -len(".gate_up_proj")]
+            q13, s13, q2, s2 = (t[f"{prefix}.{n}"] for n in ("gate_up_proj", "gate_up_proj_scale", "down_proj",
+                                                             "down_proj_scale"))
+            i = q2.shape[-1]
+            for e in range(q13.shape[0]):
+                out[prefix, "gate", e] = (q13[e, :i], s13[e, :i])
+                out[prefix, "up", e] = (q13[e, i:], s13[e, i:])
+                out[prefix, "down", e] = (q2[e], s2[e])
+    return out
+
+
+ROLE = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
+
+
+@pytest.mark.parametrize("k", [1, 4, 5, 7, 64, 33])
+def test_pack_int8_is_the_librarys_packing(k):
+    q = torch.randint(-127, 128, (6, k), dtype=torch.int8)
+    packed = pack_int8(q)
+    assert packed.dtype == torch.int32 and packed.shape == (6, (k + 3) // 4)
+    assert torch.equal(packed, pack_to_int32(q, 8))
+    assert torch.equal(unpack_from_int32(packed, 8, torch.Size([6, k])), q)
+
+
+@pytest.mark.parametrize("arch,layout", CASES)
+def test_library_decompresses_our_int8_bit_exactly(converted, arch, layout):
+    src, dst, native, output = converted(arch, layout)
+    assert "format compressed-tensors" in output
+    assert len(glob.glob(str(dst / "*.safetensors"))) > 1 and (dst / "model.safetensors.index.json").is_file()
+
+    config = json.loads((dst / "config.json").read_text())["quantization_config"]
+    qc = QuantizationConfig.model_validate(config)
+    assert qc.quant_method == "compressed-tensors" and qc.format == "pack-quantized"
+    assert qc.quantization_status == "compressed"
+    (scheme,) = qc.config_groups.values()
+    w = scheme.weights
+    assert (w.num_bits, w.type, w.symmetric, w.strategy) == (8, "int", True, "channel")
+    assert scheme.input_activations is None and scheme.targets == ["Linear"]
+    compressor = BaseCompressor.get_value_from_registry(qc.format)
+
+    out, source = tensors(dst), tensors(src)
+    ours = native_experts(native)
+    modules = {k.rsplit(".", 1)[0] for k in out if k.endswith(".weight_packed")}
+    assert len(modules) == len(ours)  # one Linear per expert projection, nothing else quantized
+    if layout == "per-expert":  # the source's own per-expert names
+        assert {m + ".weight" for m in modules} == {k for k in source if PER_EXPERT.match(k)}
+    for module in sorted(modules):
+        m = PER_EXPERT.match(module + ".weight")
+        assert m, module
+        q, scale = ours[m["prefix"], ROLE[m["proj"]], int(m["e"])]
+        assert out[f"{module}.weight_scale"].dtype == torch.float32
+        assert out[f"{module}.weight_scale"].shape == (q.shape[0], 1)
+        assert out[f"{module}.weight_shape"].tolist() == list(q.shape)
+        state = compressor.decompress({n: out[f"{module}.{n}"] for n in SUFFIXES}, scheme)
+        assert torch.equal(state["weight"], dequantize_weights(q, scale)), module
+        assert not any(p in module for p in qc.ignore if p != "lm_head")
+
+    rest = set(out) - {f"{m}.{n}" for m in modules for n in SUFFIXES}
+    expert_sources = {k for k in source if PER_EXPERT.match(k) or k.endswith((".experts.gate_up_proj",
+                                                                               ".experts.down_proj"))}
+    assert rest == set(source) - expert_sources
+    for key in rest:  # byte-identical copies
+        a, b = out[key], source[key]
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), key
+    linear_like = {k[: -len(".weight")] for k in rest if k.endswith(".weight") and source[k].dim() == 2}
+    assert linear_like <= set(qc.ignore) and "lm_head" in qc.ignore
+    assert (dst / "tokenizer_config.json").is_file() == (src / "tokenizer_config.json").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:You passed `quantization_config`")  # we do pass dequantize=True on purpose
+@pytest.mark.parametrize("arch,layout", [("mixtral", "per-expert"), ("qwen3_moe", "per-expert")])
+def test_transformers_loads_the_export(converted, arch, layout):
+    src, dst, native, _ = converted(arch, layout)
+    ct_model, info = AutoModelForCausalLM.from_pretrained(
+        dst, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(dequantize=True),
+        output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    int8_model = AutoModelForCausalLM.from_pretrained(native, dtype=torch.bfloat16)
+    bf16_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+
+    # Decompressed expert weights = our dequantized int8 weights. transformers 5.24 keeps the experts it
+    # decompresses in the scales' dtype (fp32 here), so they equal ours bit for bit.
+    # (transformers renames some prefixes on load, e.g. Mixtral's block_sparse_moe -> mlp: match by layer)
+    nat = tensors(native)
+    layer = lambda name: (int(re.search(r"layers\.(\d+)\.", name).group(1)), name.rsplit(".", 1)[1])  # noqa: E731
+    stored = {layer(k): k for k in nat if k.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
+    loaded = {layer(n): p for n, p in ct_model.named_parameters() if n.endswith(("experts.gate_up_proj",
+                                                                                 "experts.down_proj"))}
+    assert set(stored) == set(loaded) and len(stored) == 2 * ct_model.config.num_hidden_layers
+    for where, key in stored.items():
+        w = loaded[where]
+        assert w.dtype in (torch.float32, torch.bfloat16)
+        assert torch.equal(w, dequantize_weights(nat[key], nat[key + "_scale"], w.dtype)), key
+
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b, c = (m(ids).logits.float() for m in (ct_model, int8_model, bf16_model))
+    # Same weights, different rounding order (int8 kernel applies the fp32 scale after the dot).
+    assert snr_db(a, b) >= 35
+    assert abs(snr_db(a, c) - snr_db(b, c)) < 3
+
+
+def test_scales_cast_to_the_model_dtype_lose_little(converted):
+    """vLLM and compressed-tensors allocate weight_scale in the model dtype: what a bf16 cast costs."""
+    _, dst, _, _ = converted("mixtral", "per-expert")
+    out = tensors(dst)
+    compressor = BaseCompressor.get_value_from_registry("pack-quantized")
+    scheme = QuantizationConfig.model_validate(
+        json.loads((dst / "config.json").read_text())["quantization_config"]).config_groups["group_0"]
+    worst, fp32, bf16 = 0.0, [], []
+    for key in sorted(k for k in out if k.endswith(".weight_scale")):
+        module = key[: -len(".weight_scale")]
+        s = out[key]
+        rel = ((s.to(torch.bfloat16).float() - s) / s).abs().max().item()
+        worst = max(worst, rel)
+        state = {n: out[f"{module}.{n}"] for n in SUFFIXES}
+        fp32.append(compressor.decompress(state, scheme)["weight"])
+        bf16.append(compressor.decompress({**state, "weight_scale": s.to(torch.bfloat16)}, scheme)["weight"].float())
+    assert worst <= 2 ** -8  # round-to-nearest into bf16 (8 significant bits): unit roundoff 2^-8
+    # The extra error is a per-row gain change, far below the int8 rounding itself (~40 dB).
+    assert snr_db(torch.cat([b.flatten() for b in bf16]), torch.cat([f.flatten() for f in fp32])) > 50
+
+
+def test_python_entry_and_unknown_format(tmp_path, converted):
+    src, _, _, _ = converted("qwen3_moe", "per-expert")
+    report = export_compressed_tensors(src, tmp_path / "ct", progress=False)
+    assert report.snr_summary()[0] > 30
+    assert json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["format"] == \
+        "pack-quantized"
+    with pytest.raises(ValueError, match="unknown format"):
+        quantize_checkpoint(src, tmp_path / "x", format="gguf", progress=False)
+    assert not (tmp_path / "x").exists()
