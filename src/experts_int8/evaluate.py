@@ -161,7 +161,7 @@ def compare_models(float_model: nn.Module, int8_model: nn.Module,
     - ``top1_acc_float``, ``top1_acc_int8``: fraction of positions where the argmax is the true token
     - ``tokens``: number of scored positions (``N - 1``); ``windows``: number of windows run
 
-    Log-probabilities are computed in fp32 from each model's logits; sums are kept in fp64.
+    Log-probabilities and all sums are computed in fp64 from each model's logits.
     """
     ids = torch.as_tensor(token_ids, dtype=torch.long)
     if ids.dim() == 2 and ids.shape[0] == 1:
@@ -179,13 +179,13 @@ def compare_models(float_model: nn.Module, int8_model: nn.Module,
         chunk = ids[begin:end]
         pos = slice(first - 1 - begin, end - 1 - begin)  # logits at position p predict token p + 1
         targets = ids[first:end]
-        lp_f = F.log_softmax(float_model(chunk[None].to(device)).logits[0, pos].float(), dim=-1).cpu()
-        lp_q = F.log_softmax(int8_model(chunk[None].to(device_q)).logits[0, pos].float(), dim=-1).cpu()
+        lp_f = F.log_softmax(float_model(chunk[None].to(device)).logits[0, pos].double(), dim=-1).cpu()
+        lp_q = F.log_softmax(int8_model(chunk[None].to(device_q)).logits[0, pos].double(), dim=-1).cpu()
         tgt = targets[:, None]
-        nll_f -= lp_f.gather(1, tgt).double().sum().item()
-        nll_q -= lp_q.gather(1, tgt).double().sum().item()
+        nll_f -= lp_f.gather(1, tgt).sum().item()
+        nll_q -= lp_q.gather(1, tgt).sum().item()
         p_f = lp_f.exp()
-        kl += torch.where(p_f > 0, p_f * (lp_f - lp_q), 0.0).sum(-1).double().sum().item()
+        kl += torch.where(p_f > 0, p_f * (lp_f - lp_q), 0.0).sum().item()
         top_f, top_q = lp_f.argmax(-1), lp_q.argmax(-1)
         agree += int((top_f == top_q).sum())
         hit_f += int((top_f == targets).sum())
