@@ -154,3 +154,13 @@ def test_compare_models_rejects_bad_arguments():
         compare_models(m, m, [1, 2, 0], window=4, stride=5)
     with pytest.raises(ValueError, match="stride"):
         compare_models(m, m, [1, 2, 0], window=4, stride=4)
+
+
+def test_failed_conversion_leaves_model_untouched():
+    model = tiny_llama()
+    model.model.layers[1].mlp.act_fn = nn.ReLU()  # layer 0 is convertible, layer 1 is not
+    with pytest.raises(ValueError, match="none of the kernel's activations"):
+        dense_mlps_as_int8_experts_(model)
+    assert not any(isinstance(m, Int8DenseMLP) for m in model.modules())
+    with pytest.raises(ValueError, match="backend"):
+        dense_mlps_as_int8_experts_(tiny_llama(), backend="cuda")

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layer import Int8Experts
+from .ops import BACKENDS
 from .reference import ACTIVATIONS, act_and_mul
 
 __all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation"]
@@ -105,6 +106,8 @@ def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] =
     """
     if activation is not None and activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS} or None, got {activation!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     targets = [(name, mod, lin) for name, mod in model.named_modules()
                if not isinstance(mod, Int8DenseMLP) and (lin := _gated_linears(mod)) is not None]
     if not targets:
@@ -112,19 +115,22 @@ def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] =
             f"{type(model).__name__} has no dense gated MLP to convert: expected modules with bias-free "
             f"nn.Linear children {', '.join(_GATED_NAMES)} (llama-style MLPs)"
         )
-    for name, mod, (gate, up, down) in targets:
+    # Decide everything before changing anything, so an error leaves the model untouched.
+    plan = []
+    for name, mod, linears in targets:
+        if not name:
+            raise ValueError("the model itself is a gated MLP; convert a module that contains it")
         if activation is not None:
             act = activation
         elif isinstance(getattr(mod, "act_fn", None), nn.Module):
             act = detect_activation(mod.act_fn)
         else:
             raise ValueError(f"{name}: no act_fn module to read the activation from; pass activation=")
+        plan.append((name, linears, act))
+    for name, (gate, up, down), act in plan:
         new = Int8DenseMLP.from_linears(gate, up, down, activation=act, backend=backend, name=name)
         parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else None
-        if parent is None:  # the model itself is the MLP
-            raise ValueError("the model itself is a gated MLP; convert its parent module instead")
-        setattr(parent, child, new)
+        setattr(model.get_submodule(parent_name), child, new)
     return len(targets)
 
 
