@@ -133,6 +133,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     t_start = time.time()
+    commit, dirty = git("rev-parse", "HEAD"), bool(git("status", "--porcelain", "--untracked-files=no"))
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -196,8 +197,8 @@ def main() -> None:
     result = {
         "benchmark": "quality_smollm2",
         "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
-        "commit": git("rev-parse", "HEAD"),
-        "worktree_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": commit,  # read at the start: the code that ran
+        "worktree_dirty": dirty,
         "device": f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
                   f"{torch.get_num_threads()} torch threads)",
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "triton": version("triton"),
