@@ -19,7 +19,7 @@ from experts_int8.cli import main  # noqa: E402
 
 from models import tiny_model  # noqa: E402
 
-COMMANDS = ("demo", "quantize", "generate", "bench", "tune")
+COMMANDS = ("demo", "quantize", "generate", "eval", "bench", "tune", "bench-e2e")
 
 
 def invoke(*args):
@@ -187,3 +187,29 @@ def test_generate_without_tokenizer(bf16_checkpoint):
 def test_debug_shows_the_traceback(tmp_path):
     result = invoke("quantize", tmp_path / "missing", tmp_path / "o", "--debug")
     assert result.exit_code != 0 and isinstance(result.exception, FileNotFoundError)
+
+
+def test_eval_compares_float_and_int8(demo_run, tmp_path):
+    _, keep = demo_run
+    text = tmp_path / "text.txt"
+    import pydoc_data.topics
+
+    text.write_text(pydoc_data.topics.topics["for"] * 3)
+    result = invoke("eval", keep / "bf16", "--text", text, "--device", "cpu", "--window", "128", "--stride", "64",
+                    "--max-tokens", "400")
+    assert result.exit_code == 0, result.output
+    ppl = re.search(r"perplexity\s+([\d.]+)\s+([\d.]+)", result.output)
+    agree = re.search(r"top-1 agreement\s+([\d.]+)%", result.output)
+    assert ppl and agree, result.output
+    assert abs(float(ppl.group(2)) / float(ppl.group(1)) - 1) < 0.05
+    assert float(agree.group(1)) >= 90
+    assert "399 tokens" in result.output
+
+
+def test_eval_bad_input_one_line(demo_run, tmp_path):
+    _, keep = demo_run
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 20)
+    assert_one_line_error(invoke("eval", keep / "int8", "--text", text), "already an int8 checkpoint")
+    assert_one_line_error(invoke("eval", keep / "bf16", "--text", tmp_path / "missing.txt"), "does not exist")
+    assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--dense-as-experts"), "no dense gated MLP")

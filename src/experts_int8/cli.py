@@ -342,6 +342,71 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, no_progress):
                f"tokens, greedy); loaded in {load_s:.1f} s; {what}: {format_bytes(peak)}", err=True)
 
 
+@command("eval", epilog="""\b
+Examples:
+  experts-int8 eval ./Mixtral-8x7B --text wiki.txt                 # routed experts int8 vs bf16
+  experts-int8 eval ./SmolLM2-135M --text notes.txt --dense-as-experts --dtype fp32
+  experts-int8 eval ./model --text book.txt --max-tokens 4096 --window 512 --stride 256
+""")
+@click.argument("model", type=click.Path())
+@click.option("--text", "text_file", required=True, type=click.Path(dir_okay=False),
+              help="Plain-text file to score.")
+@device_option
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
+              help="Dtype of the float model and of the int8 model's activations.")
+@click.option("--max-tokens", type=click.IntRange(2), default=8192, show_default=True,
+              help="Score at most this many tokens from the start of the text.")
+@click.option("--window", type=click.IntRange(2), default=1024, show_default=True, help="Tokens per forward pass.")
+@click.option("--stride", type=click.IntRange(1), default=512, show_default=True, help="Advance between windows.")
+@click.option("--dense-as-experts", is_flag=True,
+              help="For a dense model: compute each gated MLP as a 1-expert int8 MoE layer (E=1, k=1).")
+def eval_command(model, text_file, device, dtype, max_tokens, window, stride, dense_as_experts):
+    """Perplexity, top-1 agreement and KL divergence of the int8 model against the float model.
+
+    MODEL is a float checkpoint directory with a tokenizer. Its routed experts are quantized on load
+    (or, with --dense-as-experts, its dense MLPs), and both models score the same text over sliding
+    windows. Both models are held in memory at once.
+    """
+    import copy
+
+    from .convert import read_model_dir
+    from .evaluate import compare_models, dense_mlps_as_int8_experts_
+    from .run import DTYPES, check_device, checkpoint_kind, has_tokenizer, load_model, quiet_transformers
+
+    if stride >= window:
+        raise click.BadParameter(f"must be smaller than --window ({window})", param_hint="--stride")
+    text = Path(text_file)
+    if not text.is_file():
+        raise ValueError(f"{text_file} does not exist or is not a file")
+    _, config, _ = read_model_dir(model)
+    if checkpoint_kind(config) != "float":
+        raise ValueError(f"{model} is already an int8 checkpoint; eval needs the float checkpoint to compare against")
+    if not has_tokenizer(model):
+        raise ValueError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    dev = check_device(device or _default_device())
+    quiet_transformers()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
+    if len(ids) < 2:
+        raise ValueError(f"{text_file} gives fewer than 2 tokens")
+    float_model = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype]).to(dev).eval()
+    if dense_as_experts:
+        int8_model = copy.deepcopy(float_model)
+        count = dense_mlps_as_int8_experts_(int8_model)
+        what = f"{count} dense MLPs as 1-expert int8 layers"
+    else:
+        int8_model, _ = load_model(model, device=dev, dtype=DTYPES[dtype])
+        what = "routed experts int8"
+    r = compare_models(float_model, int8_model, ids, window=min(window, len(ids)), stride=stride)
+    click.echo(f"{model}: {r['tokens']} tokens of {text.name}, {dtype} on {dev}, {what}")
+    click.echo(f"{'':24}{'float':>10}{'int8':>10}")
+    click.echo(f"{'perplexity':24}{r['ppl_float']:10.4f}{r['ppl_int8']:10.4f}  ({r['ppl_rel_diff']:+.3%})")
+    click.echo(f"{'top-1 accuracy':24}{r['top1_acc_float']:10.2%}{r['top1_acc_int8']:10.2%}")
+    click.echo(f"{'top-1 agreement':24}{'':10}{r['top1_agreement']:10.2%}")
+    click.echo(f"{'mean KL(float || int8)':24}{'':10}{r['mean_kl']:10.2e}  nats")
+
+
 @command("bench-e2e", epilog="""\b
 Examples:
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights          # full size, one GPU (~93 GB bf16)
