@@ -398,7 +398,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     else:
         int8_model, _ = load_model(model, device=dev, dtype=DTYPES[dtype])
         what = "routed experts int8"
-    r = compare_models(float_model, int8_model, ids, window=min(window, len(ids)), stride=stride)
+    window = min(window, len(ids))  # a short text fits one window
+    r = compare_models(float_model, int8_model, ids, window=window, stride=min(stride, window - 1))
     click.echo(f"{model}: {r['tokens']} tokens of {text.name}, {dtype} on {dev}, {what}")
     click.echo(f"{'':24}{'float':>10}{'int8':>10}")
     click.echo(f"{'perplexity':24}{r['ppl_float']:10.4f}{r['ppl_int8']:10.4f}  ({r['ppl_rel_diff']:+.3%})")
