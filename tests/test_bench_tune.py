@@ -229,7 +229,7 @@ def test_tune_search_space_is_pruned(shape):
             cands = tune.candidate_configs(m, e, h, i, k, wdtype)
             assert cands[0] == configs.heuristic_config(m, e, k, wdtype, "cuda")  # default first
             assert 1 < len(cands) <= 32 + 1
-            assert len({tuple(c.items()) for c in cands}) == len(cands)
+            assert len({json.dumps(c, sort_keys=True) for c in cands}) == len(cands)
             rows = m * k / e
             for cfg in cands[1:]:
                 assert configs.check_config(cfg) == cfg
@@ -239,7 +239,7 @@ def test_tune_search_space_is_pruned(shape):
                 assert 2 * cfg["BLOCK_SIZE_M"] * cfg["BLOCK_SIZE_N"] / (32 * cfg["num_warps"]) <= tune.MAX_ACC_REGS
             if rows <= 8:
                 assert {c["BLOCK_SIZE_M"] for c in cands[1:]} == {16}  # decode: smallest block only
-            union |= {tuple(c.items()) for c in cands}
+            union |= {json.dumps(c, sort_keys=True) for c in cands}
     # Samples nest across M, so the distinct configs (what Triton compiles) stay few.
     assert len(union) <= 2 * 80
 
@@ -425,3 +425,23 @@ def test_shipped_tables_are_valid_configs():
         assert raw and all(int(m) >= 1 for m in raw)
         for cfg in raw.values():
             configs.check_config(cfg)
+
+
+def test_heuristics_fit_the_shared_memory_of_smaller_gpus():
+    for m in (1, 64, 512, 8192):
+        for dtype in (torch.int8, torch.bfloat16):
+            cfg = configs.heuristic_config(m, 8, 2, dtype, "NVIDIA_A10")
+            fitted = configs.fit_shared_memory(cfg, dtype.itemsize, 99 * 1024)  # sm_86: ~99 KB per block
+            assert configs.pipeline_smem_bytes(fitted, dtype.itemsize) <= 99 * 1024
+            assert fitted["num_stages"] >= 2 and fitted["BLOCK_SIZE_M"] == cfg["BLOCK_SIZE_M"]
+            configs.check_config(fitted)
+            # Hopper's 227 KB takes the defaults unchanged.
+            assert configs.fit_shared_memory(cfg, dtype.itemsize, 227 * 1024) == cfg
+
+
+def test_heuristic_decode_config_streams_long_int8_k_tiles():
+    cfg = configs.heuristic_config(1, 8, 2, torch.int8, "NVIDIA_H200")
+    assert cfg["BLOCK_SIZE_M"] == 16 and cfg["BLOCK_SIZE_K"] == 256
+    prefill = configs.heuristic_config(4096, 8, 2, torch.int8, "NVIDIA_H200")
+    gate_up, down = configs.split_config(prefill)
+    assert gate_up["BLOCK_SIZE_N"] == 64 and down["BLOCK_SIZE_N"] == 128

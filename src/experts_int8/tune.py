@@ -65,10 +65,7 @@ def block_m_choices(m: int, num_experts: int, top_k: int) -> list[int]:
     return [b for b in BLOCK_M if b <= max(16, 2 * r) and not (b == 16 and r > 64)]
 
 
-def smem_bytes(cfg: dict, weight_bytes: int, act_bytes: int = 2) -> int:
-    """Shared memory of GEMM1's pipeline: per stage an activation tile and the gate and up weight tiles."""
-    bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
-    return cfg["num_stages"] * (bm * bk * act_bytes + 2 * bk * bn * weight_bytes)
+smem_bytes = configs.pipeline_smem_bytes  # shared memory of GEMM1's pipeline
 
 
 def _plausible(cfg: dict, weight_bytes: int, smem_limit: int) -> bool:
@@ -257,10 +254,7 @@ class _Progress:
 
 def _smem_limit() -> int:
     try:
-        import triton
-
-        props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
-        return int(props["max_shared_mem"])
+        return configs.max_shared_memory(torch.cuda.current_device())
     except Exception:  # noqa: BLE001 - the default is right for Hopper
         return DEFAULT_SMEM
 
@@ -330,7 +324,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                       max_candidates=max_candidates) for d in dtypes for m in ms}
     log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k} on {gpu}: {', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
-        f"{len({tuple(c.items()) for c in sum(plan.values(), [])})} distinct configs")
+        f"{len({json.dumps(c, sort_keys=True) for c in sum(plan.values(), [])})} distinct configs")
     bar = _Progress(sum(map(len, plan.values())), progress, log)
     slots_left = len(plan)
     paths: dict[str, Path] = {}

@@ -96,7 +96,16 @@ def weight_format(weight_dtype: torch.dtype) -> str:
 def device_name(device: Optional[torch.device] = None) -> str:
     if not torch.cuda.is_available() or (device is not None and device.type != "cuda"):
         return "cpu"
-    return torch.cuda.get_device_name(device).replace(" ", "_")
+    return _cuda_name(_index(device))
+
+
+def _index(device: Optional[torch.device]) -> int:
+    return torch.cuda.current_device() if device is None or device.index is None else device.index
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_name(index: int) -> str:
+    return torch.cuda.get_device_name(index).replace(" ", "_")
 
 
 def table_name(num_experts: int, inter: int, device: str, fmt: str) -> str:
@@ -118,20 +127,55 @@ def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[
     return None
 
 
+def pipeline_smem_bytes(config: dict, weight_bytes: int, act_bytes: int = 2) -> int:
+    """Shared memory of the gate_up GEMM's software pipeline (the larger of the two GEMMs): per stage
+    one activation tile and the gate and up weight tiles."""
+    bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    return config["num_stages"] * (bm * bk * act_bytes + 2 * bk * bn * weight_bytes)
+
+
+def fit_shared_memory(config: dict, weight_bytes: int, limit: int) -> dict:
+    """Fewer stages, then shorter K tiles, until the pipeline fits ``limit`` bytes (e.g. the ~100 KB
+    of sm_86/sm_89 parts, where Hopper-sized defaults would not launch)."""
+    config = dict(config)
+    while pipeline_smem_bytes(config, weight_bytes) > limit:
+        if config["num_stages"] > 2:
+            config["num_stages"] -= 1
+        elif config["BLOCK_SIZE_K"] > 32:
+            config["BLOCK_SIZE_K"] //= 2
+        else:
+            break
+    return config
+
+
+@functools.lru_cache(maxsize=None)
+def max_shared_memory(device_index: int) -> int:
+    """Opt-in shared memory per block of a CUDA device, in bytes."""
+    import triton
+
+    return int(triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"])
+
+
 def heuristic_config(m: int, num_experts: int, top_k: int, weight_dtype: torch.dtype, device: str) -> dict:
-    """Sane defaults on Ampere and Hopper, chosen by the expected rows per expert."""
+    """Defaults by the expected rows per expert: the configs that won the H200 sweeps on the Mixtral
+    and Qwen3 shapes (benchmarks/NOTES.md); ``get_config`` shrinks them to the device's shared memory."""
     rows_per_expert = m * top_k / num_experts
+    int8 = weight_dtype == torch.int8
     if device == "cpu":  # Triton's interpreter: small tiles keep tests quick
         return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=1)
     if rows_per_expert <= 16:  # decode: memory-bound, stream weights with long K tiles
-        return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128 if weight_dtype == torch.int8 else 64,
-                    GROUP_SIZE_M=1, num_warps=4, num_stages=4)
-    if rows_per_expert <= 64:
-        return dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128 if weight_dtype == torch.int8 else 64,
+        return dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256 if int8 else 128,
+                    GROUP_SIZE_M=1, num_warps=4, num_stages=3 if int8 else 4)
+    if rows_per_expert <= 32:
+        return dict(BLOCK_SIZE_M=32, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128 if int8 else 64,
                     GROUP_SIZE_M=8, num_warps=4, num_stages=4)
-    if rows_per_expert <= 256:
-        return dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=4)
-    return dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
+    if rows_per_expert <= 256 or not int8:
+        if int8:
+            return dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=4)
+        return dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
+    # int8 prefill: narrower gate_up tiles (two fp32 accumulators) avoid register spills
+    return dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=4,
+                down=dict(BLOCK_SIZE_N=128))
 
 
 def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
@@ -145,4 +189,8 @@ def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: t
     if table:
         nearest = min(table, key=lambda key: abs(key - m))
         return dict(table[nearest])
-    return heuristic_config(m, num_experts, top_k, weight_dtype, dev)
+    config = heuristic_config(m, num_experts, top_k, weight_dtype, dev)
+    if dev == "cpu":
+        return config
+    return fit_shared_memory(config, weight_dtype.itemsize,
+                             max_shared_memory(_index(device)))
