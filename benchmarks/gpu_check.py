@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -21,18 +20,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
+from experts_int8.bench import library_commit  # noqa: E402
 from experts_int8 import dequantize_weights, fused_experts, fused_moe, quantize_weights, reference, select_experts  # noqa: E402
 
 SHAPES = {"mixtral-8x7b": (8, 4096, 14336, 2), "qwen3-30b-a3b": (128, 2048, 768, 8)}
 MS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096]
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).decode().strip()
-    except Exception:
-        return os.environ.get("EXPERTS_INT8_COMMIT", "unknown")
 
 
 def poison(*numels: int, dtype) -> None:
@@ -95,7 +87,7 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     os.makedirs(args.out, exist_ok=True)
-    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, commit=git_commit(),
+    result = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, commit=library_commit()[0],
                   command=" ".join(sys.argv), time=time.strftime("%Y-%m-%d %H:%M:%S"), rows=rows,
                   all_ok=all(r["ok"] for r in rows))
     with open(os.path.join(args.out, "gpu_check.json"), "w") as f:

@@ -40,21 +40,12 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 
 import torch
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-                                       text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
 
 
 def build_checkpoint(path: str, args) -> dict:
@@ -153,6 +144,8 @@ def routing_quality(ref_model, int8_model, x) -> dict:
 
 
 def main() -> int:
+    from experts_int8.bench import library_commit
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", default="/tmp/experts_int8_load_memory")
     ap.add_argument("--layers", type=int, default=8)
@@ -257,7 +250,7 @@ def main() -> int:
     }
     result = {
         "command": " ".join([sys.executable] + sys.argv),
-        "git_commit": git_commit(),
+        "git_commit": library_commit()[0],
         "gpu": torch.cuda.get_device_name(0),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},

@@ -22,6 +22,8 @@ from typing import Callable, Optional
 
 import torch
 
+from .bench import library_commit
+
 # Full-size architectures for --random-weights (their public configs' shapes).
 CONFIGS = {
     "mixtral-8x7b": dict(model_type="mixtral", vocab_size=32000, hidden_size=4096, intermediate_size=14336,
@@ -114,7 +116,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
                   gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                   torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache,
-                  command=" ".join(sys.argv), commit=_commit(), rows=rows)
+                  command=" ".join(sys.argv), commit=library_commit()[0], rows=rows)
     log(table(result))
     if out:
         os.makedirs(out, exist_ok=True)
@@ -135,13 +137,3 @@ def table(result: dict) -> str:
         cells = [f"{by[(c, b)]['e2e_s']:.3f}, {by[(c, b)]['decode_tok_s']:.1f}" for c in columns if (c, b) in by]
         lines.append(f"{b:5d} | " + " | ".join(cells))
     return "\n".join(lines)
-
-
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).decode().strip()
-    except Exception:
-        return os.environ.get("EXPERTS_INT8_COMMIT", "unknown")
