@@ -41,3 +41,34 @@ def test_cli_help_and_bad_config():
     assert "--random-weights" in help_text and "Examples" in help_text
     bad = runner.invoke(main, ["bench-e2e", "--config", "nope", "--random-weights"])
     assert bad.exit_code != 0 and "choose one of" in bad.output
+
+
+def test_greedy_decode_gives_generates_tokens():
+    """The no-sync loop is the same greedy decoding as transformers' generate (static cache, fp32)."""
+    from experts_int8.integrations.transformers import quantize_
+
+    torch.manual_seed(0)
+    model = bench_e2e.random_model("mixtral-8x7b", "cpu", dtype=torch.float32, overrides=TINY)
+    quantize_(model)
+    ids = torch.randint(0, 128, (2, 7))
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, min_new_tokens=6,
+                         do_sample=False, pad_token_id=0, cache_implementation="static")[:, 7:]
+    got = bench_e2e.greedy_decode(model, ids, 6)
+    assert got.shape == (2, 6)
+    assert torch.equal(got, ref)
+
+
+def test_loop_decode_runs_and_is_recorded(tmp_path):
+    result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(1,), prompt_len=6, new_tokens=3, reps=1,
+                           decode="loop", overrides=TINY, columns=("ours-int8",), out=str(tmp_path),
+                           log=lambda s: None)
+    assert result["decode"] == "loop" and result["rows"][0]["decode"] == "loop"
+    assert len(list(tmp_path.glob("bench_e2e_mixtral-8x7b_loop_*.json"))) == 1
+    assert "decode via loop" in bench_e2e.table(result)
+
+
+def test_loop_decode_needs_static_cache():
+    import pytest
+
+    with pytest.raises(ValueError, match="static"):
+        bench_e2e.run("mixtral-8x7b", device="cpu", decode="loop", cache="dynamic", overrides=TINY)

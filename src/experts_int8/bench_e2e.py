@@ -4,15 +4,21 @@ Three columns from one model in one process, in this order (each later one reuse
   hf-bf16    transformers' default experts implementation (as the model loads), bf16 weights
   ours-bf16  the same bf16 weights through our fused kernel (``set_experts_implementation``)
   ours-int8  the experts quantized in place (``quantize_``: each bf16 expert tensor freed as it goes)
-All use transformers' static cache (which compiles the decode step on CUDA). For each batch size:
-end-to-end latency of ``prompt_len`` prompt tokens + ``new_tokens`` generated, the prefill alone,
-and decode throughput = batch * (new_tokens - 1) / (end-to-end - prefill).
+All use transformers' static cache. Two ways to drive the decode steps (``decode``):
+  generate   ``model.generate`` (transformers compiles the decode step with CUDA graphs); what users get,
+             but its loop waits on the GPU a few times per token (stopping checks), ~1.5 ms per step.
+  loop       the same model forward and static cache, the decode step compiled once with CUDA graphs
+             (``torch.compile(mode="reduce-overhead", fullgraph=True)``), greedy tokens kept on the GPU:
+             no host sync per token. Same tokens as ``generate`` (greedy; checked in the tests).
+For each batch size: end-to-end latency of ``prompt_len`` prompt tokens + ``new_tokens`` generated, the
+prefill alone, and decode throughput = batch * (new_tokens - 1) / (end-to-end - prefill).
 
     experts-int8 bench-e2e --config mixtral-8x7b --random-weights
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import statistics
@@ -66,30 +72,66 @@ def _timed(fn: Callable[[], object], device: str, reps: int) -> float:
     return statistics.median(times)
 
 
+def compiled_step(model, device: str) -> Callable:
+    """The model's forward for one decode step: CUDA-graphed and compiled whole on CUDA, plain elsewhere."""
+    if device.startswith("cuda"):
+        return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    return model.forward
+
+
+def greedy_decode(model, ids: torch.Tensor, new_tokens: int, step: Optional[Callable] = None) -> torch.Tensor:
+    """Greedy tokens ``[batch, new_tokens]`` for equal-length prompts ``ids``: eager prefill into a static
+    cache, then ``step`` (see :func:`compiled_step`) per token, with nothing read back to the host."""
+    from transformers import StaticCache
+
+    step = step or model.forward
+    batch, prompt_len = ids.shape
+    cache = StaticCache(config=model.config, max_cache_len=prompt_len + new_tokens)
+    # transformers renamed ``past_key_values`` to ``cache`` (5.2x); pass whichever this version takes
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    positions = torch.arange(prompt_len, device=ids.device)
+    logits = model(input_ids=ids, cache_position=positions, use_cache=True, logits_to_keep=1,
+                   **{cache_kw: cache}).logits
+    tokens = [logits[:, -1:].argmax(-1)]
+    position = positions[-1:] + 1
+    for _ in range(new_tokens - 1):
+        logits = step(input_ids=tokens[-1], cache_position=position, position_ids=position.expand(batch, 1),
+                      use_cache=True, logits_to_keep=1, **{cache_kw: cache}).logits
+        tokens.append(logits[:, -1:].argmax(-1))  # a new tensor: the CUDA graph reuses its output buffer
+        position = position + 1
+    return torch.cat(tokens, dim=1)
+
+
 def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, reps: int,
-            cache: str = "static") -> dict:
+            cache: str = "static", decode: str = "generate", step: Optional[Callable] = None) -> dict:
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, cache_implementation=cache)
 
     def run(n):
+        if decode == "loop":
+            return greedy_decode(model, ids, n, step)
         return model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
 
     with torch.inference_mode():
         run(new_tokens)  # warm-up: compiles the decode step for this shape
         total = _timed(lambda: run(new_tokens), device, reps)
         prefill = _timed(lambda: run(1), device, reps)
-    decode = total - prefill  # timing noise can make this <= 0 for tiny runs: then no rate
-    return dict(batch=batch, e2e_s=total, prefill_s=prefill,
-                decode_tok_s=batch * (new_tokens - 1) / decode if decode > 0 else float("nan"))
+    decode_s = total - prefill  # timing noise can make this <= 0 for tiny runs: then no rate
+    return dict(batch=batch, decode=decode, e2e_s=total, prefill_s=prefill,
+                decode_tok_s=batch * (new_tokens - 1) / decode_s if decode_s > 0 else float("nan"))
 
 
 def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int = 1024, new_tokens: int = 128,
-        reps: int = 3, cache: str = "static", overrides: Optional[dict] = None,
+        reps: int = 3, cache: str = "static", decode: str = "generate", overrides: Optional[dict] = None,
         columns=("hf-bf16", "ours-bf16", "ours-int8"), out: Optional[str] = None,
         log: Callable[[str], None] = print) -> dict:
     from .integrations.transformers import quantize_
 
+    if decode not in ("generate", "loop"):
+        raise ValueError(f"decode must be 'generate' or 'loop', got {decode!r}")
+    if decode == "loop" and cache != "static":
+        raise ValueError("decode='loop' drives a static cache; use cache='static'")
     model = random_model(config, device, overrides=overrides)
     default_impl = model.config._experts_implementation  # what users get today
     rows = []
@@ -104,8 +146,9 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
             raise ValueError(f"unknown column {column!r}")
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
+        step = compiled_step(model, device) if decode == "loop" else None
         for batch in batches:
-            r = measure(model, batch, prompt_len, new_tokens, device, reps, cache)
+            r = measure(model, batch, prompt_len, new_tokens, device, reps, cache, decode, step)
             r.update(column=column)
             if device.startswith("cuda"):
                 r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -115,12 +158,12 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
         torch._dynamo.reset()  # the next column recompiles against its own experts
     result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
                   gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
-                  torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache,
+                  torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache, decode=decode,
                   command=" ".join(sys.argv), commit=library_commit()[0], rows=rows)
     log(table(result))
     if out:
         os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, f"bench_e2e_{config}_{time.strftime('%Y%m%dT%H%M%S')}.json")
+        path = os.path.join(out, f"bench_e2e_{config}_{decode}_{time.strftime('%Y%m%dT%H%M%S')}.json")
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
         log(f"wrote {path}")
@@ -131,7 +174,8 @@ def table(result: dict) -> str:
     by = {(r["column"], r["batch"]): r for r in result["rows"]}
     columns = list(dict.fromkeys(r["column"] for r in result["rows"]))
     batches = sorted({r["batch"] for r in result["rows"]})
-    lines = [f"{result['config']} on {result['gpu']}: {result['prompt_len']} prompt + {result['new_tokens']} new tokens",
+    lines = [f"{result['config']} on {result['gpu']}: {result['prompt_len']} prompt + {result['new_tokens']} new tokens, "
+             f"decode via {result.get('decode', 'generate')}",
              "batch | " + " | ".join(f"{c} e2e s, tok/s" for c in columns)]
     for b in batches:
         cells = [f"{by[(c, b)]['e2e_s']:.3f}, {by[(c, b)]['decode_tok_s']:.1f}" for c in columns if (c, b) in by]

@@ -411,6 +411,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
 @command("bench-e2e", epilog="""\b
 Examples:
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights          # full size, one GPU (~93 GB bf16)
+  experts-int8 bench-e2e --config mixtral-8x7b --random-weights --decode loop   # no per-token host sync
   experts-int8 bench-e2e --config qwen3-30b-a3b --random-weights --batch 1,8
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights --layers 4 --prompt-len 256 --new-tokens 32
 """)
@@ -426,8 +427,12 @@ Examples:
 @click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="Timed generations per cell (median).")
 @click.option("--cache", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
               help="KV cache; static compiles the decode step (transformers' fastest path).")
+@click.option("--decode", type=click.Choice(["generate", "loop"]), default="generate", show_default=True,
+              help="generate: model.generate. loop: the same forward and static cache in a CUDA-graphed "
+                   "greedy loop with no host sync per token.")
 @click.option("--out", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
-def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, new_tokens, layers, reps, cache, out):
+def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, new_tokens, layers, reps, cache,
+                      decode, out):
     """End-to-end generation latency: transformers' experts vs ours in bf16 vs ours in int8.
 
     One model, three columns in one run: transformers' default experts implementation, the same bf16
@@ -443,7 +448,7 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {batches!r}", param_hint="--batch")
     run(config_name, device=device or _default_device(), batches=sizes, prompt_len=prompt_len,
-        new_tokens=new_tokens, reps=reps, cache=cache, out=out, log=click.echo,
+        new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, out=out, log=click.echo,
         overrides=dict(num_hidden_layers=layers) if layers else None)
 
 
