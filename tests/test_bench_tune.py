@@ -445,3 +445,14 @@ def test_heuristic_decode_config_streams_long_int8_k_tiles():
     prefill = configs.heuristic_config(4096, 8, 2, torch.int8, "NVIDIA_H200")
     gate_up, down = configs.split_config(prefill)
     assert gate_up["BLOCK_SIZE_N"] == 64 and down["BLOCK_SIZE_N"] == 128
+
+
+def test_nearest_key_is_on_a_log_scale_with_ties_to_larger_m():
+    table = {1: "a", 16: "b", 256: "c", 4096: "d"}
+    assert configs.nearest_key(table, 1) == 1
+    assert configs.nearest_key(table, 3) == 1  # log2(3) = 1.58: 1.58 from 1, 2.42 from 16
+    assert configs.nearest_key(table, 8) == 16  # log2(8) = 3: 3 from 1, 1 from 16
+    assert configs.nearest_key(table, 128) == 256  # linear nearest would be 16
+    assert configs.nearest_key(table, 64) == 256  # tie (2 and 2): the larger M
+    assert configs.nearest_key(table, 100000) == 4096
+    assert configs.nearest_key({1: "a"}, 0) == 1
