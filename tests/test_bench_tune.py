@@ -304,13 +304,14 @@ def test_tune_table_is_written_merged_and_read_back(tmp_path, monkeypatch):
     assert path == tmp_path / "configs" / "E=8,N=14336,device=NVIDIA_H200,dtype=int8_w8a16.json"
     assert list(json.loads(path.read_text())) == ["1", "1024"]
     try:
-        assert configs.get_config(3, 8, 14336, 2, torch.int8) == small  # nearest M
+        assert configs.get_config(3, 8, 14336, 2, torch.int8) == small  # the tuned M below
         assert configs.get_config(8192, 8, 14336, 2, torch.int8) == big
         assert configs.get_config(3, 8, 14336, 2, torch.bfloat16) != small  # other dtype: no table
         mid = dict(PINNED, BLOCK_SIZE_M=64)
         tune.write_table({256: mid, 1: big}, 8, 14336, "NVIDIA_H200", "int8_w8a16")  # merge, clears the cache
         assert list(json.loads(path.read_text())) == ["1", "256", "1024"]
-        assert configs.get_config(200, 8, 14336, 2, torch.int8) == mid
+        assert configs.get_config(256, 8, 14336, 2, torch.int8) == mid
+        assert configs.get_config(300, 8, 14336, 2, torch.int8) == big  # 75 rows per expert > 64
         assert configs.get_config(1, 8, 14336, 2, torch.int8) == big
         with pytest.raises(ValueError, match="power of two"):
             tune.write_table({1: dict(PINNED, BLOCK_SIZE_N=48)}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
@@ -447,12 +448,17 @@ def test_heuristic_decode_config_streams_long_int8_k_tiles():
     assert gate_up["BLOCK_SIZE_N"] == 64 and down["BLOCK_SIZE_N"] == 128
 
 
-def test_nearest_key_is_on_a_log_scale_with_ties_to_larger_m():
-    table = {1: "a", 16: "b", 256: "c", 4096: "d"}
-    assert configs.nearest_key(table, 1) == 1
-    assert configs.nearest_key(table, 3) == 1  # log2(3) = 1.58: 1.58 from 1, 2.42 from 16
-    assert configs.nearest_key(table, 8) == 16  # log2(8) = 3: 3 from 1, 1 from 16
-    assert configs.nearest_key(table, 128) == 256  # linear nearest would be 16
-    assert configs.nearest_key(table, 64) == 256  # tie (2 and 2): the larger M
-    assert configs.nearest_key(table, 100000) == 4096
-    assert configs.nearest_key({1: "a"}, 0) == 1
+def test_table_key_takes_the_m_below_unless_its_blocks_are_too_short():
+    small, big = dict(PINNED, BLOCK_SIZE_M=16), dict(PINNED, BLOCK_SIZE_M=128)
+    table = {1: small, 16: small, 256: big, 4096: big}
+    mixtral, qwen3 = (8, 2), (128, 8)  # (experts, top_k)
+    assert configs.table_key(table, 1, *mixtral) == 1
+    assert configs.table_key(table, 15, *mixtral) == 1
+    assert configs.table_key(table, 64, *mixtral) == 16  # 16 rows per expert fit one 16-row block
+    assert configs.table_key(table, 128, *mixtral) == 256  # 32 rows: M=16's blocks would read weights twice
+    qwen3_table = {1: small, 16: small, 1024: big}
+    assert configs.table_key(qwen3_table, 256, *qwen3) == 16  # 16 rows per expert of 128
+    assert configs.table_key(qwen3_table, 512, *qwen3) == 1024  # 32 rows
+    assert configs.table_key(table, 2048, *mixtral) == 4096  # 512 rows > 128
+    assert configs.table_key(table, 100000, *mixtral) == 4096  # nothing above: the largest
+    assert configs.table_key({8: small}, 1, *mixtral) == 8  # nothing below: the smallest

@@ -3,7 +3,7 @@
 ``tune(E, H, I, k)`` times the whole ``fused_experts`` call (align + both GEMMs + the sum over k)
 for each candidate config, forced with :func:`~experts_int8.kernels.configs.override_config`, at a
 few token counts M, and writes ``E={E},N={I},device={gpu},dtype={fmt}.json`` (M -> best config)
-into the user cache, where ``get_config`` finds it from then on (nearest M).
+into the user cache, where ``get_config`` finds it from then on (``configs.table_key`` picks the M).
 
 Search space: BLOCK_SIZE_M 16..128 limited by the rows each expert receives (M * k / E),
 BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, pruned by shared memory

@@ -3,8 +3,8 @@
 Tables are JSON files named ``E={E},N={N},device={device},dtype={dtype}.json`` where N is the
 intermediate size I of the (possibly tensor-parallel-sharded) experts, ``device`` the GPU name
 with spaces as underscores and ``dtype`` the *weight* format (``int8_w8a16`` or ``bf16``/``fp16``/
-``fp32``). Each maps a token count M (as a string) to a config; the nearest M on a log scale is used
-(:func:`nearest_key`). Tables are
+``fp32``). Each maps a token count M (as a string) to a config; :func:`table_key` picks the entry.
+Tables are
 searched in the user's tuning cache first (written by ``experts-int8 tune``), then in the package.
 
 ``with override_config(cfg):`` forces one config for every ``get_config`` call in the block (the
@@ -18,7 +18,6 @@ import contextvars
 import functools
 import json
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Iterator, Optional
@@ -180,16 +179,22 @@ def heuristic_config(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
                 down=dict(BLOCK_SIZE_N=128))
 
 
-def nearest_key(table, m: int) -> int:
-    """The table's M nearest to ``m`` on a log scale, ties to the larger M.
+def table_key(table: dict, m: int, num_experts: int, top_k: int) -> int:
+    """Which tuned M of ``table`` serves ``m`` tokens.
 
-    Tables are tuned at geometric M (1, 16, 256, ...), so M=128 between 16 and 256 should take 256's
-    config: on a linear scale it took 16's small-M blocks, which at 32 rows per expert read every
-    weight twice (measured 1.8x slower, mixtral-8x7b bf16). On a tie the larger M's blocks read the
-    weights in fewer passes.
+    The largest tuned M at or below ``m``, unless its ``BLOCK_SIZE_M`` is smaller than the rows each
+    expert expects at ``m`` (``m * top_k / num_experts``): such a small-M config would read every
+    weight in several passes, so the next larger tuned M is used. (Measured on the H200 against the
+    nearest M on a linear or a log scale: results/lookup_ab_H200.json, benchmarks/NOTES.md.)
     """
-    target = math.log2(max(m, 1))
-    return min(table, key=lambda key: (abs(math.log2(key) - target), -key))
+    keys = sorted(table)
+    below = [key for key in keys if key <= m]
+    if not below:
+        return keys[0]
+    above = [key for key in keys if key > m]
+    if above and m * top_k / num_experts > table[below[-1]]["BLOCK_SIZE_M"]:
+        return above[0]
+    return below[-1]
 
 
 def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
@@ -201,7 +206,7 @@ def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: t
     dev = device_name(device)
     table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
     if table:
-        return dict(table[nearest_key(table, m)])
+        return dict(table[table_key(table, m, num_experts, top_k)])
     config = heuristic_config(m, num_experts, top_k, weight_dtype, dev)
     if dev == "cpu":
         return config
