@@ -462,3 +462,9 @@ def test_table_key_takes_the_m_below_unless_its_blocks_are_too_short():
     assert configs.table_key(table, 2048, *mixtral) == 4096  # 512 rows > 128
     assert configs.table_key(table, 100000, *mixtral) == 4096  # nothing above: the largest
     assert configs.table_key({8: small}, 1, *mixtral) == 8  # nothing below: the smallest
+
+
+def test_library_commit_prefers_the_given_commit(monkeypatch):
+    """A copied tree can carry a stale .git: an explicit EXPERTS_INT8_COMMIT wins."""
+    monkeypatch.setenv("EXPERTS_INT8_COMMIT", "0123abcd")
+    assert bench.library_commit() == ("0123abcd", None)

@@ -188,8 +188,11 @@ def parse_dtypes(values: Iterable[str]) -> list[str]:
 # --- provenance --------------------------------------------------------------------------------
 
 def library_commit() -> tuple[str, Optional[bool]]:
-    """(commit, dirty) of the library's source tree: ``git``, else ``.git`` read directly, else
-    ``$EXPERTS_INT8_COMMIT``, else ``"unknown"``. ``dirty`` is None when unknown."""
+    """(commit, dirty) of the library's source tree: ``$EXPERTS_INT8_COMMIT`` when set (a copied tree
+    whose ``.git`` may be stale), else ``git``, else ``.git`` read directly, else ``"unknown"``.
+    ``dirty`` is None when unknown."""
+    if os.environ.get("EXPERTS_INT8_COMMIT"):
+        return os.environ["EXPERTS_INT8_COMMIT"], None
     here = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True,
@@ -216,7 +219,7 @@ def library_commit() -> tuple[str, Optional[bool]]:
                     if line.endswith(" " + ref):
                         return line.split()[0], None
             break
-    return os.environ.get("EXPERTS_INT8_COMMIT") or "unknown", None
+    return "unknown", None
 
 
 def environment(device: Optional[torch.device] = None) -> dict:
