@@ -468,3 +468,13 @@ def test_library_commit_prefers_the_given_commit(monkeypatch):
     """A copied tree can carry a stale .git: an explicit EXPERTS_INT8_COMMIT wins."""
     monkeypatch.setenv("EXPERTS_INT8_COMMIT", "0123abcd")
     assert bench.library_commit() == ("0123abcd", None)
+
+
+def test_split_k_variants_only_for_few_down_tiles():
+    best = dict(PINNED, BLOCK_SIZE_N=64, down=dict(BLOCK_SIZE_N=64))
+    # mixtral decode: 2 experts x 4096/64 tiles = 128 < 2 x 132 SMs -> try SPLIT_K 2 and 4 on the down GEMM
+    variants = tune.split_k_variants(best, 1, 8, 4096, 2, num_sms=132)
+    assert [v["down"]["SPLIT_K"] for v in variants] == [2, 4]
+    assert all(v["down"]["BLOCK_SIZE_N"] == 64 and configs.check_config(v) for v in variants)
+    assert tune.split_k_variants(best, 4096, 8, 4096, 2, num_sms=132) == []  # prefill: tiles enough
+    assert tune.split_k_variants(variants[0], 1, 8, 4096, 2, num_sms=132) == []  # already split

@@ -192,3 +192,33 @@ def test_swapped_operand_orientation_and_per_gemm_configs(dtype, swap_gate_up, s
                SWAP_AB=swap_gate_up, down=dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=64, SWAP_AB=swap_down))
     with override_config(cfg):
         check(29, 5, 67, 45, 2, dtype, "triton")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("split_k, swap_down", [(2, 0), (3, 1), (8, 0)])
+def test_split_k_down_partials_add_up(dtype, split_k, swap_down):
+    """SPLIT_K slices I over programs (fp32 partials); uneven slices and empty last slices included."""
+    from experts_int8.kernels.configs import override_config
+
+    # I=45 with BLOCK_SIZE_K=16: 3 K-blocks, so split 2 -> [2, 1] and split 8 -> [1, 1, 1, 0, ...]
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               down=dict(BLOCK_SIZE_N=16, BLOCK_SIZE_K=16, SWAP_AB=swap_down, SPLIT_K=split_k))
+    with override_config(cfg):
+        check(1, 5, 67, 45, 2, dtype, "triton")
+        check(7, 5, 67, 45, 3, dtype, "triton", apply_router_weight_on_input=False)
+        check(3, 4, 32, 45, 1, dtype, "triton")  # k=1: the partials are the whole sum
+        check(3, 8, 32, 45, 2, dtype, "triton", quantized=False)
+        # expert parallelism: absent experts' blocks write zeros into every partial
+        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
+        out, ref = check(6, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+
+
+def test_split_k_is_a_down_only_key():
+    from experts_int8.kernels.configs import check_config
+
+    base = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    assert check_config(dict(base, down=dict(SPLIT_K=4)))["down"]["SPLIT_K"] == 4
+    with pytest.raises(ValueError, match="keys"):
+        check_config(dict(base, SPLIT_K=4))
+    with pytest.raises(ValueError, match="positive int"):
+        check_config(dict(base, down=dict(SPLIT_K=0)))

@@ -173,6 +173,12 @@ def _fused_experts_triton(
     h = x.new_empty((m * top_k, inter))
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                    top_k, activation, apply_router_weight_on_input, gate_up_config)
+    split_k = down_config.get("SPLIT_K", 1)
+    if split_k > 1:  # fp32 partials over slices of I, summed with the k experts of each token
+        y = x.new_empty((split_k, m * top_k, hidden), dtype=torch.float32)
+        invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                    not apply_router_weight_on_input, down_config)
+        return y.view(split_k, m, top_k, hidden).sum(dim=(0, 2)).to(x.dtype)
     y = x.new_empty((m * top_k, hidden))
     invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                 not apply_router_weight_on_input, down_config)

@@ -125,6 +125,16 @@ def group_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     return [dict(best, GROUP_SIZE_M=g) for g in GROUP_M if g != best["GROUP_SIZE_M"]]
 
 
+def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: int, num_sms: int) -> list[dict]:
+    """The winner with its down GEMM split over I (SPLIT_K 2 and 4), when that GEMM has too few
+    tiles to keep every SM streaming weights (decode: a few experts x H / BLOCK_N tiles)."""
+    _, down = configs.split_config(best)
+    tiles = min(m * top_k, num_experts) * math.ceil(hidden / down["BLOCK_SIZE_N"])
+    if tiles >= 2 * num_sms or down.get("SPLIT_K", 1) > 1:
+        return []
+    return [dict(best, down={**best.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
+
+
 class SearchResult:
     """Outcome of one M: the best config and its time, the default's time, what was skipped or cut."""
 
@@ -319,6 +329,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = configs.device_name(device)
     smem = _smem_limit()
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     started = time.perf_counter()
     plan = {(d, m): candidate_configs(m, num_experts, hidden, inter, top_k, DTYPES[d], smem_limit=smem,
                                       max_candidates=max_candidates) for d in dtypes for m in ms}
@@ -344,7 +355,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                     deadline = time.perf_counter() + max(0.0, left) / slots_left
                 slots_left -= 1
                 result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
-                                refine=lambda cfg: group_variants(cfg, m, num_experts, top_k),
+                                refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
+                                + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

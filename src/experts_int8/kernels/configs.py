@@ -36,10 +36,11 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
-    """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB and "down"),
-    positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
+    """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB and "down", whose
+    overrides may add SPLIT_K for the down GEMM), positive ints, block sizes powers of two of at least
+    16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
+    allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
         raise ValueError(f"a MoE config needs the keys {list(CONFIG_KEYS)} (optionally {list(OPTIONAL_KEYS)}), "

@@ -11,7 +11,9 @@ Numerics: int8 (or float) weight tile -> activation dtype in registers -> ``tl.d
 accumulation -> per-output-row weight scale once after the K loop -> routing weight and activation
 in fp32 -> one cast at the store. Every program owns a BLOCK_M x BLOCK_N output tile; a block whose
 expert is absent (-1) writes zeros, a block past ``num_tokens_post_padded`` exits.
-Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N),)`` with N = I or H.
+Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`` with N = I or H;
+``SPLIT_K`` > 1 (down only, for the few tiles of decode) splits I over programs that write fp32
+partial sums, added up together with the top-k sum.
 
 On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
 when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
@@ -149,6 +151,7 @@ def moe_down_kernel(
     stride_wn,
     stride_se,
     stride_om,
+    stride_os,  # between split-K partials; used only when SPLIT_K > 1
     HAS_SCALE: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
@@ -157,6 +160,7 @@ def moe_down_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
     num_pid_n = tl.cdiv(H, BLOCK_N)
@@ -171,6 +175,14 @@ def moe_down_kernel(
     row_mask = rows < num_valid
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    num_kb = tl.cdiv(I, BLOCK_K)
+    kb_start = 0
+    kb_end = num_kb
+    if SPLIT_K > 1:  # this program sums one slice of I into its own partial output (fp32)
+        split = tl.program_id(1)
+        kb_start = split * tl.cdiv(num_kb, SPLIT_K)
+        kb_end = tl.minimum(kb_start + tl.cdiv(num_kb, SPLIT_K), num_kb)
+        out_ptrs += split * stride_os
     out_mask = row_mask[:, None] & (offs_n[None, :] < H)
     expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
     if expert < 0:
@@ -187,7 +199,10 @@ def moe_down_kernel(
         a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
         w_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(I, BLOCK_K)):
+    if SPLIT_K > 1:
+        a_ptrs += kb_start * BLOCK_K
+        w_ptrs += kb_start * BLOCK_K
+    for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
@@ -257,16 +272,22 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
 
 def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
                 num_tokens_post_padded, mul_routed_weight, config):
-    """Launch GEMM2 (* routing weight). ``out [M*k, H]``."""
+    """Launch GEMM2 (* routing weight). ``out [M*k, H]``, or ``[SPLIT_K, M*k, H]`` fp32 partial sums
+    over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up)."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
-    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]),)
+    split_k = config.get("SPLIT_K", 1)
+    if split_k > 1 and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
+        raise ValueError(f"SPLIT_K={split_k} needs an fp32 out of shape [{split_k}, M*k, H], got "
+                         f"{out.dtype} {tuple(out.shape)}")
+    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]), split_k)
     has_scale = w2_scale is not None
     return _kernel(moe_down_kernel, a.device)[grid](
         a, w2, w2_scale if has_scale else w2, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter,
-        a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0, out.stride(0),
-        HAS_SCALE=has_scale, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
+        a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
+        out.stride(-2), out.stride(0) if split_k > 1 else 0,
+        HAS_SCALE=has_scale, SPLIT_K=split_k, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config),
     )
