@@ -31,6 +31,27 @@ ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 
 
 @triton.jit
+def _program_block(num_sorted, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's row block and output columns. Grouped ordering: GROUP_M row-blocks share each
+    sweep over N, so weight tiles stay in L2."""
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid = tl.program_id(0)
+    first_m = (pid // (GROUP_M * num_pid_n)) * GROUP_M
+    group_m = min(tl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    return pid_m, pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M: tl.constexpr):
+    """Row block ``pid_m``'s rows (flat pair ids, padding ``>= num_valid``), their mask and its expert
+    (-1: not on this rank)."""
+    rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    return rows, rows < num_valid, tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
     w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
@@ -60,21 +81,12 @@ def moe_gate_up_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
 ):
-    # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
-    num_pid_n = tl.cdiv(I, BLOCK_N)
-    pid = tl.program_id(0)
-    first_m = (pid // (GROUP_M * num_pid_n)) * GROUP_M
-    group_m = min(tl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
-    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
         return
-    rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    row_mask = rows < num_valid
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     out_mask = row_mask[:, None] & (offs_n[None, :] < I)
-    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         return
@@ -162,18 +174,10 @@ def moe_down_kernel(
     SWAP_AB: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
-    # Grouped ordering: GROUP_M row-blocks share each sweep over N, so weight tiles stay in L2.
-    num_pid_n = tl.cdiv(H, BLOCK_N)
-    pid = tl.program_id(0)
-    first_m = (pid // (GROUP_M * num_pid_n)) * GROUP_M
-    group_m = min(tl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
-    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
-    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    pid_m, offs_n = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
         return
-    rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    row_mask = rows < num_valid
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     num_kb = tl.cdiv(I, BLOCK_K)
     kb_start = 0
@@ -184,7 +188,6 @@ def moe_down_kernel(
         kb_end = tl.minimum(kb_start + tl.cdiv(num_kb, SPLIT_K), num_kb)
         out_ptrs += split * stride_os
     out_mask = row_mask[:, None] & (offs_n[None, :] < H)
-    expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         return
