@@ -478,3 +478,12 @@ def test_split_k_variants_only_for_few_down_tiles():
     assert all(v["down"]["BLOCK_SIZE_N"] == 64 and configs.check_config(v) for v in variants)
     assert tune.split_k_variants(best, 4096, 8, 4096, 2, num_sms=132) == []  # prefill: tiles enough
     assert tune.split_k_variants(variants[0], 1, 8, 4096, 2, num_sms=132) == []  # already split
+
+
+def test_fuse_variants_for_int8_tensor_core_tiles_only():
+    big = dict(PINNED, BLOCK_SIZE_M=128)
+    assert tune.fuse_variants(big, "int8") == [dict(big, FUSE_GATE_UP=1)]
+    assert configs.check_config(tune.fuse_variants(big, "int8")[0])
+    assert tune.fuse_variants(big, "bf16") == []
+    assert tune.fuse_variants(dict(big, SWAP_AB=1), "int8") == []
+    assert tune.fuse_variants(dict(PINNED, BLOCK_SIZE_M=16), "int8") == []

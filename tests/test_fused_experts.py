@@ -222,3 +222,28 @@ def test_split_k_is_a_down_only_key():
         check_config(dict(base, SPLIT_K=4))
     with pytest.raises(ValueError, match="positive int"):
         check_config(dict(base, down=dict(SPLIT_K=0)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("quantized", [True, False])
+def test_fused_gate_up_dot_matches(dtype, quantized):
+    """FUSE_GATE_UP: gate and up tiles joined into one dot of width 2*BLOCK_N, split after the K loop."""
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=2, num_warps=4, num_stages=2,
+               FUSE_GATE_UP=1, down=dict(BLOCK_SIZE_N=32))
+    with override_config(cfg):
+        check(29, 5, 67, 45, 2, dtype, "triton", quantized=quantized)  # odd I: the last N tile is partial
+        check(3, 4, 64, 32, 2, dtype, "triton", quantized=quantized, activation="gelu_tanh")
+        check(7, 4, 64, 32, 1, dtype, "triton", quantized=quantized, apply_router_weight_on_input=True)
+
+
+def test_fused_gate_up_excludes_swap_ab():
+    from experts_int8.kernels.configs import check_config
+
+    base = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    assert check_config(dict(base, FUSE_GATE_UP=1))["FUSE_GATE_UP"] == 1
+    with pytest.raises(ValueError, match="FUSE_GATE_UP"):
+        check_config(dict(base, FUSE_GATE_UP=1, SWAP_AB=1))
+    with pytest.raises(ValueError, match="keys"):
+        check_config(dict(base, down=dict(FUSE_GATE_UP=1)))

@@ -135,6 +135,14 @@ def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: i
     return [dict(best, down={**best.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
 
 
+def fuse_variants(best: dict, dtype: str) -> list[dict]:
+    """The int8 winner with gate and up in one dot (FUSE_GATE_UP), for the unswapped tensor-core path
+    (BLOCK_SIZE_M >= 64), where it halves the convert/store/fence steps per K tile."""
+    if dtype != "int8" or best.get("SWAP_AB") or best.get("FUSE_GATE_UP") or best["BLOCK_SIZE_M"] < 64:
+        return []
+    return [dict(best, FUSE_GATE_UP=1)]
+
+
 class SearchResult:
     """Outcome of one M: the best config and its time, the default's time, what was skipped or cut."""
 
@@ -356,7 +364,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 slots_left -= 1
                 result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
-                                + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms),
+                                + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
+                                + fuse_variants(cfg, d),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

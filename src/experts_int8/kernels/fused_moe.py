@@ -80,6 +80,7 @@ def moe_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    FUSE_GATE_UP: tl.constexpr,
 ):
     pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
@@ -104,6 +105,7 @@ def moe_gate_up_kernel(
         g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
         acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)  # FUSE_GATE_UP: gate, up columns interleaved
     u_ptrs = g_ptrs + I * stride_wn
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
@@ -117,14 +119,20 @@ def moe_gate_up_kernel(
             a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
             g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0)
             u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0)
-            acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
-            acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
+            if FUSE_GATE_UP:  # one dot of width 2*BLOCK_N: one convert/store/fence/wgmma per K step, not two
+                w = tl.reshape(tl.join(g, u), (BLOCK_K, 2 * BLOCK_N))
+                acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+            else:
+                acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
+                acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
+    elif FUSE_GATE_UP:  # a thread holds adjacent accumulator columns, so this split moves no data
+        acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
     if HAS_SCALE:
         s_ptrs = scale_ptr + expert * stride_se + offs_wn
@@ -269,7 +277,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         topk_weights.numel(), num_sorted, inter, x.shape[1],
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0, out.stride(0),
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale,
-        MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype), **_launch_meta(config),
+        MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
+        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config),
     )
 
 

@@ -1,0 +1,77 @@
+"""A/B of kernel variants on top of the shipped (or heuristic) configs, same weights, routing and
+CUDA-graph timing as bench_kernel:
+
+  split_k   the down GEMM split over I: SPLIT_K 1 (as shipped), 2, 4            (decode sizes)
+  fuse      gate and up as one dot of width 2*BLOCK_N: FUSE_GATE_UP 0 (shipped), 1  (prefill sizes;
+            only where the config is unswapped with BLOCK_SIZE_M >= 64)
+
+Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
+
+    PYTHONPATH=src python3 benchmarks/variant_ab.py split_k --m 1,2,4,8,16
+    PYTHONPATH=src python3 benchmarks/variant_ab.py fuse --m 256,1024,4096,8192
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+import torch  # noqa: E402
+
+from experts_int8 import bench, ops  # noqa: E402
+from experts_int8.kernels import configs  # noqa: E402
+
+
+def split_k(cfg: dict, value: int) -> dict:
+    return dict(cfg, down={**cfg.get("down", {}), "SPLIT_K": value}) if value > 1 else cfg
+
+
+def fuse(cfg: dict, value: int) -> dict:
+    if not value or cfg.get("SWAP_AB") or cfg["BLOCK_SIZE_M"] < 64:
+        return cfg
+    return dict(cfg, FUSE_GATE_UP=1)
+
+
+VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("variant", choices=sorted(VARIANTS))
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--shapes", nargs="+", default=["mixtral-8x7b", "mixtral-8x22b", "jamba-1.5-mini", "qwen3-30b-a3b"])
+    ap.add_argument("--m", default="1,2,4,8,16")
+    ap.add_argument("--dtype", default="int8", choices=["int8", "bf16"])
+    args = ap.parse_args()
+    ms = [int(m) for m in args.m.split(",")]
+    apply, values = VARIANTS[args.variant]
+    base_get_config = configs.get_config
+    current = {"value": values[0]}
+    ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"])
+
+    l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
+    rows = []
+    for name in args.shapes:
+        _, (e, h, i, k) = bench.parse_shape(name)
+        n = bench.layers_for_pool(e, h, i, k, args.dtype, l2_bytes=l2, budget_bytes=4e9)
+        layers = bench.make_layers(n, e, h, i, args.dtype)
+        for m in ms:
+            x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
+            routing = bench.make_routing(m, e, k, n)
+            row = dict(shape=name, M=m, dtype=args.dtype)
+            for value in values:
+                current["value"] = value
+                seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
+                row[f"{args.variant}={value}_us"] = seconds * 1e6
+            rows.append(row)
+            cells = "  ".join(f"{args.variant}={v}: {row[f'{args.variant}={v}_us']:8.1f} us" for v in values)
+            print(f"{name:16s} M={m:<5d} {cells}", flush=True)
+        del layers
+        torch.cuda.empty_cache()
+    with open(os.path.join(args.out, f"variant_ab_{args.variant}.json"), "w") as f:
+        json.dump(dict(benchmark="variant_ab", variant=args.variant, gpu=torch.cuda.get_device_name(),
+                       commit=bench.library_commit()[0], command=" ".join(sys.argv), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
