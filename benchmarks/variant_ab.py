@@ -4,11 +4,13 @@ CUDA-graph timing as bench_kernel:
   split_k   the down GEMM split over I: SPLIT_K 1 (as shipped), 2, 4            (decode sizes)
   fuse      gate and up as one dot of width 2*BLOCK_N: FUSE_GATE_UP 0 (shipped), 1  (prefill sizes;
             only where the config is unswapped with BLOCK_SIZE_M >= 64)
+  pairs     no align step, one block per (token, slot) pair: PAIRS 0 (shipped), 1    (M = 1, 2)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
     PYTHONPATH=src python3 benchmarks/variant_ab.py split_k --m 1,2,4,8,16
     PYTHONPATH=src python3 benchmarks/variant_ab.py fuse --m 256,1024,4096,8192
+    PYTHONPATH=src python3 benchmarks/variant_ab.py pairs --m 1,2 --shapes qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b
 """
 import argparse
 import json
@@ -32,7 +34,11 @@ def fuse(cfg: dict, value: int) -> dict:
     return dict(cfg, FUSE_GATE_UP=1)
 
 
-VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1))}
+def pairs(cfg: dict, value: int) -> dict:
+    return dict(cfg, PAIRS=1) if value else cfg
+
+
+VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1))}
 
 
 def main() -> None:

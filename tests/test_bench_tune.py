@@ -487,3 +487,10 @@ def test_fuse_variants_for_int8_tensor_core_tiles_only():
     assert tune.fuse_variants(big, "bf16") == []
     assert tune.fuse_variants(dict(big, SWAP_AB=1), "int8") == []
     assert tune.fuse_variants(dict(PINNED, BLOCK_SIZE_M=16), "int8") == []
+
+
+def test_pairs_variants_at_decode_only():
+    assert tune.pairs_variants(PINNED, 1) == [dict(PINNED, PAIRS=1)]
+    assert configs.check_config(tune.pairs_variants(PINNED, 2)[0])
+    assert tune.pairs_variants(PINNED, 3) == []
+    assert tune.pairs_variants(dict(PINNED, PAIRS=1), 1) == []

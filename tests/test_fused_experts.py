@@ -247,3 +247,35 @@ def test_fused_gate_up_excludes_swap_ab():
         check_config(dict(base, FUSE_GATE_UP=1, SWAP_AB=1))
     with pytest.raises(ValueError, match="keys"):
         check_config(dict(base, down=dict(FUSE_GATE_UP=1)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swap, split_k", [(0, 1), (1, 1), (0, 2)])
+def test_pairs_mode_skips_align(dtype, swap, split_k, monkeypatch):
+    """PAIRS: every (token, slot) pair is its own block, experts read straight from top-k ids."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    def no_align(*args, **kwargs):
+        raise AssertionError("PAIRS must not run the align step")
+
+    monkeypatch.setattr(ops, "align_block_size", no_align)
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               SWAP_AB=swap, PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k))
+    with override_config(cfg):
+        check(1, 6, 67, 45, 2, dtype, "triton")
+        check(3, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
+        check(2, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
+        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
+        check(2, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+
+
+def test_pairs_is_a_top_level_flag():
+    from experts_int8.kernels.configs import check_config
+
+    base = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    assert check_config(dict(base, PAIRS=1))["PAIRS"] == 1
+    with pytest.raises(ValueError, match="0 or 1"):
+        check_config(dict(base, PAIRS=2))
+    with pytest.raises(ValueError, match="keys"):
+        check_config(dict(base, down=dict(PAIRS=1)))

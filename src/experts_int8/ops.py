@@ -166,9 +166,13 @@ def _fused_experts_triton(
     if m == 0:
         return x.new_empty((0, hidden))
     gate_up_config, down_config = split_config(get_config(m, num_experts, inter, top_k, w13.dtype, x.device))
-    sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
-        topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
-    )
+    if gate_up_config.get("PAIRS"):  # decode: each (token, slot) pair is its own block, no align step
+        pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]
+        sorted_token_ids = block_expert_ids = num_post_padded = pair_experts  # the first two are unread
+    else:
+        sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
+            topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
+        )
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     h = x.new_empty((m * top_k, inter))
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,

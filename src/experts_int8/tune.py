@@ -143,6 +143,12 @@ def fuse_variants(best: dict, dtype: str) -> list[dict]:
     return [dict(best, FUSE_GATE_UP=1)]
 
 
+def pairs_variants(best: dict, m: int) -> list[dict]:
+    """At M <= 2, the winner without the align step (PAIRS: one block per (token, slot) pair), which
+    saves a launch per layer but reads an expert once per pair that picked it."""
+    return [] if m > 2 or best.get("PAIRS") else [dict(best, PAIRS=1)]
+
+
 class SearchResult:
     """Outcome of one M: the best config and its time, the default's time, what was skipped or cut."""
 
@@ -365,7 +371,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
-                                + fuse_variants(cfg, d),
+                                + fuse_variants(cfg, d) + pairs_variants(cfg, m),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

@@ -30,15 +30,15 @@ PACKAGE_DIR = Path(__file__).parent / "configs"
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # Optional: SWAP_AB (0/1) puts the weight tile on the left of the dot; "down" holds overrides of the
 # keys above (all but BLOCK_SIZE_M, which the align step fixes for both GEMMs) for the down GEMM.
-OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "down")
+OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
-    """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP and
-    "down", whose overrides may add SPLIT_K for the down GEMM), positive ints, block sizes powers of two
-    of at least 16 (``tl.dot``'s minimum)."""
+    """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
+    PAIRS and "down", whose overrides may add SPLIT_K for the down GEMM), positive ints, block sizes
+    powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
     allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
@@ -49,7 +49,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     for key, value in out.items():
         if key == "down":
             out[key] = check_config(value, _nested=True)
-        elif key in ("SWAP_AB", "FUSE_GATE_UP"):
+        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)

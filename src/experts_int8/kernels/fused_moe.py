@@ -44,10 +44,15 @@ def _program_block(num_sorted, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 
 @triton.jit
-def _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M: tl.constexpr):
+def _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M: tl.constexpr,
+                PAIRS: tl.constexpr):
     """Row block ``pid_m``'s rows (flat pair ids, padding ``>= num_valid``), their mask and its expert
-    (-1: not on this rank)."""
-    rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    (-1: not on this rank). With PAIRS (no align step) block ``b`` is pair ``b`` alone and
+    ``block_expert_ids`` are the pairs' experts."""
+    if PAIRS:
+        rows = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_valid).to(tl.int64)
+    else:
+        rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     return rows, rows < num_valid, tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
 
 
@@ -80,12 +85,15 @@ def moe_gate_up_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    PAIRS: tl.constexpr,
     FUSE_GATE_UP: tl.constexpr,
 ):
     pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
-        return
-    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M)
+    if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
+        if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+            return
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                         PAIRS)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     out_mask = row_mask[:, None] & (offs_n[None, :] < I)
     if expert < 0:
@@ -180,12 +188,15 @@ def moe_down_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
+    PAIRS: tl.constexpr,
     SPLIT_K: tl.constexpr,
 ):
     pid_m, offs_n = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
-        return
-    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M)
+    if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
+        if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+            return
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                         PAIRS)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     num_kb = tl.cdiv(I, BLOCK_K)
     kb_start = 0
@@ -252,6 +263,13 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _num_sorted(sorted_token_ids, topk_weights, config: dict) -> int:
+    """Rows the grid covers: the align step's padded length, or one BLOCK_M block per pair (PAIRS)."""
+    if config.get("PAIRS"):
+        return topk_weights.numel() * config["BLOCK_SIZE_M"]
+    return sorted_token_ids.numel()
+
+
 def _launch_meta(config: dict) -> dict:
     return dict(
         BLOCK_M=config["BLOCK_SIZE_M"],
@@ -259,6 +277,7 @@ def _launch_meta(config: dict) -> dict:
         BLOCK_K=config["BLOCK_SIZE_K"],
         GROUP_M=config["GROUP_SIZE_M"],
         SWAP_AB=bool(config.get("SWAP_AB", 0)),
+        PAIRS=bool(config.get("PAIRS", 0)),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
@@ -268,7 +287,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config):
     """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted)."""
     inter = w13.shape[1] // 2
-    num_sorted = sorted_token_ids.numel()
+    num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
     has_scale = w13_scale is not None
     return _kernel(moe_gate_up_kernel, x.device)[grid](
@@ -287,7 +306,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     """Launch GEMM2 (* routing weight). ``out [M*k, H]``, or ``[SPLIT_K, M*k, H]`` fp32 partial sums
     over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up)."""
     hidden, inter = w2.shape[1], w2.shape[2]
-    num_sorted = sorted_token_ids.numel()
+    num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     split_k = config.get("SPLIT_K", 1)
     if split_k > 1 and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
         raise ValueError(f"SPLIT_K={split_k} needs an fp32 out of shape [{split_k}, M*k, H], got "
