@@ -29,6 +29,35 @@ def test_bf16(m):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests run them interpreted)
+    "split_k": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                    down=dict(SPLIT_K=4)),
+    "pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                  PAIRS=1, down=dict(SPLIT_K=2)),
+    "fuse_gate_up": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
+                         num_stages=4, FUSE_GATE_UP=1),
+    "fuse_gate_up_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
+                                 num_stages=3, FUSE_GATE_UP=1),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(KERNEL_VARIANTS))
+@pytest.mark.parametrize("m", [1, 5, 300])
+def test_kernel_variants_bf16(variant, m):
+    from experts_int8.kernels.configs import override_config
+
+    if variant == "pairs" and m > 5:
+        pytest.skip("PAIRS is a decode mode")
+    ex = layer()
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    with override_config(KERNEL_VARIANTS[variant]):
+        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
+    ref = oracle(x, ex, w, ids)
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 def test_cuda_graph_capture_and_replay():
     ex = layer()
     x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
