@@ -11,9 +11,13 @@ Numerics: int8 (or float) weight tile -> activation dtype in registers -> ``tl.d
 accumulation -> per-output-row weight scale once after the K loop -> routing weight and activation
 in fp32 -> one cast at the store. Every program owns a BLOCK_M x BLOCK_N output tile; a block whose
 expert is absent (-1) writes zeros, a block past ``num_tokens_post_padded`` exits.
-Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`` with N = I or H;
-``SPLIT_K`` > 1 (down only, for the few tiles of decode) splits I over programs that write fp32
-partial sums, added up together with the top-k sum.
+Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`` with N = I or H.
+
+Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measures faster):
+  SWAP_AB       weights as the left ``tl.dot`` operand (on Hopper: wgmma's register operand, async)
+  FUSE_GATE_UP  gate_up: gate and up tiles joined into one dot of width 2*BLOCK_N (not with SWAP_AB)
+  PAIRS         decode: one block per (token, slot) pair, experts from the top-k ids, no align step
+  SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
 
 On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
 when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
