@@ -311,7 +311,7 @@ def test_tune_table_is_written_merged_and_read_back(tmp_path, monkeypatch):
         tune.write_table({256: mid, 1: big}, 8, 14336, "NVIDIA_H200", "int8_w8a16")  # merge, clears the cache
         assert list(json.loads(path.read_text())) == ["1", "256", "1024"]
         assert configs.get_config(256, 8, 14336, 2, torch.int8) == mid
-        assert configs.get_config(300, 8, 14336, 2, torch.int8) == big  # 75 rows per expert > 64
+        assert configs.get_config(300, 8, 14336, 2, torch.int8) == mid  # a prefill config keeps its M
         assert configs.get_config(1, 8, 14336, 2, torch.int8) == big
         with pytest.raises(ValueError, match="power of two"):
             tune.write_table({1: dict(PINNED, BLOCK_SIZE_N=48)}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
@@ -459,7 +459,10 @@ def test_table_key_takes_the_m_below_unless_its_blocks_are_too_short():
     qwen3_table = {1: small, 16: small, 1024: big}
     assert configs.table_key(qwen3_table, 256, *qwen3) == 16  # 16 rows per expert of 128
     assert configs.table_key(qwen3_table, 512, *qwen3) == 1024  # 32 rows
-    assert configs.table_key(table, 2048, *mixtral) == 4096  # 512 rows > 128
+    assert configs.table_key(table, 2048, *mixtral) == 256  # a prefill config (BLOCK_SIZE_M 128) keeps its M
+    decode32 = {16: dict(PINNED, BLOCK_SIZE_M=32), 1024: big}
+    assert configs.table_key(decode32, 128, *mixtral) == 16  # 32 rows fit one 32-row block
+    assert configs.table_key(decode32, 256, *mixtral) == 1024  # 64 rows: two passes
     assert configs.table_key(table, 100000, *mixtral) == 4096  # nothing above: the largest
     assert configs.table_key({8: small}, 1, *mixtral) == 8  # nothing below: the smallest
 

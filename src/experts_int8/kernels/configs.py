@@ -185,17 +185,20 @@ def heuristic_config(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
 def table_key(table: dict, m: int, num_experts: int, top_k: int) -> int:
     """Which tuned M of ``table`` serves ``m`` tokens.
 
-    The largest tuned M at or below ``m``, unless its ``BLOCK_SIZE_M`` is smaller than the rows each
-    expert expects at ``m`` (``m * top_k / num_experts``): such a small-M config would read every
-    weight in several passes, so the next larger tuned M is used. (Measured on the H200 against the
-    nearest M on a linear or a log scale: results/lookup_ab_H200.json, benchmarks/NOTES.md.)
+    The largest tuned M at or below ``m``, unless that entry is a decode config (BLOCK_SIZE_M < 64)
+    whose blocks are shorter than the rows each expert expects at ``m`` (``m * top_k / num_experts``):
+    it would read every weight in several passes straight from HBM, so the next larger tuned M is
+    used. (Prefill configs keep their entry: their GROUP_SIZE_M ordering serves repeated weight tiles
+    from L2.) Measured on the H200 against the nearest M on a linear or a log scale:
+    results/lookup_ab_H200.json, benchmarks/NOTES.md.
     """
     keys = sorted(table)
     below = [key for key in keys if key <= m]
     if not below:
         return keys[0]
     above = [key for key in keys if key > m]
-    if above and m * top_k / num_experts > table[below[-1]]["BLOCK_SIZE_M"]:
+    block_m = table[below[-1]]["BLOCK_SIZE_M"]
+    if above and block_m < 64 and m * top_k / num_experts > block_m:
         return above[0]
     return below[-1]
 
