@@ -174,12 +174,12 @@ def test_single_program_align_matches_torch_align(trial, monkeypatch):
         expert_map = torch.randint(-1, e, (e + 3,), dtype=torch.int32, device=DEVICE)
         ids = torch.randint(0, e + 3, (m, k), device=DEVICE)
     fast = align._align_single_program(ids, block_m, e, expert_map)
-    monkeypatch.setattr(align, "SINGLE_PROGRAM_MAX_PAIRS", -1)
-    slow = align.align_block_size(ids, block_m, e, expert_map)
+    monkeypatch.setattr(align, "_interpreting", lambda: False)  # CPU tensors: the torch sort path
+    slow = align.align_block_size(ids.cpu(), block_m, e, None if expert_map is None else expert_map.cpu())
     n = int(slow[2])
     assert int(fast[2]) == n
-    assert torch.equal(fast[0], slow[0])
-    assert torch.equal(fast[1][: n // block_m], slow[1][: n // block_m])
+    assert torch.equal(fast[0].cpu(), slow[0])
+    assert torch.equal(fast[1][: n // block_m].cpu(), slow[1][: n // block_m])
     assert torch.all(fast[1][n // block_m:] == -1)
 
 
@@ -279,3 +279,39 @@ def test_pairs_is_a_top_level_flag():
         check_config(dict(base, PAIRS=2))
     with pytest.raises(ValueError, match="keys"):
         check_config(dict(base, down=dict(PAIRS=1)))
+
+
+@pytest.mark.parametrize("trial", range(8))
+def test_chunked_align_matches_torch_align(trial, monkeypatch):
+    """The three-launch align (any number of pairs) equals the stable torch sort, chunk borders included."""
+    from experts_int8.kernels import align
+
+    e = [3, 8, 40, 128][trial % 4]
+    k = min(e, [2, 8][trial % 2])
+    m = int(torch.randint(1, 300, ()))
+    block_m = [16, 64][trial % 2]
+    ids = torch.randint(-1, e + 1, (m, k), dtype=torch.int32 if trial % 2 else torch.int64, device=DEVICE)
+    expert_map = None
+    if trial % 3 == 0:
+        expert_map = torch.randint(-1, e, (e + 3,), dtype=torch.int32, device=DEVICE)
+        ids = torch.randint(0, e + 3, (m, k), device=DEVICE)
+    chunked = align._align_chunked(ids, block_m, e, expert_map, chunk=16 if trial < 4 else 64)
+    monkeypatch.setattr(align, "SINGLE_PROGRAM_MAX_PAIRS", -1)
+    monkeypatch.setattr(align, "_interpreting", lambda: False)
+    slow = align.align_block_size(ids.cpu(), block_m, e, None if expert_map is None else expert_map.cpu())
+    n = int(slow[2])
+    assert int(chunked[2]) == n
+    assert torch.equal(chunked[0].cpu(), slow[0])
+    assert torch.equal(chunked[1][: n // block_m].cpu(), slow[1][: n // block_m])
+    assert torch.all(chunked[1][n // block_m:] == -1)
+
+
+def test_many_pairs_use_the_chunked_align():
+    """Above SINGLE_PROGRAM_MAX_PAIRS the layer runs on the three-launch align, end to end."""
+    from experts_int8.kernels import align
+    from experts_int8.kernels.configs import override_config
+
+    m, k = align.SINGLE_PROGRAM_MAX_PAIRS // 4 + 37, 4
+    cfg = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=4, num_warps=4, num_stages=2)
+    with override_config(cfg):
+        check(m, 8, 32, 32, k, torch.float32, "triton")

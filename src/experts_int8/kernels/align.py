@@ -22,7 +22,8 @@ import triton
 import triton.language as tl
 
 # Up to this many (token, slot) pairs the whole align step is one Triton program (decode and small
-# prefill: one launch instead of a dozen small torch ops); above it, torch's sort is used.
+# prefill: one launch instead of a dozen small torch ops); above it, three launches over chunks of pairs
+# (histograms, offsets, scatter). torch's sort is the path off the GPU (and the tests' oracle).
 SINGLE_PROGRAM_MAX_PAIRS = 4096
 
 
@@ -94,6 +95,88 @@ def align_single_program_kernel(
     tl.store(sorted_token_ids_ptr + dest, pair, mask=valid)
 
 
+@triton.jit
+def _pair_groups(topk_ids_ptr, expert_map_ptr, offs, numel, num_experts, num_global, HAS_MAP: tl.constexpr):
+    """Group of each pair at ``offs``: its local expert, ``num_experts`` (absent) or, past ``numel``,
+    ``num_experts + 1`` (padding lanes, never stored)."""
+    in_batch = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=in_batch, other=-1).to(tl.int32)
+    if HAS_MAP:
+        known = (ids >= 0) & (ids < num_global)
+        ids = tl.where(known, tl.load(expert_map_ptr + ids, mask=known & in_batch, other=-1).to(tl.int32), -1)
+    group = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    return tl.where(in_batch, group, num_experts + 1)
+
+
+@triton.jit
+def align_count_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, numel, num_experts, num_global,
+                       HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, GROUPS: tl.constexpr):
+    """Grid (num_chunks,): the group histogram of one chunk of CHUNK pairs -> ``counts[chunk, :]``."""
+    chunk = tl.program_id(0)
+    group = _pair_groups(topk_ids_ptr, expert_map_ptr, chunk * CHUNK + tl.arange(0, CHUNK), numel, num_experts,
+                         num_global, HAS_MAP)
+    tl.store(counts_ptr + chunk * GROUPS + tl.arange(0, GROUPS), tl.histogram(group, GROUPS))
+
+
+@triton.jit
+def align_offsets_kernel(counts_ptr, base_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+                         num_tokens_post_padded_ptr, num_chunks, numel, num_experts, num_sorted,
+                         BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr,
+                         BLOCK_CHUNK: tl.constexpr):
+    """Grid (1,): group sizes padded to BLOCK_M and where each chunk's pairs of each group go.
+
+    ``base[chunk, g]`` = where group g starts (padded) + the group's pairs in earlier chunks - where
+    group g starts inside this chunk's sorted order, so the scatter kernel's destination of its i-th
+    sorted pair is ``base[chunk, group] + i``. Also writes the sentinel padding, the block experts and
+    the padded length, as the single-program kernel does.
+    """
+    g = tl.arange(0, GROUPS)
+    real = g <= num_experts
+    totals = tl.zeros((GROUPS,), dtype=tl.int32)
+    for start in range(0, num_chunks, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        c = tl.load(counts_ptr + rows[:, None] * GROUPS + g[None, :], mask=rows[:, None] < num_chunks, other=0)
+        totals += tl.sum(c, 0)
+    totals = tl.where(real, totals, 0)
+    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    padded_end = tl.cumsum(padded, 0)
+    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
+    before = padded_end - padded  # pairs of each group placed so far (earlier chunks), from its start
+    for start in range(0, num_chunks, ROWS):
+        rows = start + tl.arange(0, ROWS)
+        mask = rows[:, None] < num_chunks
+        c = tl.where(real[None, :], tl.load(counts_ptr + rows[:, None] * GROUPS + g[None, :], mask=mask, other=0), 0)
+        earlier_chunks = tl.cumsum(c, 0) - c  # same group, earlier chunks within this step
+        earlier_groups = tl.cumsum(c, 1) - c  # same chunk, smaller groups
+        tl.store(base_ptr + rows[:, None] * GROUPS + g[None, :], before[None, :] + earlier_chunks - earlier_groups,
+                 mask=mask)
+        before += tl.sum(c, 0)
+    for start in range(0, num_sorted, FILL):
+        rows = start + tl.arange(0, FILL)
+        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < num_sorted)
+    num_blocks = num_sorted // BLOCK_M
+    for start in range(0, num_blocks, BLOCK_CHUNK):
+        blocks = start + tl.arange(0, BLOCK_CHUNK)
+        group_of_block = tl.sum((padded_end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), 1)
+        tl.store(block_expert_ids_ptr + blocks, tl.where(group_of_block < num_experts, group_of_block, -1),
+                 mask=blocks < num_blocks)
+
+
+@triton.jit
+def align_scatter_kernel(topk_ids_ptr, expert_map_ptr, base_ptr, sorted_token_ids_ptr, numel, num_experts,
+                         num_global, HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, GROUPS: tl.constexpr):
+    """Grid (num_chunks,): a stable sort of one chunk's pairs by group, written to their places."""
+    chunk = tl.program_id(0)
+    local = tl.arange(0, CHUNK)
+    group = _pair_groups(topk_ids_ptr, expert_map_ptr, chunk * CHUNK + local, numel, num_experts, num_global,
+                         HAS_MAP)
+    keys = tl.sort(group * CHUNK + local)
+    sorted_group = keys // CHUNK
+    valid = sorted_group <= num_experts
+    dest = tl.load(base_ptr + chunk * GROUPS + tl.where(valid, sorted_group, 0), mask=valid, other=0) + local
+    tl.store(sorted_token_ids_ptr + dest, chunk * CHUNK + keys % CHUNK, mask=valid)
+
+
 def align_block_size(
     topk_ids: torch.Tensor,
     block_m: int,
@@ -106,8 +189,17 @@ def align_block_size(
     """
     device = topk_ids.device
     numel = topk_ids.numel()
-    if numel <= SINGLE_PROGRAM_MAX_PAIRS and (device.type == "cuda" or _interpreting()):
-        return _align_single_program(topk_ids, block_m, num_experts, expert_map)
+    if device.type == "cuda" or _interpreting():
+        if numel <= SINGLE_PROGRAM_MAX_PAIRS:
+            return _align_single_program(topk_ids, block_m, num_experts, expert_map)
+        return _align_chunked(topk_ids, block_m, num_experts, expert_map)
+    return _align_torch(topk_ids, block_m, num_experts, expert_map)
+
+
+def _align_torch(topk_ids, block_m, num_experts, expert_map):
+    """The align step in torch ops (stable sort): the path off the GPU and the oracle of the kernels."""
+    device = topk_ids.device
+    numel = topk_ids.numel()
     flat = topk_ids.reshape(-1).long()
     if expert_map is not None:
         in_range = (flat >= 0) & (flat < expert_map.numel())
@@ -159,4 +251,31 @@ def _align_single_program(topk_ids, block_m, num_experts, expert_map):
         HAS_MAP=has_map, BLOCK_M=block_m, PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups,
         CHUNK=1024, BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4,
     )
+    return sorted_token_ids, block_expert_ids, num_tokens_post_padded
+
+
+def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024):
+    """Three launches for any number of pairs: per-chunk histograms, offsets (one program), scatter."""
+    device = topk_ids.device
+    numel = topk_ids.numel()
+    num_sorted = max_sorted_len(numel, num_experts, block_m)
+    groups = triton.next_power_of_2(num_experts + 2)
+    num_chunks = triton.cdiv(numel, chunk)
+    sorted_token_ids = torch.empty(num_sorted, dtype=torch.int32, device=device)
+    block_expert_ids = torch.empty(num_sorted // block_m, dtype=torch.int32, device=device)
+    num_tokens_post_padded = torch.empty(1, dtype=torch.int32, device=device)
+    counts = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
+    base = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
+    has_map = expert_map is not None
+    ids = topk_ids.reshape(-1)
+    emap = expert_map if has_map else ids
+    num_global = expert_map.numel() if has_map else 0
+    align_count_kernel[(num_chunks,)](ids, emap, counts, numel, num_experts, num_global,
+                                      HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, num_warps=4)
+    align_offsets_kernel[(1,)](counts, base, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+                               num_chunks, numel, num_experts, num_sorted, BLOCK_M=block_m, GROUPS=groups,
+                               ROWS=max(1, min(64, 8192 // groups)), FILL=1024, BLOCK_CHUNK=max(16, 8192 // groups),
+                               num_warps=4)
+    align_scatter_kernel[(num_chunks,)](ids, emap, base, sorted_token_ids, numel, num_experts, num_global,
+                                        HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, num_warps=4)
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
