@@ -72,3 +72,18 @@ def test_loop_decode_needs_static_cache():
 
     with pytest.raises(ValueError, match="static"):
         bench_e2e.run("mixtral-8x7b", device="cpu", decode="loop", cache="dynamic", overrides=TINY)
+
+
+def test_greedy_decode_on_qwen3_architecture():
+    from experts_int8.integrations.transformers import quantize_
+
+    torch.manual_seed(0)
+    tiny = dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=6, num_experts_per_tok=2,
+                vocab_size=128)
+    model = bench_e2e.random_model("qwen3-30b-a3b", "cpu", dtype=torch.float32, overrides=tiny)
+    quantize_(model)
+    ids = torch.randint(0, 128, (3, 5))
+    ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                         do_sample=False, pad_token_id=0, cache_implementation="static")[:, 5:]
+    assert torch.equal(bench_e2e.greedy_decode(model, ids, 4), ref)
