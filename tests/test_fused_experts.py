@@ -315,3 +315,55 @@ def test_many_pairs_use_the_chunked_align():
     cfg = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=4, num_warps=4, num_stages=2)
     with override_config(cfg):
         check(m, 8, 32, 32, k, torch.float32, "triton")
+
+
+def _biases(e, h, i, scale=4.0, dtype=torch.float32):
+    """Expert biases large enough that swiglu_oai's clamps at +-7 engage."""
+    return dict(w13_bias=(torch.randn(e, 2 * i, device=DEVICE) * scale).to(dtype),
+                w2_bias=(torch.randn(e, h, device=DEVICE) * 0.5).to(dtype))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["swiglu_oai", "silu"])
+def test_expert_biases(backend, dtype, activation):
+    torch.manual_seed(3)
+    out, _ = check(9, 5, 48, 40, 2, dtype, backend, activation=activation, **_biases(5, 48, 40, dtype=dtype))
+    out_q, _ = check(4, 4, 32, 32, 3, dtype, backend, quantized=False, activation=activation, **_biases(4, 32, 32))
+
+
+def test_swiglu_oai_clamps_engage():
+    """The test biases push gate/up past +-7, so a kernel without the clamps would fail the oracle."""
+    from experts_int8.reference import act_and_mul
+
+    g = torch.tensor([[-9.0, 0.5, 9.0, 3.0, -9.0, 9.0]])  # gate = first 3, up = last 3
+    out = act_and_mul(g, "swiglu_oai")[0]
+    sig = torch.sigmoid
+    assert torch.allclose(out, torch.stack([-9 * sig(torch.tensor(-9 * 1.702)) * (3 + 1),
+                                            0.5 * sig(torch.tensor(0.5 * 1.702)) * (-7 + 1),
+                                            7 * sig(torch.tensor(7 * 1.702)) * (7 + 1)]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_biases_with_kernel_variants(dtype):
+    from experts_int8.kernels.configs import override_config
+
+    for cfg in (dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+                     FUSE_GATE_UP=1, down=dict(SPLIT_K=3, BLOCK_SIZE_K=16)),
+                dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+                     SWAP_AB=1, PAIRS=1, down=dict(SWAP_AB=1, SPLIT_K=2))):
+        with override_config(cfg):
+            check(2, 6, 67, 45, 2, dtype, "triton", activation="swiglu_oai", **_biases(6, 67, 45, dtype=dtype))
+
+
+def test_bias_errors():
+    experts = make_experts(4, 32, 8)
+    x = torch.randn(3, 32, device=DEVICE)
+    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 1)
+    good = _biases(4, 32, 8)
+    with pytest.raises(ValueError, match=r"w13_bias must have shape \(4, 16\)"):
+        fused_experts(x, **experts, topk_weights=w, topk_ids=ids, w13_bias=good["w2_bias"])
+    with pytest.raises(TypeError, match="w2_bias must be a float tensor"):
+        fused_experts(x, **experts, topk_weights=w, topk_ids=ids, w2_bias=good["w2_bias"].to(torch.int32))
+    with pytest.raises(ValueError, match="apply_router_weight_on_input=False"):
+        fused_experts(x, **experts, topk_weights=w, topk_ids=ids, apply_router_weight_on_input=True, **good)

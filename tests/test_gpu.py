@@ -83,3 +83,17 @@ def test_inductor_fullgraph():
         return fused_moe(x, logits, **ex, top_k=2)
 
     torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, logits), f(x, logits))
+
+
+@pytest.mark.parametrize("m", [1, 300])
+def test_biases_and_swiglu_oai_bf16(m):
+    ex = layer()
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    b13 = torch.randn(8, 2 * 384, device="cuda", dtype=torch.bfloat16) * 4
+    b2 = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16) * 0.5
+    out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, w13_bias=b13, w2_bias=b2, activation="swiglu_oai")
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2

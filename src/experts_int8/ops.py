@@ -40,7 +40,8 @@ def _require_tensor(name: str, t, ndim: int) -> None:
 
 
 def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-              expert_map, global_num_experts, backend) -> None:
+              expert_map, global_num_experts, backend, w13_bias=None, w2_bias=None,
+              apply_router_weight_on_input=False) -> None:
     _require_tensor("x", x, 2)
     _require_tensor("w13", w13, 3)
     _require_tensor("w2", w2, 3)
@@ -81,6 +82,18 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
             if scale.dtype != torch.float32:
                 raise TypeError(f"{name} must be float32, got {scale.dtype}")
 
+    for name, bias, rows in (("w13_bias", w13_bias, two_i), ("w2_bias", w2_bias, hidden)):
+        if bias is None:
+            continue
+        _require_tensor(name, bias, 2)
+        if tuple(bias.shape) != (num_experts, rows):
+            raise ValueError(f"{name} must have shape ({num_experts}, {rows}), got {_shape(bias)}")
+        if not bias.is_floating_point():
+            raise TypeError(f"{name} must be a float tensor, got {bias.dtype}")
+    if apply_router_weight_on_input and (w13_bias is not None or w2_bias is not None):
+        raise ValueError("expert biases need the routing weight applied to the output "
+                         "(apply_router_weight_on_input=False): w * (x W + b) != (w x) W + b")
+
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(
             f"topk_weights and topk_ids must both be [M={x.shape[0]}, k]; got {_shape(topk_weights)} and "
@@ -109,11 +122,12 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
         raise ValueError(f"top_k={topk_ids.shape[1]} exceeds the number of experts ({total})")
 
     tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids,
-               "w13_scale": w13_scale, "w2_scale": w2_scale, "expert_map": expert_map}
+               "w13_scale": w13_scale, "w2_scale": w2_scale, "expert_map": expert_map,
+               "w13_bias": w13_bias, "w2_bias": w2_bias}
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     if len(set(devices.values())) > 1:
         raise ValueError(f"all tensors must be on one device, got {devices}")
-    for name in ("x", "w13", "w2", "w13_scale", "w2_scale"):
+    for name in ("x", "w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
         t = tensors[name]
         if t is not None and t.numel() and t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
@@ -160,6 +174,8 @@ def _fused_experts_triton(
     activation: str,
     apply_router_weight_on_input: bool,
     expert_map: Optional[torch.Tensor],
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     m, top_k = topk_ids.shape
     num_experts, hidden, inter = w2.shape
@@ -176,22 +192,22 @@ def _fused_experts_triton(
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     h = x.new_empty((m * top_k, inter))
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                   top_k, activation, apply_router_weight_on_input, gate_up_config)
+                   top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
     split_k = down_config.get("SPLIT_K", 1)
     if split_k > 1:  # fp32 partials over slices of I, summed with the k experts of each token
         y = x.new_empty((split_k, m * top_k, hidden), dtype=torch.float32)
         invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                    not apply_router_weight_on_input, down_config)
+                    not apply_router_weight_on_input, down_config, w2_bias)
         return y.view(split_k, m, top_k, hidden).sum(dim=(0, 2)).to(x.dtype)
     y = x.new_empty((m * top_k, hidden))
     invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                not apply_router_weight_on_input, down_config)
+                not apply_router_weight_on_input, down_config, w2_bias)
     return y if top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)
 
 
 @_fused_experts_triton.register_fake
 def _(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
-      expert_map):
+      expert_map, w13_bias=None, w2_bias=None):
     return x.new_empty((x.shape[0], w2.shape[1]))
 
 
@@ -209,18 +225,22 @@ def fused_experts(
     expert_map: Optional[torch.Tensor] = None,
     global_num_experts: Optional[int] = None,
     backend: str = "auto",
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """MoE over already-selected experts: ``sum_j w_j * expert_{id_j}(x)``. Returns ``[M, H]`` in x's dtype.
 
     ``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` are int8 with fp32 per-row
     scales ``w13_scale [E, 2I]``, ``w2_scale [E, H]``, or float (bf16/fp16/fp32) without scales.
     ``expert_map [global E]`` maps global expert ids to local indices or -1 (expert parallelism).
+    ``w13_bias [E, 2I]`` / ``w2_bias [E, H]``: optional expert biases, added after the scaled products
+    (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU).
     ``backend``: "triton" (on CPU tensors, Triton's interpreter), "torch" (reference), "auto"
     (Triton on CUDA GPUs of compute capability 8.0 or newer, torch elsewhere, with a warning on an
     older GPU).
     """
     _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-              expert_map, global_num_experts, backend)
+              expert_map, global_num_experts, backend, w13_bias, w2_bias, apply_router_weight_on_input)
     use_triton = backend == "triton" or (
         backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)
     )
@@ -228,10 +248,10 @@ def fused_experts(
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
             activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
-            expert_map=expert_map,
+            expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias,
         )
     return _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                                 apply_router_weight_on_input, expert_map)
+                                 apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
 
 
 def fused_moe(

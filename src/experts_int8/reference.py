@@ -15,11 +15,15 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglu_oai")
+# GPT-OSS's clamped SwiGLU: gate clamped above at LIMIT, up clamped to [-LIMIT, LIMIT],
+# gate * sigmoid(ALPHA * gate) * (up + 1).
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
 
 
 def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``[..., 2I] -> [..., I]``: ``act(gate) * up``."""
+    """``[..., 2I] -> [..., I]``: ``act(gate) * up`` (for ``swiglu_oai``, GPT-OSS's clamped form)."""
     gate, up = gate_up.chunk(2, dim=-1)
     if activation == "silu":
         return F.silu(gate) * up
@@ -27,6 +31,10 @@ def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
         return F.gelu(gate) * up
     if activation == "gelu_tanh":
         return F.gelu(gate, approximate="tanh") * up
+    if activation == "swiglu_oai":
+        gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
+        up = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
+        return gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
     raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
 
 
@@ -49,8 +57,13 @@ def fused_experts(
     apply_router_weight_on_input: bool = False,
     expert_map: Optional[torch.Tensor] = None,
     global_num_experts: Optional[int] = None,
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """Reference MoE over already-selected experts. Returns ``[M, H]`` in x's dtype.
+
+    Optional expert biases ``w13_bias [E, 2I]`` and ``w2_bias [E, H]`` are added after the scaled
+    products (before the activation, and before the routing weight).
 
     ``expert_map[global_id]`` is the local index of that expert or -1 (expert lives elsewhere:
     the slot contributes 0). Inputs are assumed valid; :mod:`experts_int8.ops` validates.
@@ -70,8 +83,12 @@ def fused_experts(
         if apply_router_weight_on_input:
             a = a * weight
         gate_up = _expert_matmul(a, w13[e], None if w13_scale is None else w13_scale[e], acc)
+        if w13_bias is not None:
+            gate_up = gate_up + w13_bias[e].to(acc)
         h = act_and_mul(gate_up, activation).to(x.dtype)  # the kernel stores the intermediate in x's dtype
         y = _expert_matmul(h, w2[e], None if w2_scale is None else w2_scale[e], acc)
+        if w2_bias is not None:
+            y = y + w2_bias[e].to(acc)
         if not apply_router_weight_on_input:
             y = y * weight
         out[tok, slot] = y.to(x.dtype).to(acc)  # the kernel stores each expert's output in x's dtype

@@ -4,8 +4,8 @@ Legend: M tokens, k experts per token, H hidden, I intermediate, E local experts
 Rows are the flat (token, slot) pairs ``t in [0, M*k)``; the index arrays ``sorted_token_ids``,
 ``block_expert_ids`` and ``num_tokens_post_padded`` are described in :mod:`.align`.
 
-  moe_gate_up_kernel: x[M, H] @ w13[e]^T -> gate, up -> act(gate) * up -> inter[M*k, I]
-  moe_down_kernel:    inter[M*k, I] @ w2[e]^T (* routing weight)   -> out[M*k, H]
+  moe_gate_up_kernel: x[M, H] @ w13[e]^T (+ bias) -> gate, up -> act(gate) * up -> inter[M*k, I]
+  moe_down_kernel:    inter[M*k, I] @ w2[e]^T (+ bias) (* routing weight)   -> out[M*k, H]
 
 Numerics: int8 (or float) weight tile -> activation dtype in registers -> ``tl.dot`` with fp32
 accumulation -> per-output-row weight scale once after the K loop -> routing weight and activation
@@ -31,7 +31,9 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
+from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+
+ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
 
 
 @triton.jit
@@ -65,6 +67,7 @@ def moe_gate_up_kernel(
     x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
     w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
     scale_ptr,  # (E, 2I) fp32 per-row scales; read only when HAS_SCALE
+    bias_ptr,  # (E, 2I) expert biases, any float dtype; read only when HAS_BIAS
     out_ptr,  # (M*k, I) activation dtype: act(gate) * up
     topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT (weight applied on the input)
     sorted_token_ids_ptr,  # (num_sorted,) int32
@@ -78,10 +81,12 @@ def moe_gate_up_kernel(
     stride_we,
     stride_wn,
     stride_se,
+    stride_be,
     stride_om,
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -91,6 +96,8 @@ def moe_gate_up_kernel(
     SWAP_AB: tl.constexpr,
     PAIRS: tl.constexpr,
     FUSE_GATE_UP: tl.constexpr,
+    SWIGLU_ALPHA: tl.constexpr,
+    SWIGLU_LIMIT: tl.constexpr,
 ):
     pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
@@ -150,6 +157,10 @@ def moe_gate_up_kernel(
         s_ptrs = scale_ptr + expert * stride_se + offs_wn
         acc_g *= tl.load(s_ptrs)[None, :]
         acc_u *= tl.load(s_ptrs + I)[None, :]
+    if HAS_BIAS:  # (never together with MUL_ROUTED_WEIGHT: the launcher's caller checks)
+        b_ptrs = bias_ptr + expert * stride_be + offs_wn
+        acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
+        acc_u += tl.load(b_ptrs + I).to(tl.float32)[None, :]
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)
         acc_g *= rw[:, None]
@@ -158,8 +169,12 @@ def moe_gate_up_kernel(
         gate = acc_g * tl.sigmoid(acc_g)
     elif ACTIVATION == 1:  # gelu (erf)
         gate = 0.5 * acc_g * (1.0 + tl.math.erf(acc_g * 0.7071067811865476))
-    else:  # gelu, tanh approximation: 0.5 g (1 + tanh(z)) = g * sigmoid(2z)
+    elif ACTIVATION == 2:  # gelu, tanh approximation: 0.5 g (1 + tanh(z)) = g * sigmoid(2z)
         gate = acc_g * tl.sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
+    else:  # swiglu_oai (GPT-OSS): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
+        g = tl.minimum(acc_g, SWIGLU_LIMIT)
+        gate = g * tl.sigmoid(SWIGLU_ALPHA * g)
+        acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
     h = gate * acc_u
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
@@ -169,6 +184,7 @@ def moe_down_kernel(
     a_ptr,  # (M*k, I) activation dtype (the gate_up output), unit column stride
     w_ptr,  # (E, H, I) int8 or activation dtype, unit stride along I
     scale_ptr,  # (E, H) fp32 per-row scales; read only when HAS_SCALE
+    bias_ptr,  # (E, H) expert biases, any float dtype; read only when HAS_BIAS
     out_ptr,  # (M*k, H) activation dtype
     topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT
     sorted_token_ids_ptr,  # (num_sorted,) int32
@@ -182,9 +198,11 @@ def moe_down_kernel(
     stride_we,
     stride_wn,
     stride_se,
+    stride_be,
     stride_om,
     stride_os,  # between split-K partials; used only when SPLIT_K > 1
     HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -245,6 +263,11 @@ def moe_down_kernel(
 
     if HAS_SCALE:
         acc *= tl.load(scale_ptr + expert * stride_se + offs_wn)[None, :]
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
+        if SPLIT_K > 1:  # the bias belongs to one of the partial sums
+            bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
+        acc += bias[None, :]
     if MUL_ROUTED_WEIGHT:
         acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -288,25 +311,27 @@ def _launch_meta(config: dict) -> dict:
 
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config):
+                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None):
     """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted)."""
     inter = w13.shape[1] // 2
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
-    has_scale = w13_scale is not None
+    has_scale, has_bias = w13_scale is not None, w13_bias is not None
     return _kernel(moe_gate_up_kernel, x.device)[grid](
-        x, w13, w13_scale if has_scale else w13, out, topk_weights,
+        x, w13, w13_scale if has_scale else w13, w13_bias if has_bias else w13, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, inter, x.shape[1],
-        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0, out.stride(0),
-        TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale,
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
+        w13_bias.stride(0) if has_bias else 0, out.stride(0),
+        TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
+        SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config),
     )
 
 
 def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                num_tokens_post_padded, mul_routed_weight, config):
+                num_tokens_post_padded, mul_routed_weight, config, w2_bias=None):
     """Launch GEMM2 (* routing weight). ``out [M*k, H]``, or ``[SPLIT_K, M*k, H]`` fp32 partial sums
     over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up)."""
     hidden, inter = w2.shape[1], w2.shape[2]
@@ -316,13 +341,13 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         raise ValueError(f"SPLIT_K={split_k} needs an fp32 out of shape [{split_k}, M*k, H], got "
                          f"{out.dtype} {tuple(out.shape)}")
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]), split_k)
-    has_scale = w2_scale is not None
+    has_scale, has_bias = w2_scale is not None, w2_bias is not None
     return _kernel(moe_down_kernel, a.device)[grid](
-        a, w2, w2_scale if has_scale else w2, out, topk_weights,
+        a, w2, w2_scale if has_scale else w2, w2_bias if has_bias else w2, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter,
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
-        out.stride(-2), out.stride(0) if split_k > 1 else 0,
-        HAS_SCALE=has_scale, SPLIT_K=split_k, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
+        w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if split_k > 1 else 0,
+        HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config),
     )
