@@ -15,8 +15,8 @@ COMMON = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_valu
 
 
 def _configs():
-    from transformers import (DeepseekV2Config, DeepseekV3Config, JambaConfig, MixtralConfig, OlmoeConfig,
-                              Qwen2MoeConfig, Qwen3MoeConfig)
+    from transformers import (DeepseekV2Config, DeepseekV3Config, GptOssConfig, JambaConfig, MixtralConfig,
+                              OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
 
     return {
         "mixtral": lambda: MixtralConfig(**COMMON, intermediate_size=48, num_hidden_layers=2,
@@ -45,10 +45,13 @@ def _configs():
                                      num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
                                      attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8,
                                      mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, use_mamba_kernels=False),
+        "gpt_oss": lambda: GptOssConfig(**COMMON, head_dim=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_local_experts=6, num_experts_per_tok=2, sliding_window=8,
+                                        layer_types=["sliding_attention", "full_attention"], rope_scaling=None),
     }
 
 
-ARCH_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "jamba")
+ARCH_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "jamba", "gpt_oss")
 
 
 def tiny_config(arch: str):
@@ -66,6 +69,8 @@ def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
         for name, p in model.named_parameters():
             if name.endswith("e_score_correction_bias"):  # make the selection-only bias matter
                 p.copy_(torch.randn_like(p) * 0.05)
+            elif name.endswith("_proj_bias") and ".experts." in name:  # GPT-OSS expert biases
+                p.copy_(torch.randn_like(p) * 0.1)
             elif p.dim() >= 2:
                 p.copy_(torch.randn_like(p) * (0.5 / p.shape[-1] ** 0.5) * (4 if "embed" in name else 1))
     return model.eval()

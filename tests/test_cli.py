@@ -213,3 +213,17 @@ def test_eval_bad_input_one_line(demo_run, tmp_path):
     assert_one_line_error(invoke("eval", keep / "int8", "--text", text), "already an int8 checkpoint")
     assert_one_line_error(invoke("eval", keep / "bf16", "--text", tmp_path / "missing.txt"), "does not exist")
     assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--dense-as-experts"), "no dense gated MLP")
+
+
+def test_quantize_refuses_gpt_oss_with_the_way_that_works(bf16_checkpoint, tmp_path):
+    src = bf16_checkpoint("gpt_oss")
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), "GPT-OSS", "ExpertsInt8Config")
+    assert not (tmp_path / "o").exists()
+    # ...and the way it names works: quantize while loading, save, reload
+    from experts_int8 import ExpertsInt8Config
+
+    model = AutoModelForCausalLM.from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "int8")
+    from experts_int8.integrations.transformers import verify_int8_model
+
+    assert verify_int8_model(AutoModelForCausalLM.from_pretrained(tmp_path / "int8")) == 2  # both MoE layers

@@ -156,9 +156,10 @@ def test_save_reload_identical(arch, int8_models, tmp_path):
     scale_keys = [k for k in headers if k.endswith("_proj_scale")]
     assert len(int8_keys) == 2 * n_moe and len(scale_keys) == 2 * n_moe
     assert all(headers[k][0] == "F32" for k in scale_keys)
-    # No float expert weight went to disk.
+    # No float expert weight went to disk (expert biases, GPT-OSS, are fp32 [E, N] vectors).
     assert not [k for k, (dt, _) in headers.items() if ".experts." in k and dt in ("BF16", "F16", "F32")
-                and not k.endswith("_scale")]
+                and not k.endswith("_scale") and not k.endswith("_proj_bias")]
+    assert all(dt == "F32" and len(shape) == 2 for k, (dt, shape) in headers.items() if k.endswith("_proj_bias"))
 
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, **ON_DEVICE)
     assert verify_int8_model(reloaded) == n_moe
@@ -375,7 +376,7 @@ def test_config_rejects_bad_arguments():
 # GPU: generation goes through the fused Triton kernel; loading keeps device memory low
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "jamba"])
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "jamba", "gpt_oss"])
 def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
     import experts_int8.ops as ops
 

@@ -290,6 +290,8 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
             raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                              f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
                              f"'...experts.gate_up_proj'); nothing to quantize")
+        if _model_type(config) in STREAMING_UNSUPPORTED:
+            raise ValueError(STREAMING_UNSUPPORTED[_model_type(config)])
         text = _text_config(config)
         hidden = text.get("hidden_size")
         shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
@@ -347,6 +349,14 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     bytes_after = sum(f.stat().st_size for f in dst_dir.glob("*.safetensors"))
     return ConversionReport(str(src), str(dst), time.perf_counter() - start, bytes_before, bytes_after,
                             len(headers), snr)
+
+
+# Architectures the integration loads but this tensor-by-tensor converter does not convert (yet).
+STREAMING_UNSUPPORTED = {
+    "gpt_oss": "GPT-OSS checkpoints keep experts as [E, H, 2I] with interleaved gate/up columns and biases, "
+               "which the streaming converter does not rewrite yet; load the model with "
+               "quantization_config=ExpertsInt8Config() (quantized while loading) and save_pretrained it instead",
+}
 
 
 def _model_type(config: dict) -> Optional[str]:

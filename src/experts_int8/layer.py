@@ -7,6 +7,8 @@ Tensors (same layout as transformers 5 and vLLM; ``requires_grad`` is False ever
   ``gate_up_proj_scale``  fp32 ``[E, 2I]``     one scale per output row
   ``down_proj``           int8 ``[E, H, I]``
   ``down_proj_scale``     fp32 ``[E, H]``
+  ``gate_up_proj_bias``   fp32 ``[E, 2I]``     optional expert biases (``bias=True``, e.g. GPT-OSS)
+  ``down_proj_bias``      fp32 ``[E, H]``
 
 The module only computes experts: routing (the router, top-k, renormalisation, ...) stays with the
 model, which calls ``experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`` like
@@ -60,6 +62,7 @@ class Int8Experts(nn.Module):
         intermediate_size: int,
         *,
         activation: str = "silu",
+        bias: bool = False,
         global_num_experts: Optional[int] = None,
         device: Optional[torch.device] = None,
         backend: str = "auto",
@@ -87,13 +90,19 @@ class Int8Experts(nn.Module):
         # Scales are buffers: transformers' loader keeps buffers as plain tensors (never trainable).
         self.register_buffer("gate_up_proj_scale", torch.empty(e, 2 * i, dtype=torch.float32, device=device))
         self.register_buffer("down_proj_scale", torch.empty(e, h, dtype=torch.float32, device=device))
+        self.has_bias = bias
+        if bias:
+            self.register_buffer("gate_up_proj_bias", torch.empty(e, 2 * i, dtype=torch.float32, device=device))
+            self.register_buffer("down_proj_bias", torch.empty(e, h, dtype=torch.float32, device=device))
         # Expert parallelism: global expert id -> local index or -1. None: all experts are local.
         self.register_buffer("expert_map", None, persistent=False)
 
     @classmethod
     def from_float(cls, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *, activation: str = "silu",
-                   name: str = "experts", **kwargs) -> "Int8Experts":
-        """Quantize float ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (same device as given)."""
+                   name: str = "experts", gate_up_proj_bias: Optional[torch.Tensor] = None,
+                   down_proj_bias: Optional[torch.Tensor] = None, **kwargs) -> "Int8Experts":
+        """Quantize float ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (same device as given);
+        optional biases ``[E, 2I]`` / ``[E, H]`` are kept in fp32."""
         if gate_up_proj.dim() != 3 or down_proj.dim() != 3:
             raise ValueError(f"{name}: expected gate_up_proj [E, 2I, H] and down_proj [E, H, I], got "
                              f"{tuple(gate_up_proj.shape)} and {tuple(down_proj.shape)}")
@@ -101,12 +110,25 @@ class Int8Experts(nn.Module):
         if tuple(gate_up_proj.shape) != (e, 2 * i, h):
             raise ValueError(f"{name}: gate_up_proj {tuple(gate_up_proj.shape)} does not match down_proj "
                              f"{tuple(down_proj.shape)} (expected ({e}, {2 * i}, {h}))")
+        if (gate_up_proj_bias is None) != (down_proj_bias is None):
+            raise ValueError(f"{name}: give both expert biases or neither")
         with torch.device("meta"):
-            module = cls(e, h, i, activation=activation, **kwargs)
+            module = cls(e, h, i, activation=activation, bias=gate_up_proj_bias is not None, **kwargs)
         q13, s13 = quantize_weights(gate_up_proj.detach(), name=f"{name}.gate_up_proj")
         q2, s2 = quantize_weights(down_proj.detach(), name=f"{name}.down_proj")
         module.load_quantized(q13, s13, q2, s2)
+        if module.has_bias:
+            module.load_biases(gate_up_proj_bias, down_proj_bias)
         return module
+
+    def load_biases(self, gate_up_proj_bias: torch.Tensor, down_proj_bias: torch.Tensor) -> None:
+        """Install the expert biases (kept in fp32) after checking their shapes."""
+        for name, t, shape in (("gate_up_proj_bias", gate_up_proj_bias, (self.num_experts, 2 * self.intermediate_size)),
+                               ("down_proj_bias", down_proj_bias, (self.num_experts, self.hidden_size))):
+            if tuple(t.shape) != shape or not t.is_floating_point():
+                raise ValueError(f"{name} must be a float {shape} tensor, got {t.dtype} {tuple(t.shape)}")
+        self.gate_up_proj_bias = gate_up_proj_bias.detach().float()
+        self.down_proj_bias = down_proj_bias.detach().float()
 
     def load_quantized(self, gate_up_proj, gate_up_proj_scale, down_proj, down_proj_scale) -> None:
         """Install already-quantized tensors after checking their shapes and dtypes."""
@@ -129,7 +151,8 @@ class Int8Experts(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, activation={self.activation}, int8 (W8A16)")
+                f"intermediate_size={self.intermediate_size}, activation={self.activation}, "
+                f"bias={self.has_bias}, int8 (W8A16)")
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """``hidden_states [T, H]``, ``top_k_index [T, k]``, ``top_k_weights [T, k]`` -> ``[T, H]``."""
@@ -161,4 +184,6 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
         expert_map=getattr(module, "expert_map", None),
         global_num_experts=getattr(module, "global_num_experts", None),
         backend=getattr(module, "backend", "auto"),
+        w13_bias=getattr(module, "gate_up_proj_bias", None),
+        w2_bias=getattr(module, "down_proj_bias", None),
     )

@@ -52,6 +52,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from ..checkpoint import check_int8_checkpoint, read_headers
 from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
 from ..quant import quantize_rows
+from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 QUANT_METHOD = "experts_int8"
 logger = hf_logging.get_logger(__name__)
@@ -67,11 +68,15 @@ class Arch:
     ``router``: attribute of the MoE block (the experts module's parent) that holds the router.
     ``routing(config)``: select_experts keyword options for the (text) config.
     ``correction_bias``: attribute of the router with the selection-only score bias, if any.
+    ``layout``: "fused" (transformers 5 experts: ``gate_up_proj [E, 2I, H]`` gate then up,
+    ``down_proj [E, H, I]``) or "gpt_oss" (``gate_up_proj [E, H, 2I]`` with gate and up columns
+    interleaved, ``down_proj [E, I, H]``, expert biases, clamped SwiGLU), converted while quantizing.
     """
 
     router: str
     routing: Callable[[Any], dict]
     correction_bias: Optional[str] = None
+    layout: str = "fused"
 
 
 def _softmax_topk(renormalize: Callable[[Any], bool]):
@@ -100,7 +105,28 @@ ARCHITECTURES: dict[str, Arch] = {
     "deepseek_v2": Arch("gate", _deepseek_v2),
     "deepseek_v3": Arch("gate", _deepseek_v3, correction_bias="e_score_correction_bias"),
     "jamba": Arch("router", _softmax_topk(lambda c: False)),
+    # softmax over the top-k logits == softmax over all, renormalized over the top k
+    "gpt_oss": Arch("router", _softmax_topk(lambda c: True), layout="gpt_oss"),
 }
+
+
+def to_fused_layout(layout: str, tensor: str, w: torch.Tensor) -> torch.Tensor:
+    """One experts tensor (``[E, ...]``, or a single expert's ``[...]``) from ``layout`` to ours:
+    ``gate_up_proj [.., 2I, H]`` gate rows then up rows, ``down_proj [.., H, I]``, biases ``[.., 2I]``
+    (gate then up) and ``[.., H]``."""
+    if layout == "fused" or tensor == "down_proj_bias":
+        return w
+    if tensor == "gate_up_proj":  # [.., H, 2I] interleaved columns -> [.., 2I, H]
+        return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1).transpose(-1, -2)
+    if tensor == "gate_up_proj_bias":
+        return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1)
+    if tensor == "down_proj":  # [.., I, H] -> [.., H, I]
+        return w.transpose(-1, -2)
+    raise ValueError(f"unknown experts tensor {tensor!r}")
+
+
+def _layout_of(model: nn.Module) -> str:
+    return _arch(model).layout
 
 
 def _model_type(model: nn.Module) -> str:
@@ -185,7 +211,21 @@ def find_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if _is_experts_module(m)]
 
 
-def _check_layout(name: str, module: nn.Module) -> None:
+def _check_layout(name: str, module: nn.Module, layout: str = "fused") -> None:
+    if layout == "gpt_oss":
+        e, h, two_i = module.gate_up_proj.shape
+        ok = (two_i % 2 == 0 and tuple(module.down_proj.shape) == (e, two_i // 2, h)
+              and getattr(module, "gate_up_proj_bias", None) is not None
+              and getattr(module, "down_proj_bias", None) is not None)
+        if not ok:
+            raise ValueError(f"{name}: expected GPT-OSS experts gate_up_proj [E, H, 2I], down_proj [E, I, H] "
+                             f"and both biases, got {tuple(module.gate_up_proj.shape)} and "
+                             f"{tuple(module.down_proj.shape)}")
+        swiglu = (getattr(module, "alpha", SWIGLU_OAI_ALPHA), getattr(module, "limit", SWIGLU_OAI_LIMIT))
+        if swiglu != (SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT):
+            raise ValueError(f"{name}: the kernel's clamped SwiGLU has alpha={SWIGLU_OAI_ALPHA}, "
+                             f"limit={SWIGLU_OAI_LIMIT}; this model uses alpha={swiglu[0]}, limit={swiglu[1]}")
+        return
     bad = [f"{flag}={getattr(module, flag)}" for flag, ok in
            (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True))
            if getattr(module, flag, ok) != ok]
@@ -206,17 +246,19 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
             logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
             return None
         raise ValueError(msg + ". Pass ExpertsInt8Config(allow_no_experts=True) to load it unchanged.")
-    _arch(model)  # raises for unsupported architectures
+    layout = _layout_of(model)  # raises for unsupported architectures
     todo = []
     for name, module in experts:
         if config.skips(name):
             continue
-        _check_layout(name, module)
+        _check_layout(name, module, layout)
         todo.append((name, module))
     return todo
 
 
 def _activation_of(model: nn.Module, module: nn.Module) -> str:
+    if _layout_of(model) == "gpt_oss":
+        return "swiglu_oai"
     cfg = getattr(module, "config", None) or model.config.get_text_config()
     return activation_from_hf(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", "silu"))
 
@@ -311,6 +353,12 @@ class Int8Quantize(ConversionOps):
         out = {}
         for key, value in input_dict.items():
             tensor = value[0] if isinstance(value, (list, tuple)) else value
+            if key.endswith("_bias"):  # expert biases: our layout, fp32, not quantized
+                device = _device_for(self.hf_quantizer._device_map, key) or tensor.device
+                out[key] = to_fused_layout(self.hf_quantizer._layout, key.rpartition(".")[2],
+                                           tensor).float().to(device).contiguous()
+                self.hf_quantizer._quantized.add(key)
+                continue
             try:
                 q, s = self._quantize(key, tensor, source_patterns, target_patterns)
             except ValueError as e:
@@ -329,14 +377,16 @@ class Int8Quantize(ConversionOps):
         if w.dim() != 3 or not w.is_floating_point():
             raise ValueError(f"{key}: expected a float [E, N, K] experts tensor, got {w.dtype} {tuple(w.shape)}")
         device = _device_for(self.hf_quantizer._device_map, key) or w.device
-        e, n, k = w.shape
+        layout, tensor = self.hf_quantizer._layout, key.rpartition(".")[2]
+        e = w.shape[0]
+        n, k = to_fused_layout(layout, tensor, w[:1].new_empty((1,) + tuple(w.shape[1:]), device="meta")).shape[1:]
         q = torch.empty((e, n, k), dtype=torch.int8, device=device)
         scale = torch.empty((e, n), dtype=torch.float32, device=device)
         is_gate_up = key.endswith("gate_up_proj")
         for i in range(e):
             # Always a copy: on the GPU this is the one float expert on the device at a time (and on
             # the CPU the tests can count it, instead of seeing a view of the merged host tensor).
-            wi = w[i].to(device, copy=True)
+            wi = to_fused_layout(layout, tensor, w[i].to(device, copy=True)).contiguous()
             if not torch.isfinite(wi).all():
                 if is_gate_up:
                     half = "gate" if not torch.isfinite(wi[: n // 2]).all() else "up"
@@ -363,7 +413,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         self._device_map = None
         self._errors: list[str] = []
         self._quantized: set[str] = set()
-        self._targets: set[str] = set()  # full names of the int8 weights to fill
+        self._targets: set[str] = set()  # full names of the int8 weights (and expert biases) to fill
+        self._layout = "fused"  # the architecture's experts layout in the checkpoint (Arch.layout)
 
     @property
     def quantized_element_size(self) -> float:
@@ -381,7 +432,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         5.24's default derives this from ``quantized_element_size``; 5.17's ignores it.
         """
         if self.param_needs_quantization(model, param_name):
-            return 1  # int8; the fp32 scales are their own (already fp32) buffers
+            # int8 weights (the fp32 scales are their own, already fp32, buffers); biases become fp32
+            return 4 if param_name.endswith("_bias") else 1
         return param.element_size()
 
     def validate_environment(self, *args, **kwargs):
@@ -397,18 +449,25 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         todo = _plan(model, self.quantization_config)
         if todo is None:
             return model
+        self._layout = _layout_of(model)
+        biased = self._layout == "gpt_oss"
         for name, module in todo:
             w13, w2 = module.gate_up_proj, module.down_proj
-            e, h, i = w2.shape
+            e, h, i = to_fused_layout(self._layout, "down_proj", w2).shape
             with torch.device("meta"):
-                new = Int8Experts(e, h, i, activation=_activation_of(model, module))
+                new = Int8Experts(e, h, i, activation=_activation_of(model, module), bias=biased)
                 if not self.pre_quantized:
-                    # Placeholders in the checkpoint's float dtype until Int8Quantize fills them with int8:
+                    # Placeholders in the checkpoint's float dtype and layout until Int8Quantize fills them:
                     # some transformers versions (5.17) cast each tensor to its meta param's dtype first.
                     new.gate_up_proj = nn.Parameter(torch.empty_like(w13), requires_grad=False)
                     new.down_proj = nn.Parameter(torch.empty_like(w2), requires_grad=False)
+                    if biased:
+                        new.gate_up_proj_bias = torch.empty_like(module.gate_up_proj_bias)
+                        new.down_proj_bias = torch.empty_like(module.down_proj_bias)
             _set_submodule(model, name, new)
             self._targets.update({f"{name}.gate_up_proj", f"{name}.down_proj"})
+            if biased:
+                self._targets.update({f"{name}.gate_up_proj_bias", f"{name}.down_proj_bias"})
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
             # (transformers would re-initialize it and only log a report).
@@ -485,6 +544,12 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
                 raise ValueError(f"{name}.{t} was not loaded (still on the meta device)")
             if value.dtype != dtype or tuple(value.shape) != shape:
                 raise ValueError(f"{name}.{t}: expected {dtype} {shape}, got {value.dtype} {tuple(value.shape)}")
+        if module.has_bias:
+            for t, shape in (("gate_up_proj_bias", (e, 2 * i)), ("down_proj_bias", (e, h))):
+                b = getattr(module, t)
+                if b.device.type == "meta" or tuple(b.shape) != shape or not bool(torch.isfinite(b).all()):
+                    raise ValueError(f"{name}.{t}: expected finite float {shape} expert biases, got "
+                                     f"{b.dtype} {tuple(b.shape)} on {b.device}")
         for t in ("gate_up_proj_scale", "down_proj_scale"):
             s = getattr(module, t)
             if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
@@ -510,6 +575,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     todo = _plan(model, config)
     if todo is None:
         return model
+    layout = _layout_of(model)
     for name, module in todo:  # validate everything before changing anything
         for t in ("gate_up_proj", "down_proj"):
             w = getattr(module, t)
@@ -522,8 +588,13 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
                     raise ValueError(f"{name}.{t}[expert {i}] contains NaN or Inf; int8 quantization needs "
                                      f"finite weights (model left unchanged)")
     for name, module in todo:
-        new = Int8Experts.from_float(module.gate_up_proj.data, module.down_proj.data,
-                                     activation=_activation_of(model, module), name=name)
+        biases = {}
+        if layout == "gpt_oss":
+            biases = {t: to_fused_layout(layout, t, getattr(module, t).data)
+                      for t in ("gate_up_proj_bias", "down_proj_bias")}
+        new = Int8Experts.from_float(to_fused_layout(layout, "gate_up_proj", module.gate_up_proj.data),
+                                     to_fused_layout(layout, "down_proj", module.down_proj.data),
+                                     activation=_activation_of(model, module), name=name, **biases)
         _set_submodule(model, name, new)
         module._parameters.clear()  # free the float tensors now, even if someone holds the old module
         del module
