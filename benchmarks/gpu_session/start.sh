@@ -1,0 +1,10 @@
+#!/bin/bash
+# Start the next GPU session's measurements detached (one device call is at most 10 minutes; this
+# chain runs longer). Usage on the device, from the repository root:
+#   EXPERTS_INT8_COMMIT=<sha> bash benchmarks/gpu_session/start.sh && bash benchmarks/gpu_session/wait.sh 570
+# then, in each later call (within the machine's idle window): bash benchmarks/gpu_session/wait.sh 570
+# Results and the log land in /tmp/gpu_session; wait.sh copies them to $OUT.
+R=/tmp/gpu_session
+mkdir -p "$R"
+setsid nohup bash benchmarks/gpu_session/chain.sh "$R" >/dev/null 2>&1 < /dev/null &
+echo "started; log: $R/chain.log"
