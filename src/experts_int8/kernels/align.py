@@ -36,6 +36,36 @@ def max_sorted_len(numel: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
+def _pair_groups(topk_ids_ptr, expert_map_ptr, offs, numel, num_experts, num_global, HAS_MAP: tl.constexpr):
+    """Group of each pair at ``offs``: its local expert, ``num_experts`` (absent) or, past ``numel``,
+    ``num_experts + 1`` (padding lanes, never stored)."""
+    in_batch = offs < numel
+    ids = tl.load(topk_ids_ptr + offs, mask=in_batch, other=-1).to(tl.int32)
+    if HAS_MAP:
+        known = (ids >= 0) & (ids < num_global)
+        ids = tl.where(known, tl.load(expert_map_ptr + ids, mask=known & in_batch, other=-1).to(tl.int32), -1)
+    group = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)
+    return tl.where(in_batch, group, num_experts + 1)
+
+
+@triton.jit
+def _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
+                                     num_sorted, BLOCK_M: tl.constexpr, FILL: tl.constexpr,
+                                     BLOCK_CHUNK: tl.constexpr):
+    """Every sorted row to the sentinel ``numel`` (the pairs are scattered over it afterwards) and each
+    block's expert: the number of groups that end at or before the block's first row (-1: absent)."""
+    for start in range(0, num_sorted, FILL):
+        rows = start + tl.arange(0, FILL)
+        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < num_sorted)
+    num_blocks = num_sorted // BLOCK_M
+    for start in range(0, num_blocks, BLOCK_CHUNK):
+        blocks = start + tl.arange(0, BLOCK_CHUNK)
+        group_of_block = tl.sum((padded_end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), 1)
+        tl.store(block_expert_ids_ptr + blocks, tl.where(group_of_block < num_experts, group_of_block, -1),
+                 mask=blocks < num_blocks)
+
+
+@triton.jit
 def align_single_program_kernel(
     topk_ids_ptr,  # (numel,) int32/int64 global expert ids
     expert_map_ptr,  # (num_global,) int32/int64 global -> local or -1; read only when HAS_MAP
@@ -56,13 +86,7 @@ def align_single_program_kernel(
 ):
     """Grid (1,): one program does the whole align step for up to PAIRS pairs."""
     offs = tl.arange(0, PAIRS)
-    in_batch = offs < numel
-    ids = tl.load(topk_ids_ptr + offs, mask=in_batch, other=-1).to(tl.int32)
-    if HAS_MAP:
-        known = (ids >= 0) & (ids < num_global)
-        ids = tl.where(known, tl.load(expert_map_ptr + ids, mask=known & in_batch, other=-1).to(tl.int32), -1)
-    group = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)  # the absent group
-    group = tl.where(in_batch, group, num_experts + 1)  # padding lanes: a group that is never stored
+    group = _pair_groups(topk_ids_ptr, expert_map_ptr, offs, numel, num_experts, num_global, HAS_MAP)
 
     g = tl.arange(0, GROUPS)
     counts = tl.where(g <= num_experts, tl.histogram(group, GROUPS), 0)
@@ -71,16 +95,8 @@ def align_single_program_kernel(
     tl.store(scratch_ptr + g, padded_end - padded)
     tl.store(scratch_ptr + GROUPS + g, tl.cumsum(counts, 0) - counts)
     tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
-    for start in range(0, num_sorted, CHUNK):
-        rows = start + tl.arange(0, CHUNK)
-        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < num_sorted)
-    num_blocks = num_sorted // BLOCK_M
-    for start in range(0, num_blocks, BLOCK_CHUNK):
-        blocks = start + tl.arange(0, BLOCK_CHUNK)
-        # A block's group is the number of groups that end at or before the block's first row.
-        group_of_block = tl.sum((padded_end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), 1)
-        tl.store(block_expert_ids_ptr + blocks, tl.where(group_of_block < num_experts, group_of_block, -1),
-                 mask=blocks < num_blocks)
+    _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
+                                     num_sorted, BLOCK_M, CHUNK, BLOCK_CHUNK)
     tl.debug_barrier()  # the scratch and sentinel stores above are read / overwritten below
 
     # Stable sort of the pairs by group: sort keys (group, pair index); the rank inside a group is
@@ -93,19 +109,6 @@ def align_single_program_kernel(
     rank = offs - tl.load(scratch_ptr + GROUPS + safe_group)
     dest = tl.load(scratch_ptr + safe_group) + rank
     tl.store(sorted_token_ids_ptr + dest, pair, mask=valid)
-
-
-@triton.jit
-def _pair_groups(topk_ids_ptr, expert_map_ptr, offs, numel, num_experts, num_global, HAS_MAP: tl.constexpr):
-    """Group of each pair at ``offs``: its local expert, ``num_experts`` (absent) or, past ``numel``,
-    ``num_experts + 1`` (padding lanes, never stored)."""
-    in_batch = offs < numel
-    ids = tl.load(topk_ids_ptr + offs, mask=in_batch, other=-1).to(tl.int32)
-    if HAS_MAP:
-        known = (ids >= 0) & (ids < num_global)
-        ids = tl.where(known, tl.load(expert_map_ptr + ids, mask=known & in_batch, other=-1).to(tl.int32), -1)
-    group = tl.where((ids >= 0) & (ids < num_experts), ids, num_experts)
-    return tl.where(in_batch, group, num_experts + 1)
 
 
 @triton.jit
@@ -151,15 +154,8 @@ def align_offsets_kernel(counts_ptr, base_ptr, sorted_token_ids_ptr, block_exper
         tl.store(base_ptr + rows[:, None] * GROUPS + g[None, :], before[None, :] + earlier_chunks - earlier_groups,
                  mask=mask)
         before += tl.sum(c, 0)
-    for start in range(0, num_sorted, FILL):
-        rows = start + tl.arange(0, FILL)
-        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < num_sorted)
-    num_blocks = num_sorted // BLOCK_M
-    for start in range(0, num_blocks, BLOCK_CHUNK):
-        blocks = start + tl.arange(0, BLOCK_CHUNK)
-        group_of_block = tl.sum((padded_end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), 1)
-        tl.store(block_expert_ids_ptr + blocks, tl.where(group_of_block < num_experts, group_of_block, -1),
-                 mask=blocks < num_blocks)
+    _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
+                                     num_sorted, BLOCK_M, FILL, BLOCK_CHUNK)
 
 
 @triton.jit
