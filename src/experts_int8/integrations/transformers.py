@@ -379,7 +379,7 @@ class Int8Quantize(ConversionOps):
         device = _device_for(self.hf_quantizer._device_map, key) or w.device
         layout, tensor = self.hf_quantizer._layout, key.rpartition(".")[2]
         e = w.shape[0]
-        n, k = to_fused_layout(layout, tensor, w[:1].new_empty((1,) + tuple(w.shape[1:]), device="meta")).shape[1:]
+        n, k = to_fused_layout(layout, tensor, torch.empty(w.shape[1:], device="meta")).shape
         q = torch.empty((e, n, k), dtype=torch.int8, device=device)
         scale = torch.empty((e, n), dtype=torch.float32, device=device)
         is_gate_up = key.endswith("gate_up_proj")

@@ -122,9 +122,11 @@ def moe_gate_up_kernel(
     else:
         a_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
         g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)  # FUSE_GATE_UP: gate, up columns interleaved
+        if FUSE_GATE_UP:  # gate and up columns interleaved, split after the K loop
+            acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        else:
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     u_ptrs = g_ptrs + I * stride_wn
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
