@@ -4,6 +4,8 @@ CUDA-graph replays timed with events (median of 50); picks SINGLE_PROGRAM_MAX_PA
 the chunked path saves at prefill sizes. Writes align_ab.json to --out.
 
     PYTHONPATH=src python3 benchmarks/align_ab.py --out benchmarks/results
+
+Set ``align.CHUNKED_ALIGN = True`` (and the threshold) from its numbers.
 """
 import argparse
 import json

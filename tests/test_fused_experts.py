@@ -306,15 +306,21 @@ def test_chunked_align_matches_torch_align(trial, monkeypatch):
     assert torch.all(chunked[1][n // block_m:] == -1)
 
 
-def test_many_pairs_use_the_chunked_align():
-    """Above SINGLE_PROGRAM_MAX_PAIRS the layer runs on the three-launch align, end to end."""
+def test_many_pairs_use_the_chunked_align(monkeypatch):
+    """Above SINGLE_PROGRAM_MAX_PAIRS, with CHUNKED_ALIGN, the layer runs on the three-launch align."""
     from experts_int8.kernels import align
     from experts_int8.kernels.configs import override_config
+
+    monkeypatch.setattr(align, "CHUNKED_ALIGN", True)
+    calls = []
+    real = align._align_chunked
+    monkeypatch.setattr(align, "_align_chunked", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     m, k = align.SINGLE_PROGRAM_MAX_PAIRS // 4 + 37, 4
     cfg = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=4, num_warps=4, num_stages=2)
     with override_config(cfg):
         check(m, 8, 32, 32, k, torch.float32, "triton")
+    assert calls == [1]
 
 
 def _biases(e, h, i, scale=4.0, dtype=torch.float32):
