@@ -497,3 +497,22 @@ def test_pairs_variants_at_decode_only():
     assert configs.check_config(tune.pairs_variants(PINNED, 2)[0])
     assert tune.pairs_variants(PINNED, 3) == []
     assert tune.pairs_variants(dict(PINNED, PAIRS=1), 1) == []
+
+
+def test_swap_variants_for_decode_winners_only():
+    cfg = dict(PINNED, BLOCK_SIZE_M=16, down={"BLOCK_SIZE_K": 256})
+    swapped = tune.swap_variants(cfg)
+    assert [c.get("SWAP_AB") for c in swapped] == [1, 1]
+    assert swapped[1]["down"] == {"BLOCK_SIZE_K": 256, "SWAP_AB": 0}  # gate_up swapped, down not
+    assert all(configs.check_config(c) == c for c in swapped)
+    assert tune.swap_variants(dict(PINNED, BLOCK_SIZE_M=64)) == []
+    assert tune.swap_variants(swapped[0]) == []
+
+
+def test_tune_candidates_start_from_the_config_serving_m():
+    current = dict(PINNED, BLOCK_SIZE_M=16, SWAP_AB=1, down={"SWAP_AB": 0})
+    cands = tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, max_candidates=8, default=current)
+    assert cands[0] == current and current not in cands[1:]
+    heuristic = configs.heuristic_config(1, 8, 2, torch.int8, "cuda")
+    assert tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, max_candidates=8)[0] == heuristic
+

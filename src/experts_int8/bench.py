@@ -326,12 +326,14 @@ def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int) -> Callabl
 
 
 def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
-               use_graph: bool = True) -> tuple[float, str]:
+               use_graph: bool = True, give_up_above_s: float = math.inf) -> tuple[float, str]:
     """Median seconds per ``fused_experts`` call and the method (``cuda_graph`` or ``eager``).
 
     The ``num_calls`` calls (cycling over the layers) are captured in one CUDA graph; each replay is
     timed with events. Fewer replays are made when one replay is long (``row_budget_s`` per row,
-    never fewer than 5). If capture fails the same calls are timed eagerly, with a warning.
+    never fewer than 5); none after the first when it already took over ``give_up_above_s`` per call
+    (the tuner's early exit for clearly slower configs). If capture fails the same calls are timed
+    eagerly, with a warning.
     """
     run = _layer_calls(x, layers, routing, num_calls)
     stream = torch.cuda.Stream()
@@ -352,8 +354,11 @@ def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, ro
             warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timing eagerly")
             torch.cuda.synchronize()
     probe = _median_event_time(replay, reps=1, warmup=max(1, warmup))
-    reps = max(min(reps, 5), min(reps, int(row_budget_s / max(probe, 1e-9))))
-    seconds = _median_event_time(replay, reps=reps, warmup=0)
+    if probe / num_calls > give_up_above_s:
+        seconds = probe
+    else:
+        reps = max(min(reps, 5), min(reps, int(row_budget_s / max(probe, 1e-9))))
+        seconds = _median_event_time(replay, reps=reps, warmup=0)
     if method == "cuda_graph":
         del graph
     return seconds / num_calls, method

@@ -11,8 +11,8 @@ and accumulator registers, then a fixed pseudo-random sample of ``max_candidates
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with GROUP_SIZE_M 8 and 16 when an expert spans several row
 blocks. The
-heuristic default config is always a candidate, so the table never loses to it on the tuning
-inputs. Configs that fail to compile or run out of resources are skipped.
+config serving M before the run (the shipped or cached table's, else the heuristic) is always the
+first candidate, so a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run out of resources are skipped.
 
 Weights are cycled over a pool of distinct layers (as in :mod:`experts_int8.bench`) so small-M
 timings read from HBM, not L2. Most of the cost is Triton compiling each candidate once (a few
@@ -28,7 +28,6 @@ import json
 import math
 import os
 import random
-import statistics
 import time
 import zlib
 from pathlib import Path
@@ -97,8 +96,9 @@ def _space(bm: int, bns: Sequence[int], bks: Sequence[int], wbytes: int, smem_li
 
 def candidate_configs(m: int, num_experts: int, hidden: int, inter: int, top_k: int,
                       weight_dtype: torch.dtype = torch.int8, *, smem_limit: int = DEFAULT_SMEM,
-                      max_candidates: int = 32) -> list[dict]:
-    """First-stage candidates for M tokens: the heuristic default, then the pruned space sampled.
+                      max_candidates: int = 32, default: Optional[dict] = None) -> list[dict]:
+    """First-stage candidates for M tokens: ``default`` (the config serving M now; the heuristic
+    when not given), then the pruned space sampled.
 
     The budget is split evenly over the BLOCK_SIZE_M choices; each takes a prefix of its fixed
     shuffled space (so different M share most candidates and Triton compiles each only once), and
@@ -111,7 +111,8 @@ def candidate_configs(m: int, num_experts: int, hidden: int, inter: int, top_k: 
     bks = [b for b in BLOCK_K if b <= max(64, _next_pow2(min(hidden, inter)))]
     share = max(1, math.ceil(max_candidates / len(bms)))
     prefixes = [_space(bm, bns, bks, wbytes, smem_limit)[:share] for bm in bms]
-    default = configs.heuristic_config(m, num_experts, top_k, weight_dtype, "cuda")
+    if default is None:
+        default = configs.heuristic_config(m, num_experts, top_k, weight_dtype, "cuda")
     out = []
     for j in range(share):
         out += [p[j] for p in prefixes if j < len(p) and p[j] != default]
@@ -123,6 +124,15 @@ def group_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     if rows_per_expert(m, num_experts, top_k) <= best["BLOCK_SIZE_M"]:
         return []
     return [dict(best, GROUP_SIZE_M=g) for g in GROUP_M if g != best["GROUP_SIZE_M"]]
+
+
+def swap_variants(best: dict) -> list[dict]:
+    """A decode winner (BLOCK_SIZE_M <= 32) with the weight tile on the left of the dot (SWAP_AB),
+    for both GEMMs and for gate_up only: the tensor-core tile's wide side then covers weight rows
+    instead of a mostly padded token block."""
+    if best["BLOCK_SIZE_M"] > 32 or best.get("SWAP_AB") or best.get("FUSE_GATE_UP"):
+        return []
+    return [dict(best, SWAP_AB=1), dict(best, SWAP_AB=1, down={**best.get("down", {}), "SWAP_AB": 0})]
 
 
 def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: int, num_sms: int) -> list[dict]:
@@ -284,28 +294,16 @@ def _smem_limit() -> int:
 
 
 def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float]:
-    from .ops import fused_experts
-
-    def run():
-        for layer, (weights, ids) in zip(layers, routing):
-            fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale)
-
-    def timed() -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3 / len(layers)
+    """Seconds per ``fused_experts`` call under a forced config, timed as the benchmark times it:
+    one sweep over the layers captured in a CUDA graph, replays between events. (Eager calls would
+    measure the host at decode sizes, where a call's launches take longer than its kernels.)"""
+    from . import bench
 
     def measure(cfg: dict, best_s: float) -> float:
         with configs.override_config(cfg):
-            run()  # compiles this config (first time) and warms up
-            torch.cuda.synchronize()
-            first = timed()
-            if first > 2 * best_s:  # clearly slower: don't spend more replays on it
-                return first
-            return statistics.median([first] + [timed() for _ in range(reps - 1)])
+            seconds, _ = bench.time_calls(x, layers, routing, len(layers), reps=reps, warmup=1,
+                                          give_up_above_s=2 * best_s)
+        return seconds
 
     return measure
 
@@ -345,8 +343,12 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     smem = _smem_limit()
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     started = time.perf_counter()
+    # The config serving each M now (shipped or cached table, else the heuristic) goes first, so a
+    # table entry is only replaced by one measured faster here.
     plan = {(d, m): candidate_configs(m, num_experts, hidden, inter, top_k, DTYPES[d], smem_limit=smem,
-                                      max_candidates=max_candidates) for d in dtypes for m in ms}
+                                      max_candidates=max_candidates,
+                                      default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device))
+            for d in dtypes for m in ms}
     log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k} on {gpu}: {', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
         f"{len({json.dumps(c, sort_keys=True) for c in sum(plan.values(), [])})} distinct configs")
@@ -371,7 +373,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
-                                + fuse_variants(cfg, d) + pairs_variants(cfg, m),
+                                + fuse_variants(cfg, d) + pairs_variants(cfg, m) + swap_variants(cfg),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best
@@ -383,7 +385,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
         bar.close()
 
     for d, m, r in summary:
-        gain = f"{r.default_s / r.best_s:5.2f}x vs default" if r.default_s else "default failed"
+        gain = f"{r.default_s / r.best_s:5.2f}x vs current" if r.default_s else "current config failed"
         skipped = f", skipped {sum(r.skipped.values())} ({dict(r.skipped)})" if r.skipped else ""
         cut = f", {r.not_tried} not tried (time budget)" if r.not_tried else ""
         log(f"  {d:4s} M={m:<5d} {r.best_s * 1e6:9.1f} us  {gain}  {_short(r.best)}  "
@@ -398,5 +400,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 
 def _short(cfg: dict) -> str:
+    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS") if cfg.get(k)]
+    down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
-            f"w{cfg['num_warps']} s{cfg['num_stages']}")
+            f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)
+            + (f" down{json.dumps(down, separators=(',', ':'))}" if down else ""))
