@@ -492,11 +492,14 @@ def test_fuse_variants_for_int8_tensor_core_tiles_only():
     assert tune.fuse_variants(dict(PINNED, BLOCK_SIZE_M=16), "int8") == []
 
 
-def test_pairs_variants_at_decode_only():
-    assert tune.pairs_variants(PINNED, 1) == [dict(PINNED, PAIRS=1)]
-    assert configs.check_config(tune.pairs_variants(PINNED, 2)[0])
-    assert tune.pairs_variants(PINNED, 3) == []
-    assert tune.pairs_variants(dict(PINNED, PAIRS=1), 1) == []
+def test_pairs_variants_where_pairs_rarely_share_an_expert():
+    assert tune.pairs_variants(PINNED, 1, 8, 2) == [dict(PINNED, PAIRS=1)]  # M = 1: k distinct experts
+    assert configs.check_config(tune.pairs_variants(PINNED, 2, 64, 6)[0])  # 12 pairs, 11.4 distinct
+    assert tune.pairs_variants(PINNED, 2, 8, 2) == []  # 4 pairs, 3.5 distinct on average: re-reads
+    assert tune.pairs_variants(PINNED, 3, 128, 8) == []
+    assert tune.pairs_variants(dict(PINNED, PAIRS=1), 1, 8, 2) == []
+    assert tune.expected_distinct_experts(1, 8, 2) == pytest.approx(2)
+    assert tune.expected_distinct_experts(2, 8, 2) == pytest.approx(3.5)
 
 
 def test_swap_variants_for_decode_winners_only():
@@ -514,5 +517,6 @@ def test_tune_candidates_start_from_the_config_serving_m():
     cands = tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, max_candidates=8, default=current)
     assert cands[0] == current and current not in cands[1:]
     heuristic = configs.heuristic_config(1, 8, 2, torch.int8, "cuda")
+    assert cands[1] == heuristic and heuristic not in cands[2:]  # the heuristic is always timed too
     assert tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, max_candidates=8)[0] == heuristic
 
