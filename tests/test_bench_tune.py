@@ -520,3 +520,10 @@ def test_tune_candidates_start_from_the_config_serving_m():
     assert cands[1] == heuristic and heuristic not in cands[2:]  # the heuristic is always timed too
     assert tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, max_candidates=8)[0] == heuristic
 
+
+
+def test_bench_routing_is_the_same_for_every_layer_and_weight_format():
+    a = bench.make_routing(4, 8, 2, 3, device="cpu")
+    b = bench.make_routing(4, 8, 2, 1, device="cpu")
+    assert len(a) == 3 and all(torch.equal(ids, b[0][1]) and torch.equal(w, b[0][0]) for w, ids in a)
+    assert not torch.equal(bench.make_routing(5, 8, 2, 1, device="cpu")[0][1][:4], b[0][1])

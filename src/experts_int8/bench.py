@@ -36,6 +36,7 @@ import subprocess
 import sys
 import time
 import warnings
+import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -308,10 +309,17 @@ def make_layers(num_layers: int, num_experts: int, hidden: int, inter: int, dtyp
 
 
 def make_routing(m: int, num_experts: int, top_k: int, num_layers: int, device="cuda"):
-    """Per layer: softmax top-k of random logits -> (topk_weights [M, k], topk_ids [M, k])."""
+    """Per layer: softmax top-k of random logits -> (topk_weights [M, k], topk_ids [M, k]).
+
+    The logits are seeded by (M, E, k) and the same for every layer, so both weight formats of a row
+    route identically: at small M the experts hit vary a lot between draws (M=4, top-2 of 8: 4 to 8),
+    and the int8/bf16 ratio must compare equal work. The layers still hold distinct weights, so the
+    replays read from HBM."""
     from .routing import select_experts
 
-    return [select_experts(torch.randn(m, num_experts, device=device), top_k) for _ in range(num_layers)]
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{m},{num_experts},{top_k}".encode()))
+    logits = torch.randn(m, num_experts, generator=gen).to(device)
+    return [select_experts(logits, top_k)] * num_layers
 
 
 def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int) -> Callable[[], None]:
