@@ -97,3 +97,22 @@ def test_biases_and_swiglu_oai_bf16(m):
                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
                                   activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("e,k", [(8, 2), (128, 8), (60, 6)])
+@pytest.mark.parametrize("pairs", [2048, 8192, 65536])
+def test_chunked_align_equals_the_torch_sort(e, k, pairs):
+    """The three-launch align (off by default until this passes on a GPU) against the stable sort."""
+    from experts_int8.kernels import align
+
+    gen = torch.Generator(device="cuda").manual_seed(pairs + e)
+    ids = torch.randint(0, e, (pairs // k, k), device="cuda", dtype=torch.int32, generator=gen)
+    for expert_map in (None, torch.randint(-1, e // 2, (e,), device="cuda", dtype=torch.int32, generator=gen)):
+        n_local = e if expert_map is None else e // 2
+        for block_m in (16, 64):
+            got = align._align_chunked(ids, block_m, n_local, expert_map)
+            want = align._align_torch(ids, block_m, n_local, expert_map)
+            n = int(want[2])
+            assert int(got[2]) == n
+            assert torch.equal(got[0][:n], want[0][:n])
+            assert torch.equal(got[1][: n // block_m], want[1][: n // block_m])

@@ -21,12 +21,15 @@ import torch
 import triton
 import triton.language as tl
 
-# Up to this many (token, slot) pairs the whole align step is one Triton program (decode and small
-# prefill: one launch instead of a dozen small torch ops); above it torch's sort (also the path off the
-# GPU and the tests' oracle) or, with CHUNKED_ALIGN, three launches over chunks of pairs.
-SINGLE_PROGRAM_MAX_PAIRS = 4096
-# The chunked Triton path above that is correct (tests: equal to the torch sort) but not yet timed on
-# a GPU, so the torch sort stays the default there until benchmarks/align_ab.py has measured both.
+# Which align path runs (H200, CUDA-graph replays, results/align_ab_H200.json): one Triton program
+# holding every (token, slot) pair costs 16-19 us up to 1024 pairs but grows past that (30-35 us at
+# 2048, 67-77 us at 4096, 155-172 us at 8192); torch's stable sort (a dozen ops; also the path off the
+# GPU and the tests' oracle) costs 74-150 us at any size; three launches over chunks of pairs
+# (CHUNKED_ALIGN) cost 16-26 us from 2048 to 65536 pairs on 8 experts (22-56 us on 128).
+SINGLE_PROGRAM_MAX_PAIRS = 4096  # single program up to here, then the torch sort ...
+CHUNKED_MIN_PAIRS = 2048  # ... or, with CHUNKED_ALIGN, the chunked path from here
+# Timed, but its output has so far been compared with the torch sort only under Triton's interpreter:
+# off until tests/test_gpu.py::test_chunked_align_equals_the_torch_sort has passed on a GPU.
 CHUNKED_ALIGN = False
 
 
@@ -189,10 +192,10 @@ def align_block_size(
     device = topk_ids.device
     numel = topk_ids.numel()
     if device.type == "cuda" or _interpreting():
+        if CHUNKED_ALIGN and numel >= CHUNKED_MIN_PAIRS:
+            return _align_chunked(topk_ids, block_m, num_experts, expert_map)
         if numel <= SINGLE_PROGRAM_MAX_PAIRS:
             return _align_single_program(topk_ids, block_m, num_experts, expert_map)
-        if CHUNKED_ALIGN:
-            return _align_chunked(topk_ids, block_m, num_experts, expert_map)
     return _align_torch(topk_ids, block_m, num_experts, expert_map)
 
 
