@@ -5,12 +5,14 @@ CUDA-graph timing as bench_kernel:
   fuse      gate and up as one dot of width 2*BLOCK_N: FUSE_GATE_UP 0 (shipped), 1  (prefill sizes;
             only where the config is unswapped with BLOCK_SIZE_M >= 64)
   pairs     no align step, one block per (token, slot) pair: PAIRS 0 (shipped), 1    (M = 1, 2)
+  pdl       programmatic dependent launch of the GEMMs: fused_moe.PDL off, on           (any M)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
     PYTHONPATH=src python3 benchmarks/variant_ab.py split_k --m 1,2,4,8,16
     PYTHONPATH=src python3 benchmarks/variant_ab.py fuse --m 256,1024,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py pairs --m 1,2 --shapes qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b
+    PYTHONPATH=src python3 benchmarks/variant_ab.py pdl --m 1,2,4,16,256
 """
 import argparse
 import json
@@ -21,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from experts_int8 import bench, ops  # noqa: E402
-from experts_int8.kernels import configs  # noqa: E402
+from experts_int8.kernels import configs, fused_moe  # noqa: E402
 
 
 def split_k(cfg: dict, value: int) -> dict:
@@ -38,7 +40,12 @@ def pairs(cfg: dict, value: int) -> dict:
     return dict(cfg, PAIRS=1) if value else cfg
 
 
-VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1))}
+def pdl(cfg: dict, value: int) -> dict:
+    fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
+    return cfg
+
+
+VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1))}
 
 
 def main() -> None:

@@ -527,3 +527,14 @@ def test_bench_routing_is_the_same_for_every_layer_and_weight_format():
     b = bench.make_routing(4, 8, 2, 1, device="cpu")
     assert len(a) == 3 and all(torch.equal(ids, b[0][1]) and torch.equal(w, b[0][0]) for w, ids in a)
     assert not torch.equal(bench.make_routing(5, 8, 2, 1, device="cpu")[0][1][:4], b[0][1])
+
+
+def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):
+    monkeypatch.setattr(fused_moe, "PDL", False)
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": False}
+    monkeypatch.setattr(fused_moe, "PDL", True)
+    assert fused_moe.pdl_meta(torch.device("cpu")) == {"PDL": False}  # the interpreter ignores it
+    monkeypatch.setattr(fused_moe, "_capability", lambda device: (9, 0))
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": True, "launch_pdl": True}
+    monkeypatch.setattr(fused_moe, "_capability", lambda device: (8, 9))
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": False}

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fused_moe
+
 # Which align path runs (H200, CUDA-graph replays, results/align_ab_H200.json): one Triton program
 # holding every (token, slot) pair costs 16-19 us up to 1024 pairs but grows past that (30-35 us at
 # 2048, 67-77 us at 4096, 155-172 us at 8192); torch's stable sort (a dozen ops; also the path off the
@@ -89,8 +91,11 @@ def align_single_program_kernel(
     GROUPS: tl.constexpr,  # power of two >= num_experts + 2 (experts, the absent group, padding lanes)
     CHUNK: tl.constexpr,
     BLOCK_CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Grid (1,): one program does the whole align step for up to PAIRS pairs."""
+    if PDL:  # gate_up, launched as its dependent, may be scheduled now (it waits for these writes)
+        tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, PAIRS)
     group = _pair_groups(topk_ids_ptr, expert_map_ptr, offs, numel, num_experts, num_global, HAS_MAP)
 
@@ -252,7 +257,7 @@ def _align_single_program(topk_ids, block_m, num_experts, expert_map):
         topk_ids.reshape(-1), expert_map if has_map else topk_ids, sorted_token_ids, block_expert_ids,
         num_tokens_post_padded, scratch, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted,
         HAS_MAP=has_map, BLOCK_M=block_m, PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups,
-        CHUNK=1024, BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4,
+        CHUNK=1024, BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_meta(device)["PDL"],
     )
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
 

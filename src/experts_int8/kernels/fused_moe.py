@@ -19,6 +19,10 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
   PAIRS         decode: one block per (token, slot) pair, experts from the top-k ids, no align step
   SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
 
+Module switch ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
+grid's programs are scheduled while the previous kernel (align, gate_up) drains; each program waits
+at its start for that kernel's writes (``gdc_wait``) and lets the next kernel launch right after.
+
 On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
 when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
 without a GPU).
@@ -34,6 +38,18 @@ from triton.runtime.interpreter import InterpretedFunction
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
+# Programmatic dependent launch of the GEMMs (see above). Off until timed on a GPU
+# (benchmarks/variant_ab.py pdl; benchmarks/NOTES.md has the prediction).
+PDL = False
+
+
+@triton.jit
+def _pdl_prologue(PDL: tl.constexpr):
+    """Under PDL: wait until the previous kernel's writes are visible (nothing before this reads them),
+    then let the next kernel's programs be scheduled as this grid drains."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -98,7 +114,9 @@ def moe_gate_up_kernel(
     FUSE_GATE_UP: tl.constexpr,
     SWIGLU_ALPHA: tl.constexpr,
     SWIGLU_LIMIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _pdl_prologue(PDL)
     pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
@@ -214,7 +232,9 @@ def moe_down_kernel(
     SWAP_AB: tl.constexpr,
     PAIRS: tl.constexpr,
     SPLIT_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _pdl_prologue(PDL)
     pid_m, offs_n = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
@@ -299,6 +319,17 @@ def _num_sorted(sorted_token_ids, topk_weights, config: dict) -> int:
     return sorted_token_ids.numel()
 
 
+def pdl_meta(device: torch.device) -> dict:
+    """``PDL`` for the kernel and, when it is on, Triton's launch option for a programmatic dependent
+    launch (CUDA devices of compute capability 9.0 and newer only)."""
+    on = PDL and device.type == "cuda" and _capability(device) >= (9, 0)
+    return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
 def _launch_meta(config: dict) -> dict:
     return dict(
         BLOCK_M=config["BLOCK_SIZE_M"],
@@ -328,7 +359,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config),
+        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config), **pdl_meta(x.device),
     )
 
 
@@ -351,5 +382,5 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
         w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if split_k > 1 else 0,
         HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        **_launch_meta(config),
+        **_launch_meta(config), **pdl_meta(a.device),
     )
