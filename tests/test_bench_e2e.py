@@ -1,5 +1,6 @@
 """End-to-end benchmark plumbing on a tiny random Mixtral (CPU): three columns, same generated tokens."""
 
+import pytest
 import torch
 
 from experts_int8 import bench_e2e
@@ -87,3 +88,11 @@ def test_greedy_decode_on_qwen3_architecture():
     ref = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
                          do_sample=False, pad_token_id=0, cache_implementation="static")[:, 5:]
     assert torch.equal(bench_e2e.greedy_decode(model, ids, 4), ref)
+
+
+def test_bench_e2e_compile_mode_is_checked_and_recorded(tmp_path):
+    with pytest.raises(ValueError, match="compile_mode"):
+        bench_e2e.run("mixtral-8x7b", device="cpu", compile_mode="fastest")
+    result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(1,), prompt_len=4, new_tokens=2, reps=1,
+                           overrides=TINY, columns=("ours-bf16",), compile_mode="max-autotune", decode="loop")
+    assert result["compile_mode"] == "max-autotune" and len(result["rows"]) == 1

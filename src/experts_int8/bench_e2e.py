@@ -10,6 +10,8 @@ All use transformers' static cache. Two ways to drive the decode steps (``decode
   loop       the same model forward and static cache, the decode step compiled once with CUDA graphs
              (``torch.compile(mode="reduce-overhead", fullgraph=True)``), greedy tokens kept on the GPU:
              no host sync per token. Same tokens as ``generate`` (greedy; checked in the tests).
+``compile_mode="max-autotune"`` compiles the decode step of either way with inductor's GEMM autotuning
+(the dense projections are most of a batch-1 step's time outside the experts), for all three columns.
 For each batch size: end-to-end latency of ``prompt_len`` prompt tokens + ``new_tokens`` generated, the
 prefill alone, and decode throughput = batch * (new_tokens - 1) / (end-to-end - prefill).
 
@@ -72,10 +74,13 @@ def _timed(fn: Callable[[], object], device: str, reps: int) -> float:
     return statistics.median(times)
 
 
-def compiled_step(model, device: str) -> Callable:
+COMPILE_MODES = ("reduce-overhead", "max-autotune")  # both capture CUDA graphs; the second also autotunes GEMMs
+
+
+def compiled_step(model, device: str, mode: str = "reduce-overhead") -> Callable:
     """The model's forward for one decode step: CUDA-graphed and compiled whole on CUDA, plain elsewhere."""
     if device.startswith("cuda"):
-        return torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        return torch.compile(model.forward, mode=mode, fullgraph=True)
     return model.forward
 
 
@@ -125,15 +130,21 @@ def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, re
 def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int = 1024, new_tokens: int = 128,
         reps: int = 3, cache: str = "static", decode: str = "generate", overrides: Optional[dict] = None,
         columns=("hf-bf16", "ours-bf16", "ours-int8"), out: Optional[str] = None,
-        log: Callable[[str], None] = print) -> dict:
+        compile_mode: str = "reduce-overhead", log: Callable[[str], None] = print) -> dict:
+    from transformers import CompileConfig
+
     from .integrations.transformers import quantize_
 
     if decode not in ("generate", "loop"):
         raise ValueError(f"decode must be 'generate' or 'loop', got {decode!r}")
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
     if decode == "loop" and cache != "static":
         raise ValueError("decode='loop' drives a static cache; use cache='static'")
     model = random_model(config, device, overrides=overrides)
     default_impl = model.config._experts_implementation  # what users get today
+    if compile_mode != COMPILE_MODES[0]:  # generate's own compiled step (transformers' default otherwise)
+        model.generation_config.compile_config = CompileConfig(mode=compile_mode)
     rows = []
     for column in columns:
         if column == "hf-bf16":
@@ -146,7 +157,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
             raise ValueError(f"unknown column {column!r}")
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
-        step = compiled_step(model, device) if decode == "loop" else None
+        step = compiled_step(model, device, compile_mode) if decode == "loop" else None
         for batch in batches:
             r = measure(model, batch, prompt_len, new_tokens, device, reps, cache, decode, step)
             r.update(column=column)
@@ -159,6 +170,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
                   gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                   torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache, decode=decode,
+                  compile_mode=compile_mode,
                   command=" ".join(sys.argv), commit=library_commit()[0], rows=rows)
     log(table(result))
     if out:

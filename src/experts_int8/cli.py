@@ -430,9 +430,12 @@ Examples:
 @click.option("--decode", type=click.Choice(["generate", "loop"]), default="generate", show_default=True,
               help="generate: model.generate. loop: the same forward and static cache in a CUDA-graphed "
                    "greedy loop with no host sync per token.")
+@click.option("--compile-mode", type=click.Choice(["reduce-overhead", "max-autotune"]), default="reduce-overhead",
+              show_default=True, help="torch.compile mode of the decode step (both capture CUDA graphs; "
+                                      "max-autotune also autotunes the dense GEMMs, compiling for minutes).")
 @click.option("--out", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
 def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, new_tokens, layers, reps, cache,
-                      decode, out):
+                      decode, compile_mode, out):
     """End-to-end generation latency: transformers' experts vs ours in bf16 vs ours in int8.
 
     One model, three columns in one run: transformers' default experts implementation, the same bf16
@@ -448,7 +451,7 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {batches!r}", param_hint="--batch")
     run(config_name, device=device or _default_device(), batches=sizes, prompt_len=prompt_len,
-        new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, out=out, log=click.echo,
+        new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, compile_mode=compile_mode, out=out, log=click.echo,
         overrides=dict(num_hidden_layers=layers) if layers else None)
 
 
