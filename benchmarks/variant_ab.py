@@ -6,6 +6,7 @@ CUDA-graph timing as bench_kernel:
             only where the config is unswapped with BLOCK_SIZE_M >= 64)
   pairs     no align step, one block per (token, slot) pair: PAIRS 0 (shipped), 1    (M = 1, 2)
   pdl       programmatic dependent launch of the GEMMs: fused_moe.PDL off, on           (any M)
+  sum_topk  PAIRS with the down GEMM summing each token's k experts: off, on           (M = 1, 2)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
@@ -13,6 +14,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py fuse --m 256,1024,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py pairs --m 1,2 --shapes qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b
     PYTHONPATH=src python3 benchmarks/variant_ab.py pdl --m 1,2,4,16,256
+    PYTHONPATH=src python3 benchmarks/variant_ab.py sum_topk --m 1,2 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
 import json
@@ -40,12 +42,20 @@ def pairs(cfg: dict, value: int) -> dict:
     return dict(cfg, PAIRS=1) if value else cfg
 
 
+def sum_topk(cfg: dict, value: int) -> dict:
+    if not value:
+        return cfg
+    down = {key: v for key, v in cfg.get("down", {}).items() if key != "SPLIT_K"}
+    return dict(cfg, PAIRS=1, down={**down, "SUM_TOPK": 1})
+
+
 def pdl(cfg: dict, value: int) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
 
 
-VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1))}
+VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
+            "sum_topk": (sum_topk, (0, 1))}
 
 
 def main() -> None:

@@ -538,3 +538,13 @@ def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):
     assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": True, "launch_pdl": True}
     monkeypatch.setattr(fused_moe, "_capability", lambda device: (8, 9))
     assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": False}
+
+
+def test_sum_topk_variants_where_pairs_fit():
+    cfg = dict(PINNED, BLOCK_SIZE_M=16, down={"SPLIT_K": 4, "BLOCK_SIZE_K": 64})
+    (v,) = tune.sum_topk_variants(cfg, 1, 8, 2)
+    assert v["PAIRS"] == 1 and v["down"] == {"BLOCK_SIZE_K": 64, "SUM_TOPK": 1}  # SPLIT_K dropped
+    assert configs.check_config(v) == v
+    assert tune.sum_topk_variants(cfg, 2, 8, 2) == []  # pairs share experts: re-reads
+    assert tune.sum_topk_variants(cfg, 1, 8, 1) == []  # nothing to sum
+    assert tune.sum_topk_variants(v, 1, 8, 2) == []

@@ -250,9 +250,10 @@ def test_fused_gate_up_excludes_swap_ab():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("swap, split_k", [(0, 1), (1, 1), (0, 2)])
-def test_pairs_mode_skips_align(dtype, swap, split_k, monkeypatch):
-    """PAIRS: every (token, slot) pair is its own block, experts read straight from top-k ids."""
+@pytest.mark.parametrize("swap, split_k, sum_topk", [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1), (1, 1, 1)])
+def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, monkeypatch):
+    """PAIRS: every (token, slot) pair is its own block, experts read straight from top-k ids; with
+    the down GEMM's SUM_TOPK one block per token adds up its k experts (no separate sum)."""
     from experts_int8 import ops
     from experts_int8.kernels.configs import override_config
 
@@ -261,7 +262,7 @@ def test_pairs_mode_skips_align(dtype, swap, split_k, monkeypatch):
 
     monkeypatch.setattr(ops, "align_block_size", no_align)
     cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
-               SWAP_AB=swap, PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k))
+               SWAP_AB=swap, PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, SUM_TOPK=sum_topk))
     with override_config(cfg):
         check(1, 6, 67, 45, 2, dtype, "triton")
         check(3, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
@@ -279,6 +280,11 @@ def test_pairs_is_a_top_level_flag():
         check_config(dict(base, PAIRS=2))
     with pytest.raises(ValueError, match="keys"):
         check_config(dict(base, down=dict(PAIRS=1)))
+    assert check_config(dict(base, PAIRS=1, down=dict(SUM_TOPK=1)))["down"] == {"SUM_TOPK": 1}
+    with pytest.raises(ValueError, match="SUM_TOPK .* needs PAIRS"):
+        check_config(dict(base, down=dict(SUM_TOPK=1)))
+    with pytest.raises(ValueError, match="SUM_TOPK .* needs PAIRS and no SPLIT_K"):
+        check_config(dict(base, PAIRS=1, down=dict(SUM_TOPK=1, SPLIT_K=2)))
 
 
 @pytest.mark.parametrize("trial", range(8))
@@ -357,7 +363,9 @@ def test_biases_with_kernel_variants(dtype):
     for cfg in (dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
                      FUSE_GATE_UP=1, down=dict(SPLIT_K=3, BLOCK_SIZE_K=16)),
                 dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
-                     SWAP_AB=1, PAIRS=1, down=dict(SWAP_AB=1, SPLIT_K=2))):
+                     SWAP_AB=1, PAIRS=1, down=dict(SWAP_AB=1, SPLIT_K=2)),
+                dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+                     PAIRS=1, down=dict(SUM_TOPK=1))):
         with override_config(cfg):
             check(2, 6, 67, 45, 2, dtype, "triton", activation="swiglu_oai", **_biases(6, 67, 45, dtype=dtype))
 

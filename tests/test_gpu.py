@@ -34,6 +34,8 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                     down=dict(SPLIT_K=4)),
     "pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
                   PAIRS=1, down=dict(SPLIT_K=2)),
+    "sum_topk": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                     PAIRS=1, down=dict(SUM_TOPK=1)),
     "fuse_gate_up": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
                          num_stages=4, FUSE_GATE_UP=1),
     "fuse_gate_up_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
@@ -46,7 +48,7 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
-    if variant == "pairs" and m > 5:
+    if variant in ("pairs", "sum_topk") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)

@@ -10,6 +10,8 @@ exec >"$R/chain.log" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
 step "gpu tests";    timeout 300 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -15
 step "pdl";          timeout 200 python3 benchmarks/variant_ab.py pdl --m 1,2,4,16,256 --out "$R"
+                     timeout 150 python3 benchmarks/variant_ab.py sum_topk --m 1,2 --out "$R" \
+                       --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
 step "bench_kernel"; timeout 420 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -80
 step "tune";         for shape in "8,6144,16384,2 --tp 4 --dtypes int8" "8,6144,16384,2 --dtypes bf16" \
                                   "16,4096,14336,2 --dtypes bf16" "64,2048,1408,6 --dtypes bf16"; do

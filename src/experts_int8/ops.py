@@ -199,6 +199,11 @@ def _fused_experts_triton(
         invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                     not apply_router_weight_on_input, down_config, w2_bias)
         return y.view(split_k, m, top_k, hidden).sum(dim=(0, 2)).to(x.dtype)
+    if down_config.get("SUM_TOPK"):  # decode: each token's k experts summed inside the down GEMM
+        y = x.new_empty((m, hidden))
+        invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                    not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k)
+        return y
     y = x.new_empty((m * top_k, hidden))
     invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                 not apply_router_weight_on_input, down_config, w2_bias)

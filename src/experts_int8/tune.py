@@ -10,7 +10,7 @@ BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, prun
 and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
-it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, SWAP_AB). The config serving M before the
+it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, SUM_TOPK, SWAP_AB). The config serving M before the
 run (the shipped or cached table's) and the heuristic are always the first candidates, so a table
 never loses to what it replaces on the tuning inputs. Configs that fail to compile or run out of
 resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
@@ -168,9 +168,23 @@ def pairs_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     rarely share an expert (at most 10% more weight reads than the distinct experts, on average):
     M = 1 always; M = 2 with many experts. The tuner times one routing, so it cannot see the average.
     (Measured on the H200 at M = 2: 15% slower on 8 experts, top-2; 11% faster on 64, top-6.)"""
-    if m > 2 or best.get("PAIRS") or m * top_k > 1.10 * expected_distinct_experts(m, num_experts, top_k):
+    if best.get("PAIRS") or not pairs_fit(m, num_experts, top_k):
         return []
     return [dict(best, PAIRS=1)]
+
+
+def pairs_fit(m: int, num_experts: int, top_k: int) -> bool:
+    return m <= 2 and m * top_k <= 1.10 * expected_distinct_experts(m, num_experts, top_k)
+
+
+def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
+    """Where PAIRS fits: the winner with PAIRS and the down GEMM summing each token's k experts in one
+    block (SUM_TOPK: no separate top-k sum launch, no [M, k, H] round trip; one block per token and
+    N tile, so fewer, longer programs)."""
+    down = {key: value for key, value in best.get("down", {}).items() if key != "SPLIT_K"}
+    if top_k == 1 or down.get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
+        return []
+    return [dict(best, PAIRS=1, down={**down, "SUM_TOPK": 1})]
 
 
 class SearchResult:
@@ -388,7 +402,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
-                                + swap_variants(cfg),
+                                + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

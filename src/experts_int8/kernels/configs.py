@@ -37,10 +37,10 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS and "down", whose overrides may add SPLIT_K for the down GEMM), positive ints, block sizes
-    powers of two of at least 16 (``tl.dot``'s minimum)."""
+    PAIRS and "down", whose overrides may add SPLIT_K or, with PAIRS, SUM_TOPK for the down GEMM),
+    positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
+    allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
         raise ValueError(f"a MoE config needs the keys {list(CONFIG_KEYS)} (optionally {list(OPTIONAL_KEYS)}), "
@@ -49,12 +49,15 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     for key, value in out.items():
         if key == "down":
             out[key] = check_config(value, _nested=True)
-        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS"):
+        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "SUM_TOPK"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"config[{key!r}] must be a positive int, got {value!r}")
+    down = out.get("down", {})
+    if down.get("SUM_TOPK") and (not out.get("PAIRS") or down.get("SPLIT_K", 1) > 1):
+        raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

@@ -18,6 +18,7 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
   FUSE_GATE_UP  gate_up: gate and up tiles joined into one dot of width 2*BLOCK_N (not with SWAP_AB)
   PAIRS         decode: one block per (token, slot) pair, experts from the top-k ids, no align step
   SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
+  SUM_TOPK      down only, with PAIRS: one block per token sums its k experts' rows and writes [M, H]
 
 Module switch ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
 grid's programs are scheduled while the previous kernel (align, gate_up) drains; each program waits
@@ -200,63 +201,15 @@ def moe_gate_up_kernel(
 
 
 @triton.jit
-def moe_down_kernel(
-    a_ptr,  # (M*k, I) activation dtype (the gate_up output), unit column stride
-    w_ptr,  # (E, H, I) int8 or activation dtype, unit stride along I
-    scale_ptr,  # (E, H) fp32 per-row scales; read only when HAS_SCALE
-    bias_ptr,  # (E, H) expert biases, any float dtype; read only when HAS_BIAS
-    out_ptr,  # (M*k, H) activation dtype
-    topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT
-    sorted_token_ids_ptr,  # (num_sorted,) int32
-    block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32
-    num_tokens_post_padded_ptr,  # (1,) int32
-    num_valid,  # M * k
-    num_sorted,
-    H,
-    I,
-    stride_am,
-    stride_we,
-    stride_wn,
-    stride_se,
-    stride_be,
-    stride_om,
-    stride_os,  # between split-K partials; used only when SPLIT_K > 1
-    HAS_SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    MUL_ROUTED_WEIGHT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    SWAP_AB: tl.constexpr,
-    PAIRS: tl.constexpr,
-    SPLIT_K: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    _pdl_prologue(PDL)
-    pid_m, offs_n = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
-    if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
-        if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
-            return
-    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
-                                         PAIRS)
-    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
-    num_kb = tl.cdiv(I, BLOCK_K)
-    kb_start = 0
-    kb_end = num_kb
-    if SPLIT_K > 1:  # this program sums one slice of I into its own partial output (fp32)
-        split = tl.program_id(1)
-        kb_start = split * tl.cdiv(num_kb, SPLIT_K)
-        kb_end = tl.minimum(kb_start + tl.cdiv(num_kb, SPLIT_K), num_kb)
-        out_ptrs += split * stride_os
-    out_mask = row_mask[:, None] & (offs_n[None, :] < H)
-    if expert < 0:
-        tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
-        return
-
+def _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
+               stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end, with_bias,
+               HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+               DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               SWAP_AB: tl.constexpr):
+    """fp32 ``(BLOCK_M, BLOCK_N)`` tile of ``a[rows] @ w2[expert, offs_wn]^T`` over K blocks
+    ``[kb_start, kb_end)``, times the row scales, plus the bias (where ``with_bias``), times the
+    routing weights."""
     offs_k = tl.arange(0, BLOCK_K)
-    offs_wn = offs_n % H
     if SWAP_AB:  # weights as the left operand, loaded (N, K): acc^T = w a^T
         a_ptrs = a_ptr + rows[None, :] * stride_am + offs_k[:, None]  # (BLOCK_K, BLOCK_M)
         w_ptrs = w_ptr + expert * stride_we + offs_wn[:, None] * stride_wn + offs_k[None, :]  # (BLOCK_N, BLOCK_K)
@@ -265,9 +218,8 @@ def moe_down_kernel(
         a_ptrs = a_ptr + rows[:, None] * stride_am + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
         w_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SPLIT_K > 1:
-        a_ptrs += kb_start * BLOCK_K
-        w_ptrs += kb_start * BLOCK_K
+    a_ptrs += kb_start * BLOCK_K
+    w_ptrs += kb_start * BLOCK_K
     for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
         if SWAP_AB:
@@ -287,11 +239,90 @@ def moe_down_kernel(
         acc *= tl.load(scale_ptr + expert * stride_se + offs_wn)[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
-        if SPLIT_K > 1:  # the bias belongs to one of the partial sums
-            bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
-        acc += bias[None, :]
+        acc += tl.where(with_bias, bias, 0.0)[None, :]
     if MUL_ROUTED_WEIGHT:
         acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+    return acc
+
+
+@triton.jit
+def moe_down_kernel(
+    a_ptr,  # (M*k, I) activation dtype (the gate_up output), unit column stride
+    w_ptr,  # (E, H, I) int8 or activation dtype, unit stride along I
+    scale_ptr,  # (E, H) fp32 per-row scales; read only when HAS_SCALE
+    bias_ptr,  # (E, H) expert biases, any float dtype; read only when HAS_BIAS
+    out_ptr,  # (M*k, H) activation dtype; (M, H) with SUM_TOPK
+    topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT
+    sorted_token_ids_ptr,  # (num_sorted,) int32
+    block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32; with PAIRS the (M*k,) experts of the pairs
+    num_tokens_post_padded_ptr,  # (1,) int32
+    num_valid,  # M * k
+    num_sorted,
+    H,
+    I,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_se,
+    stride_be,
+    stride_om,
+    stride_os,  # between split-K partials; used only when SPLIT_K > 1
+    TOP_K: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SWAP_AB: tl.constexpr,
+    PAIRS: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    SUM_TOPK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    _pdl_prologue(PDL)
+    pid_m, offs_n = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_wn = offs_n % H
+    if SUM_TOPK:  # (with PAIRS) block pid_m is token pid_m: its k down-projections summed here
+        lane0 = tl.arange(0, BLOCK_M) == 0
+        total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in range(TOP_K):
+            pair = pid_m * TOP_K + j
+            expert = tl.load(block_expert_ids_ptr + pair).to(tl.int64)
+            if expert >= 0:  # an expert on another rank adds nothing here
+                rows = tl.where(lane0, pair, num_valid).to(tl.int64)
+                total += _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, lane0, expert,
+                                    offs_wn, I, stride_am, stride_we, stride_wn, stride_se, stride_be, 0,
+                                    tl.cdiv(I, BLOCK_K), tl.program_id(1) == 0, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
+                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB)
+        out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
+        return
+
+    if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
+        if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
+            return
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                         PAIRS)
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    num_kb = tl.cdiv(I, BLOCK_K)
+    kb_start = 0
+    kb_end = num_kb
+    if SPLIT_K > 1:  # this program sums one slice of I into its own partial output (fp32)
+        split = tl.program_id(1)
+        kb_start = split * tl.cdiv(num_kb, SPLIT_K)
+        kb_end = tl.minimum(kb_start + tl.cdiv(num_kb, SPLIT_K), num_kb)
+        out_ptrs += split * stride_os
+    out_mask = row_mask[:, None] & (offs_n[None, :] < H)
+    if expert < 0:
+        tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
+        return
+    # the bias belongs to one of the split-K partial sums
+    acc = _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
+                     stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end, tl.program_id(1) == 0,
+                     HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
@@ -364,15 +395,24 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
 
 
 def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                num_tokens_post_padded, mul_routed_weight, config, w2_bias=None):
-    """Launch GEMM2 (* routing weight). ``out [M*k, H]``, or ``[SPLIT_K, M*k, H]`` fp32 partial sums
-    over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up)."""
+                num_tokens_post_padded, mul_routed_weight, config, w2_bias=None, top_k=1):
+    """Launch GEMM2 (* routing weight). ``out [M*k, H]``; ``[SPLIT_K, M*k, H]`` fp32 partial sums
+    over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up); ``[M, H]``, the
+    sum over each token's ``top_k`` experts, when it has ``SUM_TOPK`` (with PAIRS)."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     split_k = config.get("SPLIT_K", 1)
+    sum_topk = bool(config.get("SUM_TOPK", 0))
     if split_k > 1 and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
         raise ValueError(f"SPLIT_K={split_k} needs an fp32 out of shape [{split_k}, M*k, H], got "
                          f"{out.dtype} {tuple(out.shape)}")
+    if sum_topk:
+        if not config.get("PAIRS") or split_k > 1 or topk_weights.numel() % top_k:
+            raise ValueError("SUM_TOPK needs PAIRS, no SPLIT_K and M*k pairs for the given top_k")
+        num_sorted = num_sorted // top_k  # one block per token
+        if tuple(out.shape) != (topk_weights.numel() // top_k, hidden):
+            raise ValueError(f"SUM_TOPK writes [M, H] = [{topk_weights.numel() // top_k}, {hidden}], "
+                             f"got out {tuple(out.shape)}")
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]), split_k)
     has_scale, has_bias = w2_scale is not None, w2_bias is not None
     return _kernel(moe_down_kernel, a.device)[grid](
@@ -381,6 +421,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         topk_weights.numel(), num_sorted, hidden, inter,
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
         w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if split_k > 1 else 0,
-        HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
+        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk,
+        MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config), **pdl_meta(a.device),
     )
