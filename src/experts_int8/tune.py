@@ -10,10 +10,10 @@ BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, prun
 and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
-it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, SUM_TOPK, SWAP_AB). The config serving M before the
-run (the shipped or cached table's) and the heuristic are always the first candidates, so a table
-never loses to what it replaces on the tuning inputs. Configs that fail to compile or run out of
-resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
+it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, SUM_TOPK, SWAP_AB). The config serving M
+before the run (the shipped or cached table's) and the heuristic are always the first candidates, so
+a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
+out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
 over the layers captured in a CUDA graph, replays between events.
 
 Weights are cycled over a pool of distinct layers (as in :mod:`experts_int8.bench`) so small-M
