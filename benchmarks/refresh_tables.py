@@ -60,24 +60,30 @@ def main() -> None:
             table[m] = configs.check_config(best["config"])
             changed[path] = table
 
-    # Tables name E and N, not top-k: take it from a benchmarked shape with the same E (the TP shards
-    # of a model share its E and k).
-    top_ks = {e: k for (e, _, k, _, _) in rows}
+    # Tables name E and N, not top-k: take it from the benchmarked shapes with the same E (the TP shards
+    # of a model share its E and k); where those disagree, leave the table's PAIRS alone.
+    top_ks: dict[int, set] = {}
+    for (e, _, k, _, _) in rows:
+        top_ks.setdefault(e, set()).add(k)
     for name in sorted(os.listdir(args.tables)):
         path = os.path.join(args.tables, name)
         if f"device={gpu}," not in name:
             continue
         e = int(name.split(",")[0].split("=")[1])
         table = changed.get(path) or {int(key): v for key, v in json.load(open(path)).items()}
+        ks = top_ks.get(e, set())
         for m, cfg in table.items():
-            top_k = top_ks.get(e)
-            if cfg.get("PAIRS") and top_k is not None and not tune.pairs_variants(
-                    {key: v for key, v in cfg.items() if key != "PAIRS"}, m, e, top_k):
-                print(f"{name} M={m}: PAIRS dropped (pairs often share an expert)")
-                table[m] = {key: v for key, v in cfg.items() if key != "PAIRS"}
+            if cfg.get("PAIRS") and len(ks) == 1 and not tune.pairs_fit(m, e, next(iter(ks))):
+                print(f"{name} M={m}: PAIRS (and SUM_TOPK, which needs it) dropped: pairs often share an expert")
+                cfg = {key: v for key, v in cfg.items() if key != "PAIRS"}
+                down = {key: v for key, v in cfg.get("down", {}).items() if key != "SUM_TOPK"}
+                cfg = {**{key: v for key, v in cfg.items() if key != "down"}, **({"down": down} if down else {})}
+                table[m] = configs.check_config(cfg)
                 changed[path] = table
 
     for path, table in changed.items():
+        for m, cfg in table.items():
+            configs.check_config(cfg)  # get_config refuses a table with one bad entry: never write one
         with open(path, "w") as f:
             json.dump({str(m): table[m] for m in sorted(table)}, f, indent=4)
             f.write("\n")

@@ -6,7 +6,7 @@ CUDA-graph timing as bench_kernel:
             only where the config is unswapped with BLOCK_SIZE_M >= 64)
   pairs     no align step, one block per (token, slot) pair: PAIRS 0 (shipped), 1    (M = 1, 2)
   pdl       programmatic dependent launch of the GEMMs: fused_moe.PDL off, on           (any M)
-  sum_topk  PAIRS with the down GEMM summing each token's k experts: off, on           (M = 1, 2)
+  sum_topk  the down GEMM summing each token's k experts: off, on (both PAIRS, no SPLIT_K) (M = 1, 2)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
@@ -43,10 +43,9 @@ def pairs(cfg: dict, value: int) -> dict:
 
 
 def sum_topk(cfg: dict, value: int) -> dict:
-    if not value:
-        return cfg
+    # both sides under PAIRS without SPLIT_K (what SUM_TOPK needs), so only the summing differs
     down = {key: v for key, v in cfg.get("down", {}).items() if key != "SPLIT_K"}
-    return dict(cfg, PAIRS=1, down={**down, "SUM_TOPK": 1})
+    return dict(cfg, PAIRS=1, down={**down, "SUM_TOPK": 1} if value else down)
 
 
 def pdl(cfg: dict, value: int) -> dict:

@@ -5,6 +5,7 @@ Everything here runs on CPU (Triton's interpreter for the one kernel run); the e
 """
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -548,3 +549,36 @@ def test_sum_topk_variants_where_pairs_fit():
     assert tune.sum_topk_variants(cfg, 2, 8, 2) == []  # pairs share experts: re-reads
     assert tune.sum_topk_variants(cfg, 1, 8, 1) == []  # nothing to sum
     assert tune.sum_topk_variants(v, 1, 8, 2) == []
+
+
+def test_split_k_variants_not_with_sum_topk():
+    cfg = dict(PINNED, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, PAIRS=1)  # 2 experts x 64 tiles < 2 x 132 SMs
+    assert [v["down"]["SPLIT_K"] for v in tune.split_k_variants(cfg, 1, 8, 4096, 2, 132)] == [2, 4]
+    assert tune.split_k_variants(dict(cfg, down={"SUM_TOPK": 1}), 1, 8, 4096, 2, 132) == []
+
+
+def test_refresh_tables_folds_measurements_and_keeps_tables_loadable(tmp_path, monkeypatch):
+    import runpy
+    import sys
+
+    base = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    faster = dict(base, num_stages=4)
+    table = {"1": dict(base, PAIRS=1, down={"SUM_TOPK": 1}), "2": dict(base, PAIRS=1, down={"SUM_TOPK": 1}),
+             "16": base}
+    name = configs.table_name(8, 14336, "Fake_GPU", "int8_w8a16")
+    (tmp_path / name).write_text(json.dumps(table))
+    row = dict(E=8, H=4096, I=14336, k=2, dtype="int8")
+    runs = [dict(gpu="Fake GPU", rows=[dict(row, M=16, config=base, roofline_frac=0.80)]),
+            dict(gpu="Fake GPU", rows=[dict(row, M=16, config=faster, roofline_frac=0.90)])]
+    paths = []
+    for j, run in enumerate(runs):
+        paths.append(tmp_path / f"run{j}.json")
+        paths[-1].write_text(json.dumps(run))
+    script = str(Path(__file__).parent.parent / "benchmarks" / "refresh_tables.py")
+    monkeypatch.setattr(sys, "argv", [script, *map(str, paths), "--tables", str(tmp_path)])
+    runpy.run_path(script, run_name="__main__")
+    got = json.loads((tmp_path / name).read_text())
+    assert got["16"] == faster  # measured 10 points faster than the entry's own config
+    assert got["1"] == table["1"]  # M = 1: pairs never share an expert
+    assert got["2"] == base  # M = 2 on 8 experts: PAIRS dropped, and SUM_TOPK with it
+    assert all(configs.check_config(cfg) == cfg for cfg in got.values())

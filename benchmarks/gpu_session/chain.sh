@@ -18,9 +18,9 @@ step "tune";         for shape in "8,6144,16384,2 --tp 4 --dtypes int8" "8,6144,
                        timeout 90 bash benchmarks/gpu_session/cli.sh tune --shape $shape --out-dir $D --budget-s 20 \
                          --no-progress --m 1,2,4,8,16,32,64 2>&1 | grep -E " M=|took|rror"
                      done
-                     python3 benchmarks/refresh_tables.py "$R"/bench_kernel_*.json
-                     tar czf "$R/configs.tgz" $D/*.json
 step "bench decode"; timeout 150 python3 benchmarks/bench_kernel.py --m 1,2,4,8,16,32,64 --out "$R" 2>&1 | tail -40
+step "refresh";      python3 benchmarks/refresh_tables.py "$R"/bench_kernel_*.json  # full run + decode run (same routing)
+                     tar czf "$R/configs.tgz" $D/*.json
 step "e2e";          timeout 420 bash benchmarks/gpu_session/cli.sh bench-e2e --config mixtral-8x7b --random-weights --decode loop \
                        --batch 1,8 --reps 2 --out "$R" 2>&1 | grep -v -i warn
 step "done"; echo CHAIN_DONE

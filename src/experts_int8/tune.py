@@ -144,7 +144,7 @@ def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: i
     tiles to keep every SM streaming weights (decode: a few experts x H / BLOCK_N tiles)."""
     _, down = configs.split_config(best)
     tiles = min(m * top_k, num_experts) * math.ceil(hidden / down["BLOCK_SIZE_N"])
-    if tiles >= 2 * num_sms or down.get("SPLIT_K", 1) > 1:
+    if tiles >= 2 * num_sms or down.get("SPLIT_K", 1) > 1 or down.get("SUM_TOPK"):
         return []
     return [dict(best, down={**best.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
 
@@ -348,7 +348,6 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     time; a search cut short keeps its best config so far and says so in the summary.
     """
     from . import bench
-    from .routing import select_experts
 
     if not torch.cuda.is_available():
         raise RuntimeError("tuning needs a CUDA GPU, and torch.cuda.is_available() is False")
@@ -392,7 +391,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
             for m in ms:
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
-                routing = [select_experts(torch.randn(m, num_experts, device=device), top_k) for _ in layers]
+                routing = bench.make_routing(m, num_experts, top_k, len(layers), device)  # as the bench routes
                 deadline = math.inf
                 if budget_s is not None:
                     left = budget_s - (time.perf_counter() - started)

@@ -11,7 +11,8 @@ Numerics: int8 (or float) weight tile -> activation dtype in registers -> ``tl.d
 accumulation -> per-output-row weight scale once after the K loop -> routing weight and activation
 in fp32 -> one cast at the store. Every program owns a BLOCK_M x BLOCK_N output tile; a block whose
 expert is absent (-1) writes zeros, a block past ``num_tokens_post_padded`` exits.
-Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`` with N = I or H.
+Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`` with N = I or H
+(under SUM_TOPK the down grid has M row blocks, one per token).
 
 Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measures faster):
   SWAP_AB       weights as the left ``tl.dot`` operand (on Hopper: wgmma's register operand, async)
@@ -202,13 +203,13 @@ def moe_gate_up_kernel(
 
 @triton.jit
 def _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
-               stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end, with_bias,
+               stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SWAP_AB: tl.constexpr):
+               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr):
     """fp32 ``(BLOCK_M, BLOCK_N)`` tile of ``a[rows] @ w2[expert, offs_wn]^T`` over K blocks
-    ``[kb_start, kb_end)``, times the row scales, plus the bias (where ``with_bias``), times the
-    routing weights."""
+    ``[kb_start, kb_end)``, times the row scales, plus the bias (in the first split-K partial only),
+    times the routing weights."""
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:  # weights as the left operand, loaded (N, K): acc^T = w a^T
         a_ptrs = a_ptr + rows[None, :] * stride_am + offs_k[:, None]  # (BLOCK_K, BLOCK_M)
@@ -239,7 +240,9 @@ def _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_ma
         acc *= tl.load(scale_ptr + expert * stride_se + offs_wn)[None, :]
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
-        acc += tl.where(with_bias, bias, 0.0)[None, :]
+        if SPLIT_K > 1:  # the bias belongs to one of the partial sums
+            bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
+        acc += bias[None, :]
     if MUL_ROUTED_WEIGHT:
         acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
     return acc
@@ -295,8 +298,8 @@ def moe_down_kernel(
                 rows = tl.where(lane0, pair, num_valid).to(tl.int64)
                 total += _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, lane0, expert,
                                     offs_wn, I, stride_am, stride_we, stride_wn, stride_se, stride_be, 0,
-                                    tl.cdiv(I, BLOCK_K), tl.program_id(1) == 0, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
-                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB)
+                                    tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
+                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1)
         out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
         return
@@ -319,10 +322,9 @@ def moe_down_kernel(
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         return
-    # the bias belongs to one of the split-K partial sums
     acc = _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
-                     stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end, tl.program_id(1) == 0,
-                     HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB)
+                     stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
+                     HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, SPLIT_K)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
@@ -352,8 +354,8 @@ def _num_sorted(sorted_token_ids, topk_weights, config: dict) -> int:
 
 def pdl_meta(device: torch.device) -> dict:
     """``PDL`` for the kernel and, when it is on, Triton's launch option for a programmatic dependent
-    launch (CUDA devices of compute capability 9.0 and newer only)."""
-    on = PDL and device.type == "cuda" and _capability(device) >= (9, 0)
+    launch (NVIDIA devices of compute capability 9.0 and newer only)."""
+    on = PDL and device.type == "cuda" and torch.version.hip is None and _capability(device) >= (9, 0)
     return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
 
 
