@@ -1,7 +1,7 @@
 #!/bin/bash
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), in order of need, each
-# with its own time limit: tests ~2 min, full bench ~3, decode tuning ~4, bench of the re-tuned decode
-# rows ~1, e2e (batch 1 and 8) ~5. Tuned tables are written into the package copy and come back as
+# with its own time limit: tests ~3 min, PDL and SUM_TOPK A/Bs ~2, full bench ~2, decode tuning ~7,
+# bench of the re-tuned decode rows ~1, e2e (batch 1 and 8) ~5. Tuned tables are written into the package copy and come back as
 # configs.tgz (their file names do not survive $OUT).
 R=$1
 export PYTHONPATH=$PWD/src
@@ -17,6 +17,11 @@ step "tune";         for shape in "8,6144,16384,2 --tp 4 --dtypes int8" "8,6144,
                                   "16,4096,14336,2 --dtypes bf16" "64,2048,1408,6 --dtypes bf16"; do
                        timeout 90 bash benchmarks/gpu_session/cli.sh tune --shape $shape --out-dir $D --budget-s 20 \
                          --no-progress --m 1,2,4,8,16,32,64 2>&1 | grep -E " M=|took|rror"
+                     done
+                     # the decode entries that matter most again, now with SUM_TOPK among the variants
+                     for shape in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2 128,2048,768,8 64,2048,1408,6; do
+                       timeout 90 bash benchmarks/gpu_session/cli.sh tune --shape $shape --dtypes int8 --out-dir $D \
+                         --budget-s 30 --no-progress --m 1,2,4 2>&1 | grep -E " M=|took|rror"
                      done
 step "bench decode"; timeout 150 python3 benchmarks/bench_kernel.py --m 1,2,4,8,16,32,64 --out "$R" 2>&1 | tail -40
 step "refresh";      python3 benchmarks/refresh_tables.py "$R"/bench_kernel_*.json  # full run + decode run (same routing)
