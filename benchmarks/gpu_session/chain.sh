@@ -1,8 +1,8 @@
 #!/bin/bash
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), in order of need, each
 # with its own time limit: tests ~3 min, PDL and SUM_TOPK A/Bs ~2, full bench ~2, decode tuning ~7,
-# bench of the re-tuned decode rows ~1, e2e (batch 1 and 8) ~5. Tuned tables are written into the package copy and come back as
-# configs.tgz (their file names do not survive $OUT).
+# bench of the re-tuned decode rows ~1, e2e (batch 1 and 8) ~5. Tuned tables are written into the
+# package copy and come back as configs.tgz (their file names do not survive $OUT).
 R=$1
 export PYTHONPATH=$PWD/src
 D=src/experts_int8/kernels/configs
