@@ -174,13 +174,21 @@ def test_single_program_align_matches_torch_align(trial, monkeypatch):
         expert_map = torch.randint(-1, e, (e + 3,), dtype=torch.int32, device=DEVICE)
         ids = torch.randint(0, e + 3, (m, k), device=DEVICE)
     fast = align._align_single_program(ids, block_m, e, expert_map)
+    assert_equals_torch_align(fast, ids, block_m, e, expert_map, monkeypatch)
+
+
+def assert_equals_torch_align(got, ids, block_m, e, expert_map, monkeypatch):
+    """``got`` (a Triton align path's output) equals the torch stable sort's, padding included."""
+    from experts_int8.kernels import align
+
+    monkeypatch.setattr(align, "SINGLE_PROGRAM_MAX_PAIRS", -1)
     monkeypatch.setattr(align, "_interpreting", lambda: False)  # CPU tensors: the torch sort path
     slow = align.align_block_size(ids.cpu(), block_m, e, None if expert_map is None else expert_map.cpu())
     n = int(slow[2])
-    assert int(fast[2]) == n
-    assert torch.equal(fast[0].cpu(), slow[0])
-    assert torch.equal(fast[1][: n // block_m].cpu(), slow[1][: n // block_m])
-    assert torch.all(fast[1][n // block_m:] == -1)
+    assert int(got[2]) == n
+    assert torch.equal(got[0].cpu(), slow[0])
+    assert torch.equal(got[1][: n // block_m].cpu(), slow[1][: n // block_m])
+    assert torch.all(got[1][n // block_m:] == -1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -302,14 +310,7 @@ def test_chunked_align_matches_torch_align(trial, monkeypatch):
         expert_map = torch.randint(-1, e, (e + 3,), dtype=torch.int32, device=DEVICE)
         ids = torch.randint(0, e + 3, (m, k), device=DEVICE)
     chunked = align._align_chunked(ids, block_m, e, expert_map, chunk=16 if trial < 4 else 64)
-    monkeypatch.setattr(align, "SINGLE_PROGRAM_MAX_PAIRS", -1)
-    monkeypatch.setattr(align, "_interpreting", lambda: False)
-    slow = align.align_block_size(ids.cpu(), block_m, e, None if expert_map is None else expert_map.cpu())
-    n = int(slow[2])
-    assert int(chunked[2]) == n
-    assert torch.equal(chunked[0].cpu(), slow[0])
-    assert torch.equal(chunked[1][: n // block_m].cpu(), slow[1][: n // block_m])
-    assert torch.all(chunked[1][n // block_m:] == -1)
+    assert_equals_torch_align(chunked, ids, block_m, e, expert_map, monkeypatch)
 
 
 def test_many_pairs_use_the_chunked_align(monkeypatch):
