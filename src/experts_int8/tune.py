@@ -113,14 +113,12 @@ def candidate_configs(m: int, num_experts: int, hidden: int, inter: int, top_k: 
     bks = [b for b in BLOCK_K if b <= max(64, _next_pow2(min(hidden, inter)))]
     share = max(1, math.ceil(max_candidates / len(bms)))
     prefixes = [_space(bm, bns, bks, wbytes, smem_limit)[:share] for bm in bms]
-    if default is None:
-        default = configs.heuristic_config(m, num_experts, top_k, weight_dtype, "cuda")
+    heuristic = configs.heuristic_config(m, num_experts, top_k, weight_dtype, "cuda")
+    head = [heuristic] if default is None or default == heuristic else [default, heuristic]
     out = []
     for j in range(share):
-        out += [p[j] for p in prefixes if j < len(p) and p[j] != default]
-    heuristic = configs.heuristic_config(m, num_experts, top_k, weight_dtype, "cuda")
-    head = [default] + ([heuristic] if heuristic != default else [])
-    return head + [c for c in out if c != heuristic][:max_candidates]
+        out += [p[j] for p in prefixes if j < len(p) and p[j] not in head]
+    return head + out[:max_candidates]
 
 
 def group_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
