@@ -194,20 +194,18 @@ def _fused_experts_triton(
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                    top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
     split_k = down_config.get("SPLIT_K", 1)
+    sum_topk = bool(down_config.get("SUM_TOPK"))
     if split_k > 1:  # fp32 partials over slices of I, summed with the k experts of each token
         y = x.new_empty((split_k, m * top_k, hidden), dtype=torch.float32)
-        invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                    not apply_router_weight_on_input, down_config, w2_bias)
-        return y.view(split_k, m, top_k, hidden).sum(dim=(0, 2)).to(x.dtype)
-    if down_config.get("SUM_TOPK"):  # decode: each token's k experts summed inside the down GEMM
+    elif sum_topk:  # decode: each token's k experts summed inside the down GEMM
         y = x.new_empty((m, hidden))
-        invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                    not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k)
-        return y
-    y = x.new_empty((m * top_k, hidden))
+    else:
+        y = x.new_empty((m * top_k, hidden))
     invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                not apply_router_weight_on_input, down_config, w2_bias)
-    return y if top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)
+                not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
+    if split_k > 1:
+        return y.view(split_k, m, top_k, hidden).sum(dim=(0, 2)).to(x.dtype)
+    return y if sum_topk or top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)
 
 
 @_fused_experts_triton.register_fake
