@@ -22,6 +22,11 @@ from experts_int8.kernels import configs  # noqa: E402
 FORMATS = {"int8": torch.int8, "bf16": torch.bfloat16}
 
 
+def read_table(path: str) -> dict[int, dict]:
+    with open(path) as f:
+        return {int(key): value for key, value in json.load(f).items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="bench_kernel JSON files (same GPU)")
@@ -49,7 +54,7 @@ def main() -> None:
         path = os.path.join(args.tables, name)
         if not os.path.isfile(path):
             continue
-        table = changed.get(path) or {int(key): v for key, v in json.load(open(path)).items()}
+        table = changed.get(path) or read_table(path)
         if m not in table:
             continue
         current = [r["roofline_frac"] for r in measured if r["config"] == table[m]]
@@ -70,7 +75,7 @@ def main() -> None:
         if f"device={gpu}," not in name:
             continue
         e = int(name.split(",")[0].split("=")[1])
-        table = changed.get(path) or {int(key): v for key, v in json.load(open(path)).items()}
+        table = changed.get(path) or read_table(path)
         ks = top_ks.get(e, set())
         for m, cfg in table.items():
             if cfg.get("PAIRS") and len(ks) == 1 and not tune.pairs_fit(m, e, next(iter(ks))):
