@@ -42,6 +42,16 @@ def test_cli_help_and_bad_config():
     assert "--random-weights" in help_text and "Examples" in help_text
     bad = runner.invoke(main, ["bench-e2e", "--config", "nope", "--random-weights"])
     assert bad.exit_code != 0 and "choose one of" in bad.output
+    bad = runner.invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--columns", "ours-fp8"])
+    assert bad.exit_code != 0 and "--columns" in bad.output and "ours-fp8" in bad.output
+
+
+def test_columns_run_in_their_order():
+    """int8 quantizes the model in place, so a bf16 column after it would time int8 weights: refused."""
+    with pytest.raises(ValueError, match="in that order"):
+        bench_e2e.run("mixtral-8x7b", device="cpu", columns=("ours-int8", "ours-bf16"))
+    with pytest.raises(ValueError, match="non-empty"):
+        bench_e2e.run("mixtral-8x7b", device="cpu", columns=())
 
 
 def test_greedy_decode_gives_generates_tokens():

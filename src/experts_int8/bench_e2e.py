@@ -74,6 +74,7 @@ def _timed(fn: Callable[[], object], device: str, reps: int) -> float:
     return statistics.median(times)
 
 
+COLUMNS = ("hf-bf16", "ours-bf16", "ours-int8")  # in this order: ours-int8 quantizes the model in place
 COMPILE_MODES = ("reduce-overhead", "max-autotune")  # both capture CUDA graphs; the second also autotunes GEMMs
 
 
@@ -129,7 +130,7 @@ def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, re
 
 def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int = 1024, new_tokens: int = 128,
         reps: int = 3, cache: str = "static", decode: str = "generate", overrides: Optional[dict] = None,
-        columns=("hf-bf16", "ours-bf16", "ours-int8"), out: Optional[str] = None,
+        columns=COLUMNS, out: Optional[str] = None,
         compile_mode: str = "reduce-overhead", log: Callable[[str], None] = print) -> dict:
     from transformers import CompileConfig
 
@@ -139,6 +140,8 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
         raise ValueError(f"decode must be 'generate' or 'loop', got {decode!r}")
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+    if [c for c in COLUMNS if c in columns] != list(columns) or not columns:
+        raise ValueError(f"columns must be a non-empty subset of {COLUMNS} in that order, got {columns!r}")
     if decode == "loop" and cache != "static":
         raise ValueError("decode='loop' drives a static cache; use cache='static'")
     model = random_model(config, device, overrides=overrides)
@@ -153,8 +156,6 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
             model.set_experts_implementation("experts_int8")
         elif column == "ours-int8":
             quantize_(model)
-        else:
-            raise ValueError(f"unknown column {column!r}")
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         step = compiled_step(model, device, compile_mode) if decode == "loop" else None

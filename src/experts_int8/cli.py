@@ -433,16 +433,19 @@ Examples:
 @click.option("--compile-mode", type=click.Choice(["reduce-overhead", "max-autotune"]), default="reduce-overhead",
               show_default=True, help="torch.compile mode of the decode step (both capture CUDA graphs; "
                                       "max-autotune also autotunes the dense GEMMs, compiling for minutes).")
+@click.option("--columns", default=None, metavar="LIST",
+              help="Comma-separated subset of hf-bf16, ours-bf16, ours-int8 (default: all three; they run "
+                   "in that order, int8 last since it quantizes in place).")
 @click.option("--out", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
 def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, new_tokens, layers, reps, cache,
-                      decode, compile_mode, out):
+                      decode, compile_mode, columns, out):
     """End-to-end generation latency: transformers' experts vs ours in bf16 vs ours in int8.
 
     One model, three columns in one run: transformers' default experts implementation, the same bf16
     weights through our fused kernel, then the experts quantized to int8 in place. Prints end-to-end
     seconds and decode tokens/s per batch size and writes JSON under --out.
     """
-    from .bench_e2e import CONFIGS, run
+    from .bench_e2e import COLUMNS, CONFIGS, run
 
     if config_name not in CONFIGS:
         raise click.BadParameter(f"choose one of {sorted(CONFIGS)}", param_hint="--config")
@@ -450,7 +453,10 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
         sizes = tuple(int(b) for b in batches.split(","))
     except ValueError:
         raise click.BadParameter(f"expected comma-separated integers, got {batches!r}", param_hint="--batch")
-    run(config_name, device=device or _default_device(), batches=sizes, prompt_len=prompt_len,
+    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns else COLUMNS
+    if not chosen or set(chosen) - set(COLUMNS):
+        raise click.BadParameter(f"choose from {', '.join(COLUMNS)}, got {columns!r}", param_hint="--columns")
+    run(config_name, columns=tuple(c for c in COLUMNS if c in chosen), device=device or _default_device(), batches=sizes, prompt_len=prompt_len,
         new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, compile_mode=compile_mode, out=out, log=click.echo,
         overrides=dict(num_hidden_layers=layers) if layers else None)
 

@@ -30,9 +30,9 @@ from . import fused_moe
 # (CHUNKED_ALIGN) cost 16-26 us from 2048 to 65536 pairs on 8 experts (22-56 us on 128).
 SINGLE_PROGRAM_MAX_PAIRS = 4096  # single program up to here, then the torch sort ...
 CHUNKED_MIN_PAIRS = 2048  # ... or, with CHUNKED_ALIGN, the chunked path from here
-# Timed, but its output has so far been compared with the torch sort only under Triton's interpreter:
-# off until tests/test_gpu.py::test_chunked_align_equals_the_torch_sort has passed on a GPU.
-CHUNKED_ALIGN = False
+# On since tests/test_gpu.py::test_chunked_align_equals_the_torch_sort passed on the H200 (the output
+# equals the torch sort's, block experts included); False brings back the torch sort above 4096 pairs.
+CHUNKED_ALIGN = True
 
 
 def max_sorted_len(numel: int, num_experts: int, block_m: int) -> int:

@@ -40,8 +40,9 @@ from triton.runtime.interpreter import InterpretedFunction
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
-# Programmatic dependent launch of the GEMMs (see above). Off until timed on a GPU
-# (benchmarks/variant_ab.py pdl; benchmarks/NOTES.md has the prediction).
+# Programmatic dependent launch of the GEMMs (see above). Off: on the H200 it gained nothing at M=1,
+# 16 and 256 and cost 8-19% at M=2-4 where the align kernel precedes gate_up
+# (benchmarks/results/variant_ab_pdl_H200.json, benchmarks/NOTES.md item 27).
 PDL = False
 
 
