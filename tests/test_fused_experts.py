@@ -221,6 +221,36 @@ def test_split_k_down_partials_add_up(dtype, split_k, swap_down):
         out, ref = check(6, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
 
 
+@pytest.mark.parametrize("split_k, k, hidden", [(1, 2, 67), (4, 2, 1500), (3, 8, 33)])
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+def test_sum_kernel_adds_partials_and_experts(split_k, k, hidden, out_dtype):
+    """The one-launch sum over split-K partials and a token's k experts equals torch's sum, cast last."""
+    from experts_int8.kernels.fused_moe import invoke_sum
+
+    m = 5
+    y = torch.randn(split_k, m * k, hidden, device=DEVICE)
+    out = invoke_sum(y, torch.empty(m, hidden, device=DEVICE, dtype=out_dtype), k)
+    want = y.double().view(split_k, m, k, hidden).sum(dim=(0, 2)).to(out_dtype)
+    torch.testing.assert_close(out, want, rtol=1e-3 if out_dtype == torch.float16 else 1e-6, atol=1e-3)
+    with pytest.raises(ValueError, match="do not match"):
+        invoke_sum(y, torch.empty(m + 1, hidden, device=DEVICE), k)
+
+
+@pytest.mark.parametrize("weights_dtype", [torch.float16, torch.float64])
+def test_routing_weights_in_any_float_dtype(weights_dtype):
+    """The kernels read the routing weights in their own dtype (no cast launch): same result as fp32."""
+    experts = make_experts(6, 32, 48)
+    x = torch.randn(4, 32, device=DEVICE, dtype=torch.float32)
+    topk_weights, ids = select_experts(torch.randn(4, 6, device=DEVICE), 2)
+    topk_weights = topk_weights.to(weights_dtype)
+    for on_input in (False, True):
+        out = fused_experts(x, **experts, topk_weights=topk_weights, topk_ids=ids, backend="triton",
+                            apply_router_weight_on_input=on_input)
+        ref = fused_experts(x, **experts, topk_weights=topk_weights.float(), topk_ids=ids, backend="triton",
+                            apply_router_weight_on_input=on_input)
+        torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
 def test_split_k_is_a_down_only_key():
     from experts_int8.kernels.configs import check_config
 

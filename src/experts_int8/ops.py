@@ -18,7 +18,7 @@ import torch
 from . import reference
 from .kernels.align import align_block_size
 from .kernels.configs import get_config, split_config
-from .kernels.fused_moe import invoke_down, invoke_gate_up
+from .kernels.fused_moe import invoke_down, invoke_gate_up, invoke_sum
 from .reference import ACTIVATIONS
 from .routing import select_experts
 
@@ -189,7 +189,7 @@ def _fused_experts_triton(
         sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
             topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
         )
-    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     h = x.new_empty((m * top_k, inter))
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                    top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
@@ -203,8 +203,8 @@ def _fused_experts_triton(
         y = x.new_empty((m * top_k, hidden))
     invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                 not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
-    if split_k > 1:
-        return y.view(split_k, m, top_k, hidden).sum(dim=(0, 2)).to(x.dtype)
+    if split_k > 1:  # partials and experts added and cast in one launch (torch would need two)
+        return invoke_sum(y, x.new_empty((m, hidden)), top_k)
     return y if sum_topk or top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)
 
 

@@ -88,7 +88,7 @@ def moe_gate_up_kernel(
     scale_ptr,  # (E, 2I) fp32 per-row scales; read only when HAS_SCALE
     bias_ptr,  # (E, 2I) expert biases, any float dtype; read only when HAS_BIAS
     out_ptr,  # (M*k, I) activation dtype: act(gate) * up
-    topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT (weight applied on the input)
+    topk_weights_ptr,  # (M*k,) any float dtype; read only when MUL_ROUTED_WEIGHT (weight applied on the input)
     sorted_token_ids_ptr,  # (num_sorted,) int32
     block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32
     num_tokens_post_padded_ptr,  # (1,) int32
@@ -185,7 +185,7 @@ def moe_gate_up_kernel(
         acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
         acc_u += tl.load(b_ptrs + I).to(tl.float32)[None, :]
     if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)
+        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
         acc_g *= rw[:, None]
         acc_u *= rw[:, None]
     if ACTIVATION == 0:  # silu
@@ -245,7 +245,7 @@ def _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_ma
             bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
         acc += bias[None, :]
     if MUL_ROUTED_WEIGHT:
-        acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0)[:, None]
+        acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
     return acc
 
 
@@ -256,7 +256,7 @@ def moe_down_kernel(
     scale_ptr,  # (E, H) fp32 per-row scales; read only when HAS_SCALE
     bias_ptr,  # (E, H) expert biases, any float dtype; read only when HAS_BIAS
     out_ptr,  # (M*k, H) activation dtype; (M, H) with SUM_TOPK
-    topk_weights_ptr,  # (M*k,) fp32; read only when MUL_ROUTED_WEIGHT
+    topk_weights_ptr,  # (M*k,) any float dtype; read only when MUL_ROUTED_WEIGHT
     sorted_token_ids_ptr,  # (num_sorted,) int32
     block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32; with PAIRS the (M*k,) experts of the pairs
     num_tokens_post_padded_ptr,  # (1,) int32
@@ -428,3 +428,31 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config), **pdl_meta(a.device),
     )
+
+
+@triton.jit
+def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
+                   TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """``out[t] = sum over s < SPLIT_K, j < TOP_K of y[s, t * TOP_K + j]`` in fp32, stored in out's dtype:
+    the split-K partials and a token's k experts added, and the result cast, in one launch."""
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        for j in tl.static_range(TOP_K):
+            row = y_ptr + s * stride_split + (token * TOP_K + j) * stride_row
+            acc += tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``y [S, M*k, H]`` (S split-K partials, any float dtype) -> ``out [M, H]``, summed over S and k."""
+    split_k, rows, hidden = y.shape
+    if rows != out.shape[0] * top_k or out.shape[1] != hidden or y.stride(2) != 1 or out.stride(1) != 1:
+        raise ValueError(f"moe_sum: y {tuple(y.shape)} and out {tuple(out.shape)} do not match top_k={top_k}")
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    grid = (out.shape[0], triton.cdiv(hidden, block_h))
+    _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
+                                             TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
+    return out
