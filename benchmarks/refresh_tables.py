@@ -78,7 +78,8 @@ def main() -> None:
         table = changed.get(path) or read_table(path)
         ks = top_ks.get(e, set())
         for m, cfg in table.items():
-            if cfg.get("PAIRS") and len(ks) == 1 and not tune.pairs_fit(m, e, next(iter(ks))):
+            if (cfg.get("PAIRS") and not cfg.get("DEDUP_PAIRS") and len(ks) == 1
+                    and not tune.pairs_fit(m, e, next(iter(ks)))):
                 print(f"{name} M={m}: PAIRS (and SUM_TOPK, which needs it) dropped: pairs often share an expert")
                 cfg = {key: v for key, v in cfg.items() if key != "PAIRS"}
                 down = {key: v for key, v in cfg.get("down", {}).items() if key != "SUM_TOPK"}

@@ -7,6 +7,8 @@ CUDA-graph timing as bench_kernel:
   pairs     no align step, one block per (token, slot) pair: PAIRS 0 (shipped), 1    (M = 1, 2)
   pdl       programmatic dependent launch of the GEMMs: fused_moe.PDL off, on           (any M)
   sum_topk  the down GEMM summing each token's k experts: off, on (both PAIRS, no SPLIT_K) (M = 1, 2)
+  dedup     no align step, one program per pair, the first pair of each expert takes all its rows:
+            the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
@@ -15,6 +17,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py pairs --m 1,2 --shapes qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b
     PYTHONPATH=src python3 benchmarks/variant_ab.py pdl --m 1,2,4,16,256
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_topk --m 1,2 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
+    PYTHONPATH=src python3 benchmarks/variant_ab.py dedup --m 2,4,8,16,32 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
 import json
@@ -48,13 +51,20 @@ def sum_topk(cfg: dict, value: int) -> dict:
     return dict(cfg, PAIRS=1, down={**down, "SUM_TOPK": 1} if value else down)
 
 
+def dedup(cfg: dict, value: int) -> dict:
+    if not value:
+        return cfg
+    down = {key: v for key, v in cfg.get("down", {}).items() if key != "SUM_TOPK"}
+    return dict(cfg, PAIRS=1, DEDUP_PAIRS=1, down=down)
+
+
 def pdl(cfg: dict, value: int) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
 
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
-            "sum_topk": (sum_topk, (0, 1))}
+            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1))}
 
 
 def main() -> None:

@@ -25,9 +25,9 @@ def test_override_config_is_honoured_by_fused_experts(monkeypatch):
     seen = []
     launch_meta = fused_moe._launch_meta
 
-    def spy(config):
+    def spy(config, num_pairs):
         seen.append(dict(config))
-        return launch_meta(config)
+        return launch_meta(config, num_pairs)
 
     monkeypatch.setattr(fused_moe, "_launch_meta", spy)
     m, e, h, i, k = 5, 3, 48, 40, 2
@@ -494,11 +494,17 @@ def test_fuse_variants_for_int8_tensor_core_tiles_only():
 
 
 def test_pairs_variants_where_pairs_rarely_share_an_expert():
+    dedup = dict(PINNED, PAIRS=1, DEDUP_PAIRS=1)
     assert tune.pairs_variants(PINNED, 1, 8, 2) == [dict(PINNED, PAIRS=1)]  # M = 1: k distinct experts
     assert configs.check_config(tune.pairs_variants(PINNED, 2, 64, 6)[0])  # 12 pairs, 11.4 distinct
-    assert tune.pairs_variants(PINNED, 2, 8, 2) == []  # 4 pairs, 3.5 distinct on average: re-reads
-    assert tune.pairs_variants(PINNED, 3, 128, 8) == []
+    assert tune.pairs_variants(PINNED, 2, 64, 6)[1] == dedup
+    assert tune.pairs_variants(PINNED, 2, 8, 2) == [dedup]  # 4 pairs, 3.5 distinct on average: re-reads
+    assert tune.pairs_variants(PINNED, 3, 128, 8) == [dedup]
+    assert tune.pairs_variants(PINNED, 64, 128, 8) == []  # 512 pairs: past DEDUP_MAX_PAIRS
+    assert tune.pairs_variants(dict(PINNED, BLOCK_SIZE_M=64), 8, 8, 2) == []  # not a decode winner
     assert tune.pairs_variants(dict(PINNED, PAIRS=1), 1, 8, 2) == []
+    with_sum = dict(PINNED, down={"SUM_TOPK": 1, "BLOCK_SIZE_N": 32})
+    assert configs.check_config(tune.pairs_variants(with_sum, 4, 8, 2)[0])["down"] == {"BLOCK_SIZE_N": 32}
     assert tune.expected_distinct_experts(1, 8, 2) == pytest.approx(2)
     assert tune.expected_distinct_experts(2, 8, 2) == pytest.approx(3.5)
 
@@ -564,7 +570,7 @@ def test_refresh_tables_folds_measurements_and_keeps_tables_loadable(tmp_path, m
     base = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
     faster = dict(base, num_stages=4)
     table = {"1": dict(base, PAIRS=1, down={"SUM_TOPK": 1}), "2": dict(base, PAIRS=1, down={"SUM_TOPK": 1}),
-             "16": base}
+             "4": dict(base, PAIRS=1, DEDUP_PAIRS=1), "16": base}
     name = configs.table_name(8, 14336, "Fake_GPU", "int8_w8a16")
     (tmp_path / name).write_text(json.dumps(table))
     row = dict(E=8, H=4096, I=14336, k=2, dtype="int8")
@@ -581,4 +587,5 @@ def test_refresh_tables_folds_measurements_and_keeps_tables_loadable(tmp_path, m
     assert got["16"] == faster  # measured 10 points faster than the entry's own config
     assert got["1"] == table["1"]  # M = 1: pairs never share an expert
     assert got["2"] == base  # M = 2 on 8 experts: PAIRS dropped, and SUM_TOPK with it
+    assert got["4"] == table["4"]  # DEDUP_PAIRS reads each expert once: kept
     assert all(configs.check_config(cfg) == cfg for cfg in got.values())

@@ -2,10 +2,13 @@
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from conftest import DEVICE
 from experts_int8 import dequantize_weights, fused_experts, fused_moe, quantize_weights, reference, select_experts
 from experts_int8.kernels.align import align_block_size
+from experts_int8.kernels.fused_moe import _dedup_pair_rows
 
 DTYPES = [torch.float16, torch.float32] if DEVICE == "cpu" else [torch.bfloat16, torch.float16, torch.float32]
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -309,6 +312,58 @@ def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, monkeypatch):
         check(2, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swap, split_k", [(0, 1), (1, 2)])
+def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, monkeypatch):
+    """DEDUP_PAIRS: one program per pair, but only the first (and every BLOCK_M-th) pair of an expert
+    computes, taking the rows of the pairs routed to it. Experts shared by many tokens (more pairs than
+    BLOCK_M), repeated ids within a token, absent experts and the fallback past DEDUP_MAX_PAIRS."""
+    from experts_int8 import ops
+    from experts_int8.kernels import fused_moe
+    from experts_int8.kernels.configs import override_config
+
+    real_align = ops.align_block_size
+    align_calls = []
+    monkeypatch.setattr(ops, "align_block_size", lambda *a, **k: align_calls.append(1) or real_align(*a, **k))
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               SWAP_AB=swap, PAIRS=1, DEDUP_PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k))
+    with override_config(cfg):
+        check(1, 6, 67, 45, 2, dtype, "triton")
+        check(5, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
+        check(40, 3, 32, 45, 2, dtype, "triton")  # ~27 pairs per expert: two leaders each
+        check(9, 5, 32, 32, 3, dtype, "triton", topk_ids=torch.randint(0, 5, (9, 3)))  # repeats in a token
+        check(3, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
+        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
+        check(7, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+        assert not align_calls
+        monkeypatch.setattr(fused_moe, "DEDUP_MAX_PAIRS", 8)
+        monkeypatch.setattr(ops, "DEDUP_MAX_PAIRS", 8)
+        check(5, 4, 32, 32, 2, dtype, "triton")  # 10 pairs > 8: the align path
+        assert align_calls == [1]
+
+
+@triton.jit
+def _dedup_rows_kernel(experts_ptr, out_ptr, num_valid, BLOCK_M: tl.constexpr, PAIRS_P2: tl.constexpr):
+    pid = tl.program_id(0)
+    rows, leads = _dedup_pair_rows(pid, experts_ptr, num_valid, BLOCK_M, PAIRS_P2)
+    tl.store(out_ptr + pid * BLOCK_M + tl.arange(0, BLOCK_M), tl.where(leads, rows, -1))
+
+
+def test_dedup_pair_rows_cover_every_pair_once():
+    """The leaders' rows partition the pairs: each pair is computed by exactly one program."""
+    for experts in ([3, 3, 1, 3, 0, 1, 3], [2] * 37, list(torch.randint(-1, 4, (50,)))):
+        ids = torch.tensor(experts, dtype=torch.int32, device=DEVICE)
+        n, block_m = len(experts), 16
+        out = torch.empty(n, block_m, dtype=torch.int64, device=DEVICE)
+        _dedup_rows_kernel[(n,)](ids, out, n, BLOCK_M=block_m, PAIRS_P2=triton.next_power_of_2(max(n, 16)))
+        taken = out[out >= 0]
+        taken = taken[taken < n]
+        assert sorted(taken.tolist()) == list(range(n))
+        for row in out[(out >= 0).any(1)]:  # a leader's rows share its expert, in pair order
+            real = row[row < n]
+            assert len(set(ids[real].tolist())) == 1 and real.tolist() == sorted(real.tolist())
+
+
 def test_pairs_is_a_top_level_flag():
     from experts_int8.kernels.configs import check_config
 
@@ -323,6 +378,11 @@ def test_pairs_is_a_top_level_flag():
         check_config(dict(base, down=dict(SUM_TOPK=1)))
     with pytest.raises(ValueError, match="SUM_TOPK .* needs PAIRS and no SPLIT_K"):
         check_config(dict(base, PAIRS=1, down=dict(SUM_TOPK=1, SPLIT_K=2)))
+    assert check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1))["DEDUP_PAIRS"] == 1
+    with pytest.raises(ValueError, match="DEDUP_PAIRS refines PAIRS"):
+        check_config(dict(base, DEDUP_PAIRS=1))
+    with pytest.raises(ValueError, match="DEDUP_PAIRS refines PAIRS"):
+        check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_TOPK=1)))
 
 
 @pytest.mark.parametrize("trial", range(8))

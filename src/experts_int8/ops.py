@@ -18,7 +18,7 @@ import torch
 from . import reference
 from .kernels.align import align_block_size
 from .kernels.configs import get_config, split_config
-from .kernels.fused_moe import invoke_down, invoke_gate_up, invoke_sum
+from .kernels.fused_moe import DEDUP_MAX_PAIRS, invoke_down, invoke_gate_up, invoke_sum
 from .reference import ACTIVATIONS
 from .routing import select_experts
 
@@ -181,8 +181,11 @@ def _fused_experts_triton(
     num_experts, hidden, inter = w2.shape
     if m == 0:
         return x.new_empty((0, hidden))
-    gate_up_config, down_config = split_config(get_config(m, num_experts, inter, top_k, w13.dtype, x.device))
-    if gate_up_config.get("PAIRS"):  # decode: each (token, slot) pair is its own block, no align step
+    config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
+    if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
+        config = {key: value for key, value in config.items() if key not in ("PAIRS", "DEDUP_PAIRS")}
+    gate_up_config, down_config = split_config(config)
+    if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
         pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]
         sorted_token_ids = block_expert_ids = num_post_padded = pair_experts  # the first two are unread
     else:

@@ -10,7 +10,7 @@ BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, prun
 and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
-it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, SUM_TOPK, SWAP_AB). The config serving M
+it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB). The config serving M
 before the run (the shipped or cached table's) and the heuristic are always the first candidates, so
 a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .kernels import configs
+from .kernels import configs, fused_moe
 
 BLOCK_M = (16, 32, 64, 128)
 BLOCK_N = (32, 64, 128, 256)
@@ -161,14 +161,20 @@ def expected_distinct_experts(m: int, num_experts: int, top_k: int) -> float:
 
 
 def pairs_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
-    """The winner without the align step (PAIRS: one block per (token, slot) pair), which saves a
-    launch per layer but reads an expert once per pair that picked it. Offered only where pairs
-    rarely share an expert (at most 10% more weight reads than the distinct experts, on average):
-    M = 1 always; M = 2 with many experts. The tuner times one routing, so it cannot see the average.
-    (Measured on the H200 at M = 2: 15% slower on 8 experts, top-2; 11% faster on 64, top-6.)"""
-    if best.get("PAIRS") or not pairs_fit(m, num_experts, top_k):
+    """The winner without the align step. PAIRS (one block per (token, slot) pair) saves a launch per
+    layer but reads an expert once per pair that picked it: offered only where pairs rarely share an
+    expert (at most 10% more weight reads than the distinct experts, on average): M = 1 always; M = 2
+    with many experts. The tuner times one routing, so it cannot see the average. (Measured on the
+    H200 at M = 2: 15% slower on 8 experts, top-2; 11% faster on 64, top-6.) PAIRS + DEDUP_PAIRS reads
+    each expert once (the first pair of an expert takes all its rows): offered at decode from M = 2."""
+    if best.get("PAIRS"):
         return []
-    return [dict(best, PAIRS=1)]
+    out = [dict(best, PAIRS=1)] if pairs_fit(m, num_experts, top_k) else []
+    if 2 <= m and m * top_k <= fused_moe.DEDUP_MAX_PAIRS and best["BLOCK_SIZE_M"] <= 32:
+        # DEDUP_PAIRS: no align launch and no re-reads (each expert's first pair takes its rows)
+        down = {key: value for key, value in best.get("down", {}).items() if key != "SUM_TOPK"}
+        out.append(dict(best, PAIRS=1, DEDUP_PAIRS=1, down=down) if down else dict(best, PAIRS=1, DEDUP_PAIRS=1))
+    return out
 
 
 def pairs_fit(m: int, num_experts: int, top_k: int) -> bool:
@@ -426,7 +432,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 
 def _short(cfg: dict) -> str:
-    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS") if cfg.get(k)]
+    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)

@@ -18,6 +18,8 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
   SWAP_AB       weights as the left ``tl.dot`` operand (on Hopper: wgmma's register operand, async)
   FUSE_GATE_UP  gate_up: gate and up tiles joined into one dot of width 2*BLOCK_N (not with SWAP_AB)
   PAIRS         decode: one block per (token, slot) pair, experts from the top-k ids, no align step
+  DEDUP_PAIRS   with PAIRS: the first pair routed to an expert (and every BLOCK_M-th after it) takes
+                the rows of the pairs routed to it; the others' programs exit, so no expert is read twice
   SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
   SUM_TOPK      down only, with PAIRS: one block per token sums its k experts' rows and writes [M, H]
 
@@ -44,6 +46,9 @@ ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
 # 16 and 256 and cost 8-19% at M=2-4 where the align kernel precedes gate_up
 # (benchmarks/results/variant_ab_pdl_H200.json, benchmarks/NOTES.md item 27).
 PDL = False
+# DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
+# up to this many pairs; ops.py takes the align path beyond.
+DEDUP_MAX_PAIRS = 256
 
 
 @triton.jit
@@ -82,6 +87,22 @@ def _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BL
 
 
 @triton.jit
+def _dedup_pair_rows(pid_m, pair_experts_ptr, num_valid, BLOCK_M: tl.constexpr, PAIRS_P2: tl.constexpr):
+    """DEDUP_PAIRS: block ``pid_m`` is pair ``pid_m``. Among the pairs routed to its expert (in pair
+    order) it leads when its rank is a multiple of BLOCK_M, and then takes the BLOCK_M pairs from its
+    own on as rows (padding ``num_valid``). Returns ``(rows, leads)``; every pair is in exactly one
+    leader's rows, found from the (at most PAIRS_P2) top-k ids alone: no align launch."""
+    p = tl.arange(0, PAIRS_P2)
+    experts = tl.load(pair_experts_ptr + p, mask=p < num_valid, other=-2)  # -2: past the batch, no expert
+    same = experts == tl.load(pair_experts_ptr + pid_m)
+    mine = tl.sum((same & (p < pid_m)).to(tl.int32), 0)
+    slot = tl.where(same, tl.cumsum(same.to(tl.int32), 0) - 1 - mine, -1)
+    match = slot[None, :] == tl.arange(0, BLOCK_M)[:, None]  # (BLOCK_M, PAIRS_P2): row j <- pair p
+    rows = tl.where(tl.sum(match.to(tl.int32), 1) > 0, tl.sum(tl.where(match, p[None, :], 0), 1), num_valid)
+    return rows.to(tl.int64), mine % BLOCK_M == 0
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
     w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
@@ -114,6 +135,8 @@ def moe_gate_up_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     PAIRS: tl.constexpr,
+    DEDUP_PAIRS: tl.constexpr,
+    PAIRS_P2: tl.constexpr,  # power of two >= M*k; read only with DEDUP_PAIRS
     FUSE_GATE_UP: tl.constexpr,
     SWIGLU_ALPHA: tl.constexpr,
     SWIGLU_LIMIT: tl.constexpr,
@@ -124,8 +147,15 @@ def moe_gate_up_kernel(
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
             return
-    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
-                                         PAIRS)
+    if DEDUP_PAIRS:
+        rows, leads = _dedup_pair_rows(pid_m, block_expert_ids_ptr, num_valid, BLOCK_M, PAIRS_P2)
+        if not leads:  # another program computes this pair's row
+            return
+        row_mask = rows < num_valid
+        expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
+    else:
+        rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                             PAIRS)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     out_mask = row_mask[:, None] & (offs_n[None, :] < I)
     if expert < 0:
@@ -282,6 +312,8 @@ def moe_down_kernel(
     GROUP_M: tl.constexpr,
     SWAP_AB: tl.constexpr,
     PAIRS: tl.constexpr,
+    DEDUP_PAIRS: tl.constexpr,
+    PAIRS_P2: tl.constexpr,  # power of two >= M*k; read only with DEDUP_PAIRS
     SPLIT_K: tl.constexpr,
     SUM_TOPK: tl.constexpr,
     PDL: tl.constexpr,
@@ -308,8 +340,15 @@ def moe_down_kernel(
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
             return
-    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
-                                         PAIRS)
+    if DEDUP_PAIRS:
+        rows, leads = _dedup_pair_rows(pid_m, block_expert_ids_ptr, num_valid, BLOCK_M, PAIRS_P2)
+        if not leads:  # another program computes this pair's row
+            return
+        row_mask = rows < num_valid
+        expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
+    else:
+        rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                             PAIRS)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     num_kb = tl.cdiv(I, BLOCK_K)
     kb_start = 0
@@ -364,7 +403,10 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def _launch_meta(config: dict) -> dict:
+def _launch_meta(config: dict, num_pairs: int) -> dict:
+    dedup = bool(config.get("DEDUP_PAIRS", 0))
+    if dedup and num_pairs > DEDUP_MAX_PAIRS:
+        raise ValueError(f"DEDUP_PAIRS handles up to {DEDUP_MAX_PAIRS} (token, slot) pairs, got {num_pairs}")
     return dict(
         BLOCK_M=config["BLOCK_SIZE_M"],
         BLOCK_N=config["BLOCK_SIZE_N"],
@@ -372,6 +414,8 @@ def _launch_meta(config: dict) -> dict:
         GROUP_M=config["GROUP_SIZE_M"],
         SWAP_AB=bool(config.get("SWAP_AB", 0)),
         PAIRS=bool(config.get("PAIRS", 0)),
+        DEDUP_PAIRS=dedup,
+        PAIRS_P2=max(16, triton.next_power_of_2(num_pairs)) if dedup else 16,
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
@@ -393,7 +437,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config), **pdl_meta(x.device),
+        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config, topk_weights.numel()),
+        **pdl_meta(x.device),
     )
 
 
@@ -426,7 +471,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if split_k > 1 else 0,
         TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        **_launch_meta(config), **pdl_meta(a.device),
+        **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
     )
 
 
