@@ -75,11 +75,17 @@ def _program_block(num_sorted, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
 
 @triton.jit
 def _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M: tl.constexpr,
-                PAIRS: tl.constexpr):
+                PAIRS: tl.constexpr, DEDUP_PAIRS: tl.constexpr, PAIRS_P2: tl.constexpr):
     """Row block ``pid_m``'s rows (flat pair ids, padding ``>= num_valid``), their mask and its expert
-    (-1: not on this rank). With PAIRS (no align step) block ``b`` is pair ``b`` alone and
-    ``block_expert_ids`` are the pairs' experts."""
+    (-1: not on this rank, or nothing to do: the caller stores its masked rows' zeros and returns).
+    With PAIRS (no align step) block ``b`` is pair ``b`` alone and ``block_expert_ids`` are the pairs'
+    experts; with DEDUP_PAIRS as well, it takes the rows of :func:`_dedup_pair_rows`."""
     if PAIRS:
+        if DEDUP_PAIRS:
+            rows, leads = _dedup_pair_rows(pid_m, block_expert_ids_ptr, num_valid, BLOCK_M, PAIRS_P2)
+            rows = tl.where(leads, rows, num_valid)  # not a leader: another program computes this pair
+            expert = tl.where(leads, tl.load(block_expert_ids_ptr + pid_m).to(tl.int64), -1)
+            return rows, rows < num_valid, expert
         rows = tl.where(tl.arange(0, BLOCK_M) == 0, pid_m, num_valid).to(tl.int64)
     else:
         rows = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -147,15 +153,8 @@ def moe_gate_up_kernel(
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
             return
-    if DEDUP_PAIRS:
-        rows, leads = _dedup_pair_rows(pid_m, block_expert_ids_ptr, num_valid, BLOCK_M, PAIRS_P2)
-        if not leads:  # another program computes this pair's row
-            return
-        row_mask = rows < num_valid
-        expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
-    else:
-        rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
-                                             PAIRS)
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                         PAIRS, DEDUP_PAIRS, PAIRS_P2)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     out_mask = row_mask[:, None] & (offs_n[None, :] < I)
     if expert < 0:
@@ -340,15 +339,8 @@ def moe_down_kernel(
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
             return
-    if DEDUP_PAIRS:
-        rows, leads = _dedup_pair_rows(pid_m, block_expert_ids_ptr, num_valid, BLOCK_M, PAIRS_P2)
-        if not leads:  # another program computes this pair's row
-            return
-        row_mask = rows < num_valid
-        expert = tl.load(block_expert_ids_ptr + pid_m).to(tl.int64)
-    else:
-        rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
-                                             PAIRS)
+    rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
+                                         PAIRS, DEDUP_PAIRS, PAIRS_P2)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     num_kb = tl.cdiv(I, BLOCK_K)
     kb_start = 0
