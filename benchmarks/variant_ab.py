@@ -9,6 +9,8 @@ CUDA-graph timing as bench_kernel:
   sum_topk  the down GEMM summing each token's k experts: off, on (both PAIRS, no SPLIT_K) (M = 1, 2)
   dedup     no align step, one program per pair, the first pair of each expert takes all its rows:
             the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
+  dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
+            blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
@@ -18,6 +20,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py pdl --m 1,2,4,16,256
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_topk --m 1,2 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py dedup --m 2,4,8,16,32 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
+    PYTHONPATH=src python3 benchmarks/variant_ab.py dequant --m 1024,2048,4096,8192
 """
 import argparse
 import json
@@ -31,40 +34,47 @@ from experts_int8 import bench, ops  # noqa: E402
 from experts_int8.kernels import configs, fused_moe  # noqa: E402
 
 
-def split_k(cfg: dict, value: int) -> dict:
+def split_k(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, down={**cfg.get("down", {}), "SPLIT_K": value}) if value > 1 else cfg
 
 
-def fuse(cfg: dict, value: int) -> dict:
+def fuse(cfg: dict, value: int, *lookup) -> dict:
     if not value or cfg.get("SWAP_AB") or cfg["BLOCK_SIZE_M"] < 64:
         return cfg
     return dict(cfg, FUSE_GATE_UP=1)
 
 
-def pairs(cfg: dict, value: int) -> dict:
+def pairs(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, PAIRS=1) if value else cfg
 
 
-def sum_topk(cfg: dict, value: int) -> dict:
+def sum_topk(cfg: dict, value: int, *lookup) -> dict:
     # both sides under PAIRS without SPLIT_K (what SUM_TOPK needs), so only the summing differs
     down = {key: v for key, v in cfg.get("down", {}).items() if key != "SPLIT_K"}
     return dict(cfg, PAIRS=1, down={**down, "SUM_TOPK": 1} if value else down)
 
 
-def dedup(cfg: dict, value: int) -> dict:
+def dedup(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
+    out = dict(cfg, PAIRS=1, DEDUP_PAIRS=1)
     down = {key: v for key, v in cfg.get("down", {}).items() if key != "SUM_TOPK"}
-    return dict(cfg, PAIRS=1, DEDUP_PAIRS=1, down=down)
+    return {**{key: v for key, v in out.items() if key != "down"}, **({"down": down} if down else {})}
 
 
-def pdl(cfg: dict, value: int) -> dict:
+def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, device=None) -> dict:
+    if not value or weight_dtype != torch.int8:
+        return cfg
+    return dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
+
+
+def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
 
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
-            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1))}
+            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1))}
 
 
 def main() -> None:
@@ -79,7 +89,7 @@ def main() -> None:
     apply, values = VARIANTS[args.variant]
     base_get_config = configs.get_config
     current = {"value": values[0]}
-    ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"])
+    ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
 
     l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
     rows = []

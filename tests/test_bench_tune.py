@@ -509,6 +509,15 @@ def test_pairs_variants_where_pairs_rarely_share_an_expert():
     assert tune.expected_distinct_experts(2, 8, 2) == pytest.approx(3.5)
 
 
+def test_dequant_variants_at_prefill_sizes_of_int8():
+    float_cfg = dict(PINNED, BLOCK_SIZE_M=128)
+    assert tune.dequant_variants(PINNED, 4096, "int8", float_cfg) == [dict(float_cfg, DEQUANT_ONCE=1)]
+    assert configs.check_config(tune.dequant_variants(PINNED, 1024, "int8", float_cfg)[0])
+    assert tune.dequant_variants(PINNED, 512, "int8", float_cfg) == []
+    assert tune.dequant_variants(PINNED, 4096, "bf16", float_cfg) == []
+    assert tune.dequant_variants(dict(PINNED, DEQUANT_ONCE=1), 4096, "int8", float_cfg) == []
+
+
 def test_swap_variants_for_decode_winners_only():
     cfg = dict(PINNED, BLOCK_SIZE_M=16, down={"BLOCK_SIZE_K": 256})
     swapped = tune.swap_variants(cfg)

@@ -254,6 +254,36 @@ def test_routing_weights_in_any_float_dtype(weights_dtype):
         torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
+def test_dequantize_kernel_matches_torch(out_dtype):
+    from experts_int8.kernels.fused_moe import invoke_dequantize
+
+    w = torch.randn(3, 40, 1100, device=DEVICE)
+    q, s = quantize_weights(w)
+    q, s = q[:, 5:37], s[:, 5:37]  # a slice: rows strided, as a view of a larger tensor would be
+    got = invoke_dequantize(q, s, out_dtype)
+    assert got.shape == (3, 32, 1100) and got.dtype == out_dtype and got.is_contiguous()
+    torch.testing.assert_close(got, dequantize_weights(q, s, out_dtype), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dequant_once_matches(dtype, monkeypatch):
+    """DEQUANT_ONCE: int8 experts dequantized in one pass, then the float GEMMs (this entry's blocks)."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    calls = []
+    real = ops.invoke_dequantize
+    monkeypatch.setattr(ops, "invoke_dequantize", lambda *a: calls.append(a[2]) or real(*a))
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               DEQUANT_ONCE=1)
+    with override_config(cfg):
+        check(37, 4, 64, 48, 2, dtype, "triton")
+        assert calls == [dtype, dtype]
+        check(9, 4, 32, 48, 2, dtype, "triton", quantized=False)  # float weights: nothing to dequantize
+        assert len(calls) == 2
+
+
 def test_split_k_is_a_down_only_key():
     from experts_int8.kernels.configs import check_config
 

@@ -18,7 +18,7 @@ import torch
 from . import reference
 from .kernels.align import align_block_size
 from .kernels.configs import get_config, split_config
-from .kernels.fused_moe import DEDUP_MAX_PAIRS, invoke_down, invoke_gate_up, invoke_sum
+from .kernels.fused_moe import DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum
 from .reference import ACTIVATIONS
 from .routing import select_experts
 
@@ -184,6 +184,12 @@ def _fused_experts_triton(
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = {key: value for key, value in config.items() if key not in ("PAIRS", "DEDUP_PAIRS")}
+    if config.get("DEQUANT_ONCE") and w13_scale is not None:
+        # large batches: the GEMMs run on float weights (their block sizes are this entry's), paying one
+        # read of the int8 experts and one write of them in x's dtype instead of converting every tile
+        # on the fly (benchmarks/NOTES.md item 34)
+        w13, w2 = invoke_dequantize(w13, w13_scale, x.dtype), invoke_dequantize(w2, w2_scale, x.dtype)
+        w13_scale = w2_scale = None
     gate_up_config, down_config = split_config(config)
     if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
         pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]

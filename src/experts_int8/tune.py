@@ -10,9 +10,10 @@ BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, prun
 and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
-it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB). The config serving M
-before the run (the shipped or cached table's) and the heuristic are always the first candidates, so
-a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
+it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB) and, for
+int8 at prefill sizes, the dequantize-once path (DEQUANT_ONCE). The config serving M before the run
+(the shipped or cached table's) and the heuristic are always the first candidates, so a table never
+loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
 over the layers captured in a CUDA graph, replays between events.
 
@@ -153,6 +154,14 @@ def fuse_variants(best: dict, dtype: str) -> list[dict]:
     if dtype != "int8" or best.get("SWAP_AB") or best.get("FUSE_GATE_UP") or best["BLOCK_SIZE_M"] < 64:
         return []
     return [dict(best, FUSE_GATE_UP=1)]
+
+
+def dequant_variants(best: dict, m: int, dtype: str, float_config: dict) -> list[dict]:
+    """At prefill sizes (M >= 1024) of int8 weights: dequantize the layer's experts once per call and
+    run the float GEMMs with ``float_config`` (the float table's or heuristic's blocks for this M)."""
+    if dtype != "int8" or m < 1024 or best.get("DEQUANT_ONCE"):
+        return []
+    return [dict(float_config, DEQUANT_ONCE=1)]
 
 
 def expected_distinct_experts(m: int, num_experts: int, top_k: int) -> float:
@@ -396,6 +405,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
                 routing = bench.make_routing(m, num_experts, top_k, len(layers), device)  # as the bench routes
+                float_config = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device)
                 deadline = math.inf
                 if budget_s is not None:
                     left = budget_s - (time.perf_counter() - started)
@@ -405,7 +415,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
-                                + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg),
+                                + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
+                                + dequant_variants(cfg, m, d, float_config),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best
@@ -432,7 +443,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 
 def _short(cfg: dict) -> str:
-    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS") if cfg.get(k)]
+    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)

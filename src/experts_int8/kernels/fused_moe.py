@@ -493,3 +493,28 @@ def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
     _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
                                              TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
     return out
+
+
+@triton.jit
+def dequantize_kernel(q_ptr, scale_ptr, out_ptr, N, K, stride_qe, stride_qn, stride_se, BLOCK_K: tl.constexpr):
+    """``out[e, n, :] = q[e, n, :] * scale[e, n]`` (fp32 product, stored in out's dtype); grid (E*N, K blocks)."""
+    row = tl.program_id(0).to(tl.int64)
+    e, n = row // N, row % N
+    offs = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = offs < K
+    q = tl.load(q_ptr + e * stride_qe + n * stride_qn + offs, mask=mask, other=0)
+    w = q.to(tl.float32) * tl.load(scale_ptr + e * stride_se + n)
+    tl.store(out_ptr + row * K + offs, w.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """int8 experts ``q [E, N, K]`` (unit stride along K) with fp32 row scales ``[E, N]`` -> ``[E, N, K]``
+    in ``dtype``, in one pass (the DEQUANT_ONCE path of large batches)."""
+    num_experts, n, k = q.shape
+    if q.stride(2) != 1 or scale.stride(1) != 1:
+        raise ValueError("invoke_dequantize needs unit stride along K and along the scales' rows")
+    out = torch.empty((num_experts, n, k), dtype=dtype, device=q.device)
+    block_k = min(1024, triton.next_power_of_2(k))
+    _kernel(dequantize_kernel, q.device)[(num_experts * n, triton.cdiv(k, block_k))](
+        q, scale, out, n, k, q.stride(0), q.stride(1), scale.stride(0), BLOCK_K=block_k, num_warps=4)
+    return out
