@@ -503,6 +503,8 @@ def test_pairs_variants_where_pairs_rarely_share_an_expert():
     assert tune.pairs_variants(PINNED, 64, 128, 8) == []  # 512 pairs: past DEDUP_MAX_PAIRS
     assert tune.pairs_variants(dict(PINNED, BLOCK_SIZE_M=64), 8, 8, 2) == []  # not a decode winner
     assert tune.pairs_variants(dict(PINNED, PAIRS=1), 1, 8, 2) == []
+    dedup_winner = tune.sum_topk_variants(dedup, 1, 8, 2)[0]  # SUM_TOPK excludes DEDUP_PAIRS
+    assert "DEDUP_PAIRS" not in dedup_winner and configs.check_config(dedup_winner)
     with_sum = dict(PINNED, down={"SUM_TOPK": 1, "BLOCK_SIZE_N": 32})
     assert configs.check_config(tune.pairs_variants(with_sum, 4, 8, 2)[0])["down"] == {"BLOCK_SIZE_N": 32}
     assert tune.expected_distinct_experts(1, 8, 2) == pytest.approx(2)

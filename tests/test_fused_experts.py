@@ -279,9 +279,10 @@ def test_dequant_once_matches(dtype, monkeypatch):
                DEQUANT_ONCE=1)
     with override_config(cfg):
         check(37, 4, 64, 48, 2, dtype, "triton")
-        assert calls == [dtype, dtype]
+        # fp32 activations keep the int8 path: the entry's blocks are sized for 16-bit weights
+        assert calls == ([] if dtype == torch.float32 else [dtype, dtype])
         check(9, 4, 32, 48, 2, dtype, "triton", quantized=False)  # float weights: nothing to dequantize
-        assert len(calls) == 2
+        assert len(calls) == (0 if dtype == torch.float32 else 2)
 
 
 def test_split_k_is_a_down_only_key():

@@ -184,10 +184,10 @@ def _fused_experts_triton(
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = {key: value for key, value in config.items() if key not in ("PAIRS", "DEDUP_PAIRS")}
-    if config.get("DEQUANT_ONCE") and w13_scale is not None:
-        # large batches: the GEMMs run on float weights (their block sizes are this entry's), paying one
-        # read of the int8 experts and one write of them in x's dtype instead of converting every tile
-        # on the fly (benchmarks/NOTES.md item 34)
+    if config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2:
+        # large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
+        # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and
+        # one write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md item 34)
         w13, w2 = invoke_dequantize(w13, w13_scale, x.dtype), invoke_dequantize(w2, w2_scale, x.dtype)
         w13_scale = w2_scale = None
     gate_up_config, down_config = split_config(config)

@@ -197,7 +197,8 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     down = {key: value for key, value in best.get("down", {}).items() if key != "SPLIT_K"}
     if top_k == 1 or down.get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
         return []
-    return [dict(best, PAIRS=1, down={**down, "SUM_TOPK": 1})]
+    plain = {key: value for key, value in best.items() if key != "DEDUP_PAIRS"}  # SUM_TOPK excludes it
+    return [dict(plain, PAIRS=1, down={**down, "SUM_TOPK": 1})]
 
 
 class SearchResult:

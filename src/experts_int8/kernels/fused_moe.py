@@ -349,7 +349,7 @@ def moe_down_kernel(
         split = tl.program_id(1)
         kb_start = split * tl.cdiv(num_kb, SPLIT_K)
         kb_end = tl.minimum(kb_start + tl.cdiv(num_kb, SPLIT_K), num_kb)
-        out_ptrs += split * stride_os
+        out_ptrs += split.to(tl.int64) * stride_os
     out_mask = row_mask[:, None] & (offs_n[None, :] < H)
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
@@ -478,7 +478,7 @@ def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):
         for j in tl.static_range(TOP_K):
-            row = y_ptr + s * stride_split + (token * TOP_K + j) * stride_row
+            row = y_ptr + stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row
             acc += tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
