@@ -1,7 +1,7 @@
 #!/bin/bash
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), in order of need, each
 # with its own time limit: tests ~2 min, DEDUP_PAIRS A/B ~2, int8 decode re-tune ~4 and its bench ~1,
-# e2e in max-autotune mode (three columns, batch 1 and 8) ~6, DEQUANT_ONCE A/B ~2, full kernel bench
+# e2e in max-autotune mode (three columns, batch 1) ~5, DEQUANT_ONCE A/B ~2, full kernel bench
 # ~3, where a decode step's time goes ~4. Tuned tables are written into the package copy and come back as configs.tgz
 # (their file names do not survive $OUT).
 R=$1
@@ -20,13 +20,13 @@ step "tune";         # decode again: the one-launch sum made split-K cheaper, DE
 step "bench decode"; timeout 150 python3 benchmarks/bench_kernel.py --m 1,2,4,8,16,32,64 --out "$R" 2>&1 | tail -38
                      tar czf "$R/configs.tgz" $D/*.json
 step "e2e";          timeout 600 bash benchmarks/gpu_session/cli.sh bench-e2e --config mixtral-8x7b --random-weights \
-                       --decode loop --batch 1,8 --reps 2 --compile-mode max-autotune --out "$R" 2>&1 \
+                       --decode loop --batch 1 --reps 2 --compile-mode max-autotune --out "$R" 2>&1 \
                        | grep -E "batch|tok/s|wrote|rror"
 step "dequant";      timeout 200 python3 benchmarks/variant_ab.py dequant --m 1024,2048,4096,8192 --out "$R" \
                        --shapes mixtral-8x7b mixtral-8x22b qwen3-30b-a3b deepseek-v2-lite
 step "bench_kernel"; timeout 420 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "decode step";  for column in ours-int8 ours-bf16; do
-                       timeout 200 python3 benchmarks/decode_step_diag.py --column $column --compile-mode max-autotune \
+                       timeout 300 python3 benchmarks/decode_step_diag.py --column $column --compile-mode max-autotune \
                          --out "$R" 2>&1 | tail -9
                      done
 step "done"; echo CHAIN_DONE
