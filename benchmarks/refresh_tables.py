@@ -81,10 +81,7 @@ def main() -> None:
             if (cfg.get("PAIRS") and not cfg.get("DEDUP_PAIRS") and len(ks) == 1
                     and not tune.pairs_fit(m, e, next(iter(ks)))):
                 print(f"{name} M={m}: PAIRS (and SUM_TOPK, which needs it) dropped: pairs often share an expert")
-                cfg = {key: v for key, v in cfg.items() if key != "PAIRS"}
-                down = {key: v for key, v in cfg.get("down", {}).items() if key != "SUM_TOPK"}
-                cfg = {**{key: v for key, v in cfg.items() if key != "down"}, **({"down": down} if down else {})}
-                table[m] = configs.check_config(cfg)
+                table[m] = configs.check_config(configs.without(cfg, "PAIRS", "SUM_TOPK"))
                 changed[path] = table
 
     for path, table in changed.items():

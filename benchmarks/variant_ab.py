@@ -50,16 +50,14 @@ def pairs(cfg: dict, value: int, *lookup) -> dict:
 
 def sum_topk(cfg: dict, value: int, *lookup) -> dict:
     # both sides under PAIRS without SPLIT_K (what SUM_TOPK needs), so only the summing differs
-    down = {key: v for key, v in cfg.get("down", {}).items() if key != "SPLIT_K"}
-    return dict(cfg, PAIRS=1, down={**down, "SUM_TOPK": 1} if value else down)
+    base = dict(configs.without(cfg, "SPLIT_K"), PAIRS=1)
+    return dict(base, down={**base.get("down", {}), "SUM_TOPK": 1}) if value else base
 
 
 def dedup(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
-    out = dict(cfg, PAIRS=1, DEDUP_PAIRS=1)
-    down = {key: v for key, v in cfg.get("down", {}).items() if key != "SUM_TOPK"}
-    return {**{key: v for key, v in out.items() if key != "down"}, **({"down": down} if down else {})}
+    return dict(configs.without(cfg, "SUM_TOPK"), PAIRS=1, DEDUP_PAIRS=1)
 
 
 def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, device=None) -> dict:

@@ -511,6 +511,14 @@ def test_pairs_variants_where_pairs_rarely_share_an_expert():
     assert tune.expected_distinct_experts(2, 8, 2) == pytest.approx(3.5)
 
 
+def test_without_drops_keys_at_both_levels():
+    cfg = dict(PINNED, PAIRS=1, down={"SUM_TOPK": 1})
+    assert configs.without(cfg, "PAIRS", "SUM_TOPK") == PINNED  # the emptied "down" goes too
+    assert configs.without(dict(PINNED, down={"SPLIT_K": 2, "BLOCK_SIZE_N": 32}), "SPLIT_K") == dict(
+        PINNED, down={"BLOCK_SIZE_N": 32})
+    assert cfg["down"] == {"SUM_TOPK": 1}  # a copy: the argument is untouched
+
+
 def test_dequant_variants_at_prefill_sizes_of_int8():
     float_cfg = dict(PINNED, BLOCK_SIZE_M=128)
     assert tune.dequant_variants(PINNED, 4096, "int8", float_cfg) == [dict(float_cfg, DEQUANT_ONCE=1)]

@@ -17,7 +17,7 @@ import torch
 
 from . import reference
 from .kernels.align import align_block_size
-from .kernels.configs import get_config, split_config
+from .kernels.configs import get_config, split_config, without
 from .kernels.fused_moe import DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum
 from .reference import ACTIVATIONS
 from .routing import select_experts
@@ -183,7 +183,7 @@ def _fused_experts_triton(
         return x.new_empty((0, hidden))
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
-        config = {key: value for key, value in config.items() if key not in ("PAIRS", "DEDUP_PAIRS")}
+        config = without(config, "PAIRS", "DEDUP_PAIRS")
     if config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2:
         # large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
         # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and

@@ -181,8 +181,7 @@ def pairs_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     out = [dict(best, PAIRS=1)] if pairs_fit(m, num_experts, top_k) else []
     if 2 <= m and m * top_k <= fused_moe.DEDUP_MAX_PAIRS and best["BLOCK_SIZE_M"] <= 32:
         # DEDUP_PAIRS: no align launch and no re-reads (each expert's first pair takes its rows)
-        down = {key: value for key, value in best.get("down", {}).items() if key != "SUM_TOPK"}
-        out.append(dict(best, PAIRS=1, DEDUP_PAIRS=1, down=down) if down else dict(best, PAIRS=1, DEDUP_PAIRS=1))
+        out.append(dict(configs.without(best, "SUM_TOPK"), PAIRS=1, DEDUP_PAIRS=1))
     return out
 
 
@@ -194,11 +193,10 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     """Where PAIRS fits: the winner with PAIRS and the down GEMM summing each token's k experts in one
     block (SUM_TOPK: no separate top-k sum launch, no [M, k, H] round trip; one block per token and
     N tile, so fewer, longer programs)."""
-    down = {key: value for key, value in best.get("down", {}).items() if key != "SPLIT_K"}
-    if top_k == 1 or down.get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
+    if top_k == 1 or best.get("down", {}).get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
         return []
-    plain = {key: value for key, value in best.items() if key != "DEDUP_PAIRS"}  # SUM_TOPK excludes it
-    return [dict(plain, PAIRS=1, down={**down, "SUM_TOPK": 1})]
+    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS")  # both excluded by SUM_TOPK
+    return [dict(plain, PAIRS=1, down={**plain.get("down", {}), "SUM_TOPK": 1})]
 
 
 class SearchResult:

@@ -69,6 +69,14 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     return out
 
 
+def without(config: dict, *keys: str) -> dict:
+    """A copy of ``config`` without ``keys``, at the top level and in its "down" overrides (an empty
+    "down" is dropped): how a variant turns off options that another one excludes."""
+    out = {key: value for key, value in config.items() if key not in keys and key != "down"}
+    down = {key: value for key, value in config.get("down", {}).items() if key not in keys}
+    return {**out, "down": down} if down else out
+
+
 def split_config(config: dict) -> tuple[dict, dict]:
     """``(gate_up, down)`` kernel configs from one table entry."""
     gate_up = {key: value for key, value in config.items() if key != "down"}
