@@ -243,14 +243,22 @@ def _interpreting() -> bool:
     return isinstance(align_single_program_kernel, InterpretedFunction)
 
 
+def _kernel_outputs(topk_ids, block_m, num_experts):
+    """What the Triton align paths write: ``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)``
+    (int32, uninitialized), and the padded length and power-of-two group count they launch with."""
+    device = topk_ids.device
+    num_sorted = max_sorted_len(topk_ids.numel(), num_experts, block_m)
+    outputs = (torch.empty(num_sorted, dtype=torch.int32, device=device),
+               torch.empty(num_sorted // block_m, dtype=torch.int32, device=device),
+               torch.empty(1, dtype=torch.int32, device=device))
+    return outputs, num_sorted, triton.next_power_of_2(num_experts + 2)
+
+
 def _align_single_program(topk_ids, block_m, num_experts, expert_map):
     device = topk_ids.device
     numel = topk_ids.numel()
-    num_sorted = max_sorted_len(numel, num_experts, block_m)
-    groups = triton.next_power_of_2(num_experts + 2)
-    sorted_token_ids = torch.empty(num_sorted, dtype=torch.int32, device=device)
-    block_expert_ids = torch.empty(num_sorted // block_m, dtype=torch.int32, device=device)
-    num_tokens_post_padded = torch.empty(1, dtype=torch.int32, device=device)
+    (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, groups = _kernel_outputs(
+        topk_ids, block_m, num_experts)
     scratch = torch.empty(2 * groups, dtype=torch.int32, device=device)
     has_map = expert_map is not None
     align_single_program_kernel[(1,)](
@@ -266,12 +274,9 @@ def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024
     """Three launches for any number of pairs: per-chunk histograms, offsets (one program), scatter."""
     device = topk_ids.device
     numel = topk_ids.numel()
-    num_sorted = max_sorted_len(numel, num_experts, block_m)
-    groups = triton.next_power_of_2(num_experts + 2)
+    (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, groups = _kernel_outputs(
+        topk_ids, block_m, num_experts)
     num_chunks = triton.cdiv(numel, chunk)
-    sorted_token_ids = torch.empty(num_sorted, dtype=torch.int32, device=device)
-    block_expert_ids = torch.empty(num_sorted // block_m, dtype=torch.int32, device=device)
-    num_tokens_post_padded = torch.empty(1, dtype=torch.int32, device=device)
     counts = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
     base = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
     has_map = expert_map is not None
