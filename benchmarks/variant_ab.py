@@ -11,6 +11,9 @@ CUDA-graph timing as bench_kernel:
             the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
+  mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
+            time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
+            with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
 
 Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
 
@@ -21,6 +24,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_topk --m 1,2 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py dedup --m 2,4,8,16,32 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py dequant --m 1024,2048,4096,8192
+    PYTHONPATH=src python3 benchmarks/variant_ab.py mma_v2 --m 256,512,1024,2048
 """
 import argparse
 import json
@@ -66,13 +70,27 @@ def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, d
     return dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
 
 
+def mma_v2(cfg: dict, value: int, *lookup) -> dict:
+    # The unswapped int8 wgmma is synchronous (NOTES item 13); mma.sync takes both operands from
+    # registers, so the converted weight tile never goes back to shared memory.
+    want = "1" if value else "0"
+    if os.environ.get("DISABLE_MMA_V3", "0") != want:
+        os.environ["DISABLE_MMA_V3"] = want
+        for kernel in (fused_moe.moe_gate_up_kernel, fused_moe.moe_down_kernel):
+            kernel.device_caches.clear()  # compiled under the other setting
+    if value == 2:
+        return dict(cfg, num_warps=8, down={**cfg.get("down", {}), "num_warps": 8})
+    return cfg
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
 
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
-            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1))}
+            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
+            "mma_v2": (mma_v2, (0, 1, 2))}
 
 
 def main() -> None:
