@@ -283,6 +283,23 @@ def test_dequant_once_matches(dtype, monkeypatch):
         assert calls == ([] if dtype == torch.float32 else [dtype, dtype])
         check(9, 4, 32, 48, 2, dtype, "triton", quantized=False)  # float weights: nothing to dequantize
         assert len(calls) == (0 if dtype == torch.float32 else 2)
+        # no room for the float copy: the int8 path, same result
+        monkeypatch.setattr(ops, "_transient_fits", lambda nbytes, device: False)
+        check(37, 4, 64, 48, 2, dtype, "triton")
+        assert len(calls) == (0 if dtype == torch.float32 else 2)
+
+
+def test_transient_fits_counts_free_and_cached_memory(monkeypatch):
+    from experts_int8 import ops
+
+    assert ops._transient_fits(1 << 60, torch.device("cpu"))  # no query off CUDA
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (3 << 30, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 10 << 30)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 9 << 30)
+    assert ops._transient_fits(4 << 30, cuda)  # 3 GiB free on the device + 1 GiB cached by torch
+    assert not ops._transient_fits((4 << 30) + 1, cuda)
 
 
 def test_split_k_is_a_down_only_key():

@@ -162,6 +162,15 @@ def _capability_ok(device: int) -> bool:
     return False
 
 
+def _transient_fits(nbytes: int, device: torch.device) -> bool:
+    """Whether a temporary buffer of ``nbytes`` fits in the device's free memory plus what torch's
+    allocator holds unused (always, off CUDA and while a graph is captured: no query there)."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return nbytes <= free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 @torch.library.custom_op("experts_int8::fused_experts", mutates_args=())
 def _fused_experts_triton(
     x: torch.Tensor,
@@ -184,12 +193,14 @@ def _fused_experts_triton(
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = without(config, "PAIRS", "DEDUP_PAIRS")
-    if config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2:
-        # large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
-        # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and
-        # one write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md item 34)
-        w13, w2 = invoke_dequantize(w13, w13_scale, x.dtype), invoke_dequantize(w2, w2_scale, x.dtype)
-        w13_scale = w2_scale = None
+    # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
+    # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
+    # write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md items 34, 37).
+    # One float copy at a time (w2's reuses w13's memory), and only where it fits: else the int8 path.
+    dequant = (config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2
+               and _transient_fits(w13.numel() * x.element_size(), x.device))
+    if dequant:
+        w13, w13_scale = invoke_dequantize(w13, w13_scale, x.dtype), None
     gate_up_config, down_config = split_config(config)
     if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
         pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]
@@ -202,6 +213,9 @@ def _fused_experts_triton(
     h = x.new_empty((m * top_k, inter))
     invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                    top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
+    if dequant:
+        del w13  # its float copy is free for w2's
+        w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None
     split_k = down_config.get("SPLIT_K", 1)
     sum_topk = bool(down_config.get("SUM_TOPK"))
     if split_k > 1:  # fp32 partials over slices of I, summed with the k experts of each token
