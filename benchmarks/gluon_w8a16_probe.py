@@ -1,0 +1,184 @@
+"""Probe (Hopper, not used by the library): can a Gluon GEMM overlap the int8 -> bf16 conversion with
+the tensor cores, which Triton's own pipeliner does not (benchmarks/NOTES.md items 13 and 41)?
+
+Dense ``Y = X @ (Wq * scale)^T`` with X [M, K] bf16, Wq [N, K] int8, one fp32 scale per row of Wq.
+One or two warpgroups per program (split along M). X and W tiles stream into a STAGES-deep shared-memory ring by cp.async;
+each int8 tile is loaded to registers, converted, and stored into one of two bf16 slots, and the
+wgmma on it is issued asynchronously with one left in flight, so converting tile j+1 overlaps the
+wgmma of tile j. With bf16 weights (``--weights bf16``-style rows of the table) the same kernel reads
+its B operand straight from the ring: the reference for what the conversion costs.
+
+Prints a table of microseconds and TFLOP/s per shape: Gluon int8, Gluon bf16, torch bf16 (cuBLAS),
+and checks both Gluon results against torch.
+
+    PYTHONPATH=src python3 benchmarks/gluon_w8a16_probe.py --out benchmarks/results
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+
+
+@gluon.jit
+def _issue_tile(x_ptr, w_ptr, x_slot, w_slot, offs_xm, offs_wn, offs_xk, offs_wk, k0, M, N, K,
+                stride_xm, stride_wn):
+    """cp.async of one K tile of X and W into their ring slots (rows and K masked)."""
+    xk = k0 + offs_xk
+    wk = k0 + offs_wk
+    x_ptrs = x_ptr + offs_xm[:, None] * stride_xm + xk[None, :]
+    w_ptrs = w_ptr + offs_wn[:, None] * stride_wn + wk[None, :]
+    async_copy.async_copy_global_to_shared(x_slot, x_ptrs, mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
+    async_copy.async_copy_global_to_shared(w_slot, w_ptrs, mask=(offs_wn[:, None] < N) & (wk[None, :] < K))
+
+
+@gluon.jit
+def w8a16_gemm_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                      INT8: gl.constexpr, X_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
+                      num_warps: gl.constexpr):
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    # 16-byte global reads per thread: 8 bf16 of X, 16 int8 (or 8 bf16) of W
+    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [num_warps, 1], [1, 0])
+    W_VEC: gl.constexpr = 16 if INT8 else 8
+    w_load: gl.constexpr = gl.BlockedLayout([1, W_VEC], [32 * W_VEC // BLOCK_K, BLOCK_K // W_VEC], [num_warps, 1],
+                                            [1, 0])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+
+    offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
+    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
+    offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
+    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(w_ptr.dtype.element_ty, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
+    b_slots = gl.allocate_shared_memory(gl.bfloat16, [2, BLOCK_N, BLOCK_K], B_SMEM)
+
+    num_k = gl.cdiv(K, BLOCK_K)
+    for s in gl.static_range(STAGES - 1):  # prologue: the first STAGES-1 tiles in flight
+        _issue_tile(x_ptr, w_ptr, x_ring.index(s), w_ring.index(s), offs_xm, offs_wn, offs_xk, offs_wk,
+                    s * BLOCK_K, M, N, K, stride_xm, stride_wn)
+        async_copy.commit_group()
+
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for j in range(num_k):
+        slot = j % STAGES
+        async_copy.wait_group(STAGES - 2)  # tile j has landed (this thread's copies) ...
+        gl.thread_barrier()  # ... and every thread's
+        if INT8:
+            # registers -> bf16 -> one of two slots; the wgmma that last read this slot (tile j-2) has
+            # completed: at most one wgmma is left in flight below
+            w = w_ring.index(slot).load(w_load)
+            b_slot = b_slots.index(j % 2)
+            b_slot.store(w.to(gl.bfloat16))
+            fence_async_shared()
+            gl.thread_barrier()
+            b = b_slot.permute((1, 0))
+        else:
+            fence_async_shared()
+            b = w_ring.index(slot).permute((1, 0))
+        acc = warpgroup_mma(x_ring.index(slot), b, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        # the wgmma of tile j-1 is done: its ring slot takes tile j+STAGES-1
+        nxt = j + STAGES - 1
+        if nxt < num_k:
+            _issue_tile(x_ptr, w_ptr, x_ring.index(nxt % STAGES), w_ring.index(nxt % STAGES), offs_xm, offs_wn,
+                        offs_xk, offs_wk, nxt * BLOCK_K, M, N, K, stride_xm, stride_wn)
+        async_copy.commit_group()  # (empty near the end: keeps the group count uniform)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    if INT8:
+        scale = gl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+        acc = acc * scale[None, :]
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    gl.store(y_ptrs, acc.to(gl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+def w8a16_gemm(x, w, scale=None, *, block_m=128, block_n=128, block_k=64, stages=4, num_warps=4):
+    """``x @ (w * scale[:, None])^T`` for int8 ``w`` with fp32 ``scale``, or ``x @ w^T`` for bf16 ``w``."""
+    m, k = x.shape
+    n = w.shape[0]
+    int8 = w.dtype == torch.int8
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    w_smem = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.int8 if int8 else gl.bfloat16)
+    b_smem = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.bfloat16)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    w8a16_gemm_kernel[grid](x, w, scale if int8 else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+                            block_m, block_n, block_k, stages, int8, x_smem, w_smem, b_smem, num_warps=num_warps)
+    return y
+
+
+def bench_us(fn, reps=50):
+    fn()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="1024x28672x4096,4096x28672x4096,1024x4096x14336,4096x4096x14336",
+                    help="MxNxK, comma-separated (defaults: mixtral-8x7b gate_up and down per expert)")
+    ap.add_argument("--configs", default="128x128x64x4x4,128x128x64x3x4,128x256x64x3x8,128x128x64x4x8",
+                    help="BMxBNxBKxSTAGESxWARPS, comma-separated")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    rows = []
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'gluon int8':>16} | {'gluon bf16':>16} | {'torch bf16':>16} | err")
+    for shape in args.shapes.split(","):
+        m, n, k = (int(v) for v in shape.split("x"))
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda") * 0.02
+        scale = w.abs().amax(1) / 127
+        wq = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        wf = (wq.float() * scale[:, None]).to(torch.bfloat16)
+        ref = x @ wf.t()
+        t_torch = bench_us(lambda: x @ wf.t())
+        for cfg in args.configs.split(","):
+            bm, bn, bk, st, nw = (int(v) for v in cfg.split("x"))
+            kw = dict(block_m=bm, block_n=bn, block_k=bk, stages=st, num_warps=nw)
+            got8 = w8a16_gemm(x, wq, scale, **kw)
+            got16 = w8a16_gemm(x, wf, **kw)
+            err = max((got8.float() - ref.float()).abs().max().item(), (got16.float() - ref.float()).abs().max().item())
+            ok = err <= 0.05 * ref.float().abs().max().item()
+            t8 = bench_us(lambda: w8a16_gemm(x, wq, scale, **kw))
+            t16 = bench_us(lambda: w8a16_gemm(x, wf, **kw))
+            tf = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731  TFLOP/s from microseconds
+            rows.append(dict(M=m, N=n, K=k, config=cfg, gluon_int8_us=t8, gluon_bf16_us=t16, torch_bf16_us=t_torch,
+                             max_abs_err=err, correct=ok))
+            print(f"{m:5d} {n:6d} {k:6d} {cfg:>14} | {t8:8.1f} us {tf(t8):4.0f} TF | {t16:8.1f} us {tf(t16):4.0f} TF | "
+                  f"{t_torch:8.1f} us {tf(t_torch):4.0f} TF | {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    if args.out:
+        from experts_int8.bench import library_commit
+        with open(os.path.join(args.out, "gluon_w8a16_probe.json"), "w") as f:
+            json.dump(dict(benchmark="gluon_w8a16_probe", gpu=torch.cuda.get_device_name(), commit=library_commit()[0],
+                           triton=triton.__version__, command=" ".join(sys.argv), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
