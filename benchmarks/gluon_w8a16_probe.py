@@ -2,14 +2,15 @@
 the tensor cores, which Triton's own pipeliner does not (benchmarks/NOTES.md items 13 and 41)?
 
 Dense ``Y = X @ (Wq * scale)^T`` with X [M, K] bf16, Wq [N, K] int8, one fp32 scale per row of Wq.
-One or two warpgroups per program (split along M). X and W tiles stream into a STAGES-deep shared-memory ring by cp.async;
-each int8 tile is loaded to registers, converted, and stored into one of two bf16 slots, and the
+One or two warpgroups per program (split along M). X and W tiles stream into a STAGES-deep
+shared-memory ring by cp.async; each int8 tile is loaded to registers, converted, and stored into one of two bf16 slots, and the
 wgmma on it is issued asynchronously with one left in flight, so converting tile j+1 overlaps the
-wgmma of tile j. With bf16 weights (``--weights bf16``-style rows of the table) the same kernel reads
-its B operand straight from the ring: the reference for what the conversion costs.
+wgmma of tile j ("db"). With bf16 weights the same kernel reads its B operand straight from the
+ring: the reference for what the conversion costs. A second, warp-specialized form ("ws", below)
+moves loading and conversion into their own warps.
 
-Prints a table of microseconds and TFLOP/s per shape: Gluon int8, Gluon bf16, torch bf16 (cuBLAS),
-and checks both Gluon results against torch.
+Prints a table of microseconds and TFLOP/s per shape and config: ws int8, db int8, db bf16, torch
+bf16 (cuBLAS), and checks every Gluon result against torch.
 
     PYTHONPATH=src python3 benchmarks/gluon_w8a16_probe.py --out benchmarks/results
 """
@@ -22,8 +23,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
+                                                              warpgroup_mma, warpgroup_mma_wait)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
@@ -106,6 +107,121 @@ def w8a16_gemm_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride
     gl.store(y_ptrs, acc.to(gl.bfloat16), mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+# Warp-specialized form: a loader warpgroup streams X and int8 W tiles into a ring (cp.async, each thread's
+# copies counted on the slot's `loaded` barrier as they land), a converter warpgroup turns each int8
+# tile into a bf16 tile in a second ring, and the default partition only waits and issues wgmma, so
+# the conversion leaves the tensor cores' critical path. Per ring slot: `loaded` (X and int8 W
+# landed), `converted` (bf16 W stored), `free` (arrived by the converter once it has read the int8
+# tile and by the MMA partition once the wgmma reading the slot's X and bf16 W has completed).
+# Phases: tile j uses slot j % STAGES in phase (j // STAGES) & 1; waits on `free` start at phase 1,
+# which a fresh barrier counts as complete.
+LOADER_WARPS = gl.constexpr(4)
+CONVERTER_WARPS = gl.constexpr(4)
+
+
+# (the two workers take the same arguments, as warp_specialize asks; block sizes come from the rings'
+# types, since constexpr arguments do not survive the trip into a worker partition)
+@gluon.jit
+def _ws_loader(x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free, consumed, M, N, K, stride_xm,
+               stride_wn):
+    STAGES: gl.constexpr = x_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
+    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
+    BLOCK_N: gl.constexpr = w_ring.type.shape[1]
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
+    w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [LOADER_WARPS, 1], [1, 0])
+    offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
+    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
+    offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
+    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    for j in range(gl.cdiv(K, BLOCK_K)):
+        slot = j % STAGES
+        mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)
+        _issue_tile(x_ptr, w_ptr, x_ring.index(slot), w_ring.index(slot), offs_xm, offs_wn, offs_xk, offs_wk,
+                    j * BLOCK_K, M, N, K, stride_xm, stride_wn)
+        async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, when its copies land
+
+
+@gluon.jit
+def _ws_converter(x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free, consumed, M, N, K, stride_xm,
+                  stride_wn):
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    BLOCK_K: gl.constexpr = w_ring.type.shape[2]
+    w_reg: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [4, 1], [1, 0])
+    for j in range(gl.cdiv(K, BLOCK_K)):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(loaded.index(slot), phase)
+        mbarrier.wait(consumed.index(slot), phase ^ 1)  # the wgmma that last read this bf16 slot is done
+        w = w_ring.index(slot).load(w_reg)
+        gl.thread_barrier()  # every converter thread has read the int8 tile ...
+        mbarrier.arrive(free.index(slot))  # ... so the loader may refill it (with the MMA side's arrival)
+        b_ring.index(slot).store(w.to(gl.bfloat16))
+        fence_async_shared()  # generic-proxy stores before the wgmma's async-proxy reads
+        gl.thread_barrier()
+        mbarrier.arrive(converted.index(slot))
+
+
+@gluon.jit
+def _ws_mma(x_ring, b_ring, loaded, converted, free, consumed, K, acc_layout: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
+    for j in range(gl.cdiv(K, BLOCK_K)):
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(loaded.index(slot), phase)
+        mbarrier.wait(converted.index(slot), phase)
+        fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma
+        acc = warpgroup_mma(x_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        # tile j-1's wgmma has completed: its X slot and bf16 slot may be reused
+        prev = (j + STAGES - 1) % STAGES
+        gl.thread_barrier()
+        mbarrier.arrive(free.index(prev), pred=j > 0)
+        mbarrier.arrive(consumed.index(prev), pred=j > 0)
+    return (warpgroup_mma_wait(num_outstanding=0, deps=(acc, )), )  # warp_specialize returns a tuple
+
+
+@gluon.jit
+def w8a16_gemm_ws_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                         X_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_N, 16])
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
+    b_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, BLOCK_K], B_SMEM)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    converted = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    consumed = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
+        mbarrier.init(converted.index(s), count=1)
+        mbarrier.init(free.index(s), count=2)  # converter (int8 tile read) + MMA (wgmma done)
+        mbarrier.init(consumed.index(s), count=1)
+
+    worker_args = (x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free, consumed, M, N, K, stride_xm,
+                   stride_wn)
+    acc, = gl.warp_specialize([
+        (_ws_mma, (x_ring, b_ring, loaded, converted, free, consumed, K, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K,
+                   STAGES)),
+        (_ws_loader, worker_args),
+        (_ws_converter, worker_args),
+    ], [LOADER_WARPS, CONVERTER_WARPS], [80, 96])
+
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    scale = gl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+    y = (acc * scale[None, :]).to(gl.bfloat16)
+    gl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], y,
+             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
 def w8a16_gemm(x, w, scale=None, *, block_m=128, block_n=128, block_k=64, stages=4, num_warps=4):
     """``x @ (w * scale[:, None])^T`` for int8 ``w`` with fp32 ``scale``, or ``x @ w^T`` for bf16 ``w``."""
     m, k = x.shape
@@ -118,6 +234,23 @@ def w8a16_gemm(x, w, scale=None, *, block_m=128, block_n=128, block_k=64, stages
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     w8a16_gemm_kernel[grid](x, w, scale if int8 else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
                             block_m, block_n, block_k, stages, int8, x_smem, w_smem, b_smem, num_warps=num_warps)
+    return y
+
+
+def w8a16_gemm_ws(x, w, scale, *, block_m=128, block_n=128, block_k=64, stages=4, num_warps=4):
+    """The warp-specialized form (int8 ``w`` only); ``num_warps`` is the MMA partition's."""
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    w_smem = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.int8)
+    b_smem = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.bfloat16)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    # registers: the kernel's warps (MMA, loader and converter groups, each rounded up to 4) share 64K
+    total_warps = num_warps + 4 + 4
+    w8a16_gemm_ws_kernel[grid](x, w, scale, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+                               block_m, block_n, block_k, stages, x_smem, w_smem, b_smem, num_warps=num_warps,
+                               maxnreg=min(255, 65536 // (32 * total_warps)) // 8 * 8)
     return y
 
 
@@ -143,13 +276,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1024x28672x4096,4096x28672x4096,1024x4096x14336,4096x4096x14336",
                     help="MxNxK, comma-separated (defaults: mixtral-8x7b gate_up and down per expert)")
-    ap.add_argument("--configs", default="128x128x64x4x4,128x128x64x3x4,128x256x64x3x8,128x128x64x4x8",
-                    help="BMxBNxBKxSTAGESxWARPS, comma-separated")
+    ap.add_argument("--configs", default="128x128x64x3x4,128x128x64x4x4,128x128x64x4x8",
+                    help="BMxBNxBKxSTAGESxWARPS, comma-separated (WARPS: the MMA partition's in the ws form)")
+    ap.add_argument("--kernels", default="db,ws", help="db (double-buffered), ws (warp-specialized), comma-separated")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    kernels = args.kernels.split(",")
     torch.manual_seed(0)
     rows = []
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'gluon int8':>16} | {'gluon bf16':>16} | {'torch bf16':>16} | err")
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'ws int8':>16} | {'db int8':>16} | {'db bf16':>16} | "
+          f"{'torch bf16':>16} | ok")
     for shape in args.shapes.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -158,21 +294,31 @@ def main():
         wq = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         wf = (wq.float() * scale[:, None]).to(torch.bfloat16)
         ref = x @ wf.t()
+        tol = 0.05 * ref.float().abs().max().item()
         t_torch = bench_us(lambda: x @ wf.t())
+        tf = lambda t: 2 * m * n * k / t / 1e6 if t else 0  # noqa: E731  TFLOP/s from microseconds
         for cfg in args.configs.split(","):
             bm, bn, bk, st, nw = (int(v) for v in cfg.split("x"))
             kw = dict(block_m=bm, block_n=bn, block_k=bk, stages=st, num_warps=nw)
-            got8 = w8a16_gemm(x, wq, scale, **kw)
-            got16 = w8a16_gemm(x, wf, **kw)
-            err = max((got8.float() - ref.float()).abs().max().item(), (got16.float() - ref.float()).abs().max().item())
-            ok = err <= 0.05 * ref.float().abs().max().item()
-            t8 = bench_us(lambda: w8a16_gemm(x, wq, scale, **kw))
-            t16 = bench_us(lambda: w8a16_gemm(x, wf, **kw))
-            tf = lambda t: 2 * m * n * k / t / 1e6  # noqa: E731  TFLOP/s from microseconds
-            rows.append(dict(M=m, N=n, K=k, config=cfg, gluon_int8_us=t8, gluon_bf16_us=t16, torch_bf16_us=t_torch,
-                             max_abs_err=err, correct=ok))
-            print(f"{m:5d} {n:6d} {k:6d} {cfg:>14} | {t8:8.1f} us {tf(t8):4.0f} TF | {t16:8.1f} us {tf(t16):4.0f} TF | "
-                  f"{t_torch:8.1f} us {tf(t_torch):4.0f} TF | {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+            row = dict(M=m, N=n, K=k, config=cfg, torch_bf16_us=t_torch)
+            runs = {"ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw)),
+                    "db_int8": ("db", lambda: w8a16_gemm(x, wq, scale, **kw)),
+                    "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw))}
+            for name, (kernel, fn) in runs.items():
+                if kernel not in kernels:
+                    continue
+                try:
+                    err = (fn().float() - ref.float()).abs().max().item()
+                    row[f"{name}_us"], row[f"{name}_err"] = bench_us(fn), err
+                except Exception as exc:  # a config this kernel cannot compile: recorded, the rest still runs
+                    row[f"{name}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append(row)
+            ok = all(row.get(f"{nm}_err", 0) <= tol for nm in runs)
+            row["correct"] = ok
+            cells = " | ".join(f"{row[f'{nm}_us']:8.1f} us {tf(row[f'{nm}_us']):4.0f} TF" if f"{nm}_us" in row
+                               else f"{'-':>16}" for nm in runs)
+            print(f"{m:5d} {n:6d} {k:6d} {cfg:>14} | {cells} | {t_torch:8.1f} us {tf(t_torch):4.0f} TF | "
+                  f"{'ok' if ok else 'WRONG'}", flush=True)
     if args.out:
         from experts_int8.bench import library_commit
         with open(os.path.join(args.out, "gluon_w8a16_probe.json"), "w") as f:
