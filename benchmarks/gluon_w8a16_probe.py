@@ -284,7 +284,7 @@ def main():
     kernels = args.kernels.split(",")
     torch.manual_seed(0)
     rows = []
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'ws int8':>16} | {'db int8':>16} | {'db bf16':>16} | "
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'db int8':>16} | {'db bf16':>16} | {'ws int8':>16} | "
           f"{'torch bf16':>16} | ok")
     for shape in args.shapes.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
@@ -301,9 +301,9 @@ def main():
             bm, bn, bk, st, nw = (int(v) for v in cfg.split("x"))
             kw = dict(block_m=bm, block_n=bn, block_k=bk, stages=st, num_warps=nw)
             row = dict(M=m, N=n, K=k, config=cfg, torch_bf16_us=t_torch)
-            runs = {"ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw)),
-                    "db_int8": ("db", lambda: w8a16_gemm(x, wq, scale, **kw)),
-                    "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw))}
+            runs = {"db_int8": ("db", lambda: w8a16_gemm(x, wq, scale, **kw)),
+                    "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw)),
+                    "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw))}  # last: not yet run on a GPU
             for name, (kernel, fn) in runs.items():
                 if kernel not in kernels:
                     continue
@@ -319,11 +319,15 @@ def main():
                                else f"{'-':>16}" for nm in runs)
             print(f"{m:5d} {n:6d} {k:6d} {cfg:>14} | {cells} | {t_torch:8.1f} us {tf(t_torch):4.0f} TF | "
                   f"{'ok' if ok else 'WRONG'}", flush=True)
-    if args.out:
-        from experts_int8.bench import library_commit
-        with open(os.path.join(args.out, "gluon_w8a16_probe.json"), "w") as f:
-            json.dump(dict(benchmark="gluon_w8a16_probe", gpu=torch.cuda.get_device_name(), commit=library_commit()[0],
-                           triton=triton.__version__, command=" ".join(sys.argv), rows=rows), f, indent=1)
+            if args.out:  # after every row: a hang or crash later keeps what was measured
+                save(args.out, rows)
+
+
+def save(out_dir, rows):
+    from experts_int8.bench import library_commit
+    with open(os.path.join(out_dir, "gluon_w8a16_probe.json"), "w") as f:
+        json.dump(dict(benchmark="gluon_w8a16_probe", gpu=torch.cuda.get_device_name(), commit=library_commit()[0],
+                       triton=triton.__version__, command=" ".join(sys.argv), rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
