@@ -11,6 +11,9 @@ CUDA-graph timing as bench_kernel:
             the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
+  gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
+            shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on
+                                                                                 (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -25,6 +28,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py dedup --m 2,4,8,16,32 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py dequant --m 1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py mma_v2 --m 256,512,1024,2048
+    PYTHONPATH=src python3 benchmarks/variant_ab.py gluon --m 256,512,1024,2048,4096,8192
 """
 import argparse
 import json
@@ -70,6 +74,10 @@ def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, d
     return dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
 
 
+def gluon(cfg: dict, value: int, *lookup) -> dict:
+    return dict(configs.without(cfg, "DEQUANT_ONCE"), GLUON=1) if value else cfg
+
+
 def mma_v2(cfg: dict, value: int, *lookup) -> dict:
     # The unswapped int8 wgmma is synchronous (NOTES item 13); mma.sync takes both operands from
     # registers, so the converted weight tile never goes back to shared memory.
@@ -90,7 +98,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
-            "mma_v2": (mma_v2, (0, 1, 2))}
+            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1))}
 
 
 def main() -> None:
@@ -107,6 +115,12 @@ def main() -> None:
     current = {"value": values[0]}
     ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
 
+    launches = []  # Gluon gate_up launches while the current variant is timed (eager warm-up included)
+    if args.variant == "gluon":
+        from experts_int8 import ops
+        real = ops.gluon_moe.invoke_gate_up
+        ops.gluon_moe.invoke_gate_up = lambda *a: launches.append(1) or real(*a)
+
     l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
     rows = []
     for name in args.shapes:
@@ -119,8 +133,11 @@ def main() -> None:
             row = dict(shape=name, M=m, dtype=args.dtype)
             for value in values:
                 current["value"] = value
+                launches.clear()
                 seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
                 row[f"{args.variant}={value}_us"] = seconds * 1e6
+                if args.variant == "gluon":  # a GLUON entry the Gluon kernels cannot take runs Triton's
+                    row[f"gluon={value}_ran"] = bool(launches)
             rows.append(row)
             cells = "  ".join(f"{args.variant}={v}: {row[f'{args.variant}={v}_us']:8.1f} us" for v in values)
             print(f"{name:16s} M={m:<5d} {cells}", flush=True)

@@ -153,3 +153,56 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m):
     ref = oracle(x, ex, w, ids)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
     torch.testing.assert_close(replayed, out, rtol=0, atol=0)
+
+
+GLUON_CONFIGS = {  # the Gluon (wgmma) kernels of kernels/gluon_moe.py: 4 warps, and 8 warps over 128 rows
+    "gluon_4_warps": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
+                          num_stages=3, GLUON=1),
+    "gluon_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
+                          num_stages=3, GLUON=1, down=dict(BLOCK_SIZE_N=64)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(GLUON_CONFIGS))
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swiglu_oai"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 70, 300])
+def test_gluon_kernels_match_the_oracle(variant, activation, dtype, m, monkeypatch):
+    """H=528 and I=400: K tails and partial N tiles in both GEMMs; routing weight on the output."""
+    from experts_int8.kernels import gluon_moe
+    from experts_int8.kernels.configs import override_config
+
+    ran = []
+    real = gluon_moe.invoke_gate_up
+    monkeypatch.setattr(gluon_moe, "invoke_gate_up", lambda *a: ran.append(1) or real(*a))
+    ex = layer(h=528, i=400)
+    x = torch.randn(m, 528, device="cuda", dtype=dtype)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    with override_config(GLUON_CONFIGS[variant]):
+        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, activation=activation)
+    assert ran, "the Gluon kernels did not run"
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation=activation)
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("m", [5, 300])
+def test_gluon_kernels_with_absent_experts_and_weights_on_the_input(m):
+    """An expert_map with experts on another rank (-1 blocks write zeros) and the routing weight
+    applied in GEMM1."""
+    from experts_int8.kernels.configs import override_config
+
+    ex = layer()
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 16, device="cuda"), 1)
+    expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
+    expert_map[:8] = torch.arange(8, dtype=torch.int32, device="cuda")
+    kw = dict(topk_weights=w, topk_ids=ids, expert_map=expert_map, global_num_experts=16,
+              apply_router_weight_on_input=True)
+    with override_config(GLUON_CONFIGS["gluon_4_warps"]):
+        out = fused_experts(x, **ex, **kw)
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
+    assert ((out.double() - ref).norm() / ref.norm().clamp_min(1e-12)).item() < 1e-2

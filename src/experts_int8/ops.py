@@ -19,6 +19,11 @@ from . import reference
 from .kernels.align import align_block_size
 from .kernels.configs import get_config, split_config, without
 from .kernels.fused_moe import DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum
+
+try:
+    from .kernels import gluon_moe
+except ImportError:  # a Triton without Gluon: GLUON entries run the Triton kernels
+    gluon_moe = None
 from .reference import ACTIVATIONS
 from .routing import select_experts
 
@@ -211,8 +216,16 @@ def _fused_experts_triton(
         )
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     h = x.new_empty((m * top_k, inter))
-    invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                   top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
+    # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
+    # no bias, wgmma-sized blocks), else the Triton kernels with the same blocks
+    gluon = (config.get("GLUON") and gluon_moe is not None and w2_bias is None
+             and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias))
+    if gluon:
+        gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                                 top_k, activation, apply_router_weight_on_input, gate_up_config)
+    else:
+        invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                       top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
     if dequant:
         del w13  # its float copy is free for w2's
         w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None
@@ -224,8 +237,12 @@ def _fused_experts_triton(
         y = x.new_empty((m, hidden))
     else:
         y = x.new_empty((m * top_k, hidden))
-    invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
+    if gluon:
+        gluon_moe.invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                              not apply_router_weight_on_input, down_config)
+    else:
+        invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                    not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
     if split_k > 1:  # partials and experts added and cast in one launch (torch would need two)
         return invoke_sum(y, x.new_empty((m, hidden)), top_k)
     return y if sum_topk or top_k == 1 else y.view(m, top_k, hidden).sum(dim=1)

@@ -30,15 +30,17 @@ PACKAGE_DIR = Path(__file__).parent / "configs"
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages")
 # Optional: SWAP_AB (0/1) puts the weight tile on the left of the dot; "down" holds overrides of the
 # keys above (all but BLOCK_SIZE_M, which the align step fixes for both GEMMs) for the down GEMM;
-# DEQUANT_ONCE (int8 weights, large M) dequantizes the layer's experts first and runs float GEMMs.
-OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "down")
+# DEQUANT_ONCE (int8 weights, large M) dequantizes the layer's experts first and runs float GEMMs;
+# GLUON (int8 weights, sm_90, prefill) runs the GEMMs on kernels.gluon_moe's hand-pipelined wgmma kernels.
+OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE and "down", whose overrides may add SPLIT_K or, with PAIRS, SUM_TOPK for the down GEMM),
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON and "down", whose overrides may add SPLIT_K or, with
+    PAIRS, SUM_TOPK for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
     allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
@@ -50,7 +52,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     for key, value in out.items():
         if key == "down":
             out[key] = check_config(value, _nested=True)
-        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "SUM_TOPK"):
+        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "SUM_TOPK"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)
@@ -61,6 +63,8 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
+    if out.get("GLUON") and out.get("DEQUANT_ONCE"):
+        raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

@@ -1,0 +1,82 @@
+"""The GLUON config option: when the Gluon (wgmma) kernels apply, that they compile for sm_90 with the
+intended pipelining, and that everywhere else a GLUON entry runs the Triton kernels with its blocks.
+(Gluon kernels do not run under Triton's interpreter; tests/test_gpu.py runs them against the oracle.)"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from experts_int8.kernels.configs import check_config, override_config
+
+gluon_moe = pytest.importorskip("experts_int8.kernels.gluon_moe", reason="this Triton has no Gluon")
+
+PREFILL = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=4)
+
+
+def test_config_key():
+    assert check_config(dict(PREFILL, GLUON=1))["GLUON"] == 1
+    with pytest.raises(ValueError, match="0 or 1"):
+        check_config(dict(PREFILL, GLUON=2))
+    with pytest.raises(ValueError, match="exclude each other"):
+        check_config(dict(PREFILL, GLUON=1, DEQUANT_ONCE=1))
+
+
+@pytest.mark.parametrize("change, ok", [
+    ({}, True),
+    (dict(num_warps=8, BLOCK_SIZE_N=128, num_stages=3), True),
+    (dict(down=dict(BLOCK_SIZE_N=128, num_stages=3)), True),
+    (dict(BLOCK_SIZE_M=32), False),  # 4 warps of wgmma need 64 rows
+    (dict(BLOCK_SIZE_K=16), False),
+    (dict(num_stages=1), False),
+    (dict(PAIRS=1), False),
+    (dict(SWAP_AB=1), False),
+    (dict(down=dict(SPLIT_K=2)), False),
+])
+def test_blocks_ok(change, ok):
+    assert gluon_moe.blocks_ok(dict(PREFILL, **change)) is ok
+
+
+def test_not_supported_off_cuda():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w13, w2 = torch.zeros(2, 64, 64, dtype=torch.int8), torch.zeros(2, 64, 32, dtype=torch.int8)
+    assert not gluon_moe.supported(PREFILL, x, w13, torch.ones(2, 64), w2, None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monkeypatch):
+    from test_fused_experts import check
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the Gluon kernels ran where they do not apply")
+
+    monkeypatch.setattr(gluon_moe, "invoke_gate_up", must_not_run)
+    monkeypatch.setattr(gluon_moe, "invoke_down", must_not_run)
+    cfg = dict(PREFILL, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, num_stages=2, GLUON=1)
+    with override_config(cfg):
+        check(37, 4, 64, 48, 2, dtype, "triton")
+
+
+def _sm90_ptx(which: str) -> str:
+    """The kernel's PTX for sm_90, compiled in a fresh process (the interpreter that runs the other
+    tests patches Triton's language in this one)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = ("import sys; from experts_int8.kernels import gluon_moe; "
+            f"sys.stdout.write(gluon_moe.sm90_ptx({which!r}, {PREFILL!r}))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
+
+
+@pytest.mark.parametrize("which, in_flight", [("gate_up", 2), ("down", 1)])
+def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(which, in_flight):
+    """The point of these kernels: the wgmma is asynchronous and the K loop waits only for the previous
+    tile's (gate_up: two wgmmas per tile, so two stay in flight; down: one), never for all of them as
+    Triton's own int8 pipeline does (benchmarks/NOTES.md item 13)."""
+    ptx = _sm90_ptx(which)
+    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
+    waits = sorted({line.split()[-1].rstrip(";") for line in ptx.splitlines() if "wgmma.wait_group" in line})
+    assert waits == ["0", str(in_flight)], waits  # in the loop: the previous tile's; after it: all
+    assert "cp.async" in ptx
