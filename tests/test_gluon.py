@@ -34,9 +34,15 @@ def test_config_key():
     (dict(PAIRS=1), False),
     (dict(SWAP_AB=1), False),
     (dict(down=dict(SPLIT_K=2)), False),
+    (dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128), False),  # 4 x 64 KB ring + 2 x 64 KB slots: past 227 KB
 ])
 def test_blocks_ok(change, ok):
     assert gluon_moe.blocks_ok(dict(PREFILL, **change)) is ok
+
+
+def test_shared_memory_count():
+    # gate_up, 128x64x64, 4 stages: 4 x (16 KB of x + 8 KB of gate and up int8) + 2 x 16 KB converted
+    assert gluon_moe.smem_bytes(PREFILL, 2) == 4 * (128 * 64 * 2 + 2 * 64 * 64) + 2 * 2 * 64 * 64 * 2 == 131072
 
 
 def test_not_supported_off_cuda():

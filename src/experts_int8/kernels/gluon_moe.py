@@ -44,7 +44,19 @@ def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: t
     hidden, inter = w2.shape[1], w2.shape[2]
     if hidden % 16 or inter % 16 or not all(_rows_aligned(t) for t in (x, w13, w2)):
         return False
-    return blocks_ok(config)
+    return blocks_ok(config, _max_shared_memory(x.device.index or 0))
+
+
+def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
+    """Shared memory of one program: the ring of activation and int8 weight tiles, and two converted
+    weight slots (``num_b`` weight tiles of BLOCK_N rows each: 2 for gate_up, 1 for down)."""
+    bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
+    return config["num_stages"] * (bm * bk * act_bytes + num_b * bn * bk) + 2 * num_b * bn * bk * act_bytes
+
+
+def _max_shared_memory(device_index: int) -> int:
+    from .configs import max_shared_memory
+    return max_shared_memory(device_index)
 
 
 def _rows_aligned(t: torch.Tensor) -> bool:
@@ -55,10 +67,13 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
 
-def blocks_ok(config: dict) -> bool:
+def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
     """wgmma tiling: 16 rows per warp along M, N a multiple of 8 up to 256 (gate and up: 2 x BLOCK_N
-    columns of weights, two accumulators), K tiles of 32-256; no decode-only or split options."""
+    columns of weights, two accumulators), K tiles of 32-256, both kernels' buffers within
+    ``smem_limit`` bytes of shared memory; no decode-only or split options."""
     down = {**config, **config.get("down", {})}
+    if max(smem_bytes(config, 2), smem_bytes(down, 1)) > smem_limit:
+        return False
     if any(config.get(key) for key in ("PAIRS", "SWAP_AB", "FUSE_GATE_UP", "DEDUP_PAIRS")):
         return False
     if down.get("SPLIT_K", 1) > 1 or down.get("SUM_TOPK") or down.get("SWAP_AB"):
