@@ -28,6 +28,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+# Gluon names that Triton 3.7 changed (the probe ran on 3.6)
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 
 @gluon.jit
 def _issue_tile(x_ptr, w_ptr, x_slot, w_slot, offs_xm, offs_wn, offs_xk, offs_wk, k0, M, N, K,
@@ -37,8 +41,8 @@ def _issue_tile(x_ptr, w_ptr, x_slot, w_slot, offs_xm, offs_wn, offs_xk, offs_wk
     wk = k0 + offs_wk
     x_ptrs = x_ptr + offs_xm[:, None] * stride_xm + xk[None, :]
     w_ptrs = w_ptr + offs_wn[:, None] * stride_wn + wk[None, :]
-    async_copy.async_copy_global_to_shared(x_slot, x_ptrs, mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
-    async_copy.async_copy_global_to_shared(w_slot, w_ptrs, mask=(offs_wn[:, None] < N) & (wk[None, :] < K))
+    _async_load(x_slot, x_ptrs, mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
+    _async_load(w_slot, w_ptrs, mask=(offs_wn[:, None] < N) & (wk[None, :] < K))
 
 
 @gluon.jit
@@ -75,7 +79,7 @@ def w8a16_gemm_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride
     for j in range(num_k):
         slot = j % STAGES
         async_copy.wait_group(STAGES - 2)  # tile j has landed (this thread's copies) ...
-        gl.thread_barrier()  # ... and every thread's
+        _cta_barrier()  # ... and every thread's
         if INT8:
             # registers -> bf16 -> one of two slots; the wgmma that last read this slot (tile j-2) has
             # completed: at most one wgmma is left in flight below
@@ -83,7 +87,7 @@ def w8a16_gemm_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride
             b_slot = b_slots.index(j % 2)
             b_slot.store(w.to(gl.bfloat16))
             fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
             b = b_slot.permute((1, 0))
         else:
             fence_async_shared()
@@ -156,11 +160,11 @@ def _ws_converter(x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free,
         mbarrier.wait(loaded.index(slot), phase)
         mbarrier.wait(consumed.index(slot), phase ^ 1)  # the wgmma that last read this bf16 slot is done
         w = w_ring.index(slot).load(w_reg)
-        gl.thread_barrier()  # every converter thread has read the int8 tile ...
+        _cta_barrier()  # every converter thread has read the int8 tile ...
         mbarrier.arrive(free.index(slot))  # ... so the loader may refill it (with the MMA side's arrival)
         b_ring.index(slot).store(w.to(gl.bfloat16))
         fence_async_shared()  # generic-proxy stores before the wgmma's async-proxy reads
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(converted.index(slot))
 
 
@@ -178,7 +182,7 @@ def _ws_mma(x_ring, b_ring, loaded, converted, free, consumed, K, acc_layout: gl
         acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
         # tile j-1's wgmma has completed: its X slot and bf16 slot may be reused
         prev = (j + STAGES - 1) % STAGES
-        gl.thread_barrier()
+        _cta_barrier()
         mbarrier.arrive(free.index(prev), pred=j > 0)
         mbarrier.arrive(consumed.index(prev), pred=j > 0)
     return (warpgroup_mma_wait(num_outstanding=0, deps=(acc, )), )  # warp_specialize returns a tuple
