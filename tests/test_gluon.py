@@ -2,6 +2,7 @@
 intended pipelining, and that everywhere else a GLUON entry runs the Triton kernels with its blocks.
 (Gluon kernels do not run under Triton's interpreter; tests/test_gpu.py runs them against the oracle.)"""
 
+import json
 import os
 import subprocess
 import sys
@@ -35,6 +36,7 @@ def test_config_key():
     (dict(SWAP_AB=1), False),
     (dict(down=dict(SPLIT_K=2)), False),
     (dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128), False),  # 4 x 64 KB ring + 2 x 64 KB slots: past 227 KB
+    (dict(BLOCK_SIZE_N=128), False),  # gate and up accumulators: 256 registers a thread with 4 warps
 ])
 def test_blocks_ok(change, ok):
     assert gluon_moe.blocks_ok(dict(PREFILL, **change)) is ok
@@ -65,24 +67,43 @@ def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monk
         check(37, 4, 64, 48, 2, dtype, "triton")
 
 
-def _sm90_ptx(which: str) -> str:
-    """The kernel's PTX for sm_90, compiled in a fresh process (the interpreter that runs the other
-    tests patches Triton's language in this one)."""
+WIDE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
+COMPILED = [("gate_up", PREFILL, "bfloat16", 2), ("down", PREFILL, "bfloat16", 1), ("gate_up", WIDE, "float16", 2)]
+
+
+@pytest.fixture(scope="module")
+def sm90_ptx():
+    """PTX of the kernels in COMPILED for sm_90, compiled in a fresh process (the interpreter that runs
+    the other tests patches Triton's language in this one)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    code = ("import sys; from experts_int8.kernels import gluon_moe; "
-            f"sys.stdout.write(gluon_moe.sm90_ptx({which!r}, {PREFILL!r}))")
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; "
+            f"sys.stdout.write(json.dumps([gluon_moe.sm90_ptx(w, c, getattr(torch, d)) for w, c, d, _ in {COMPILED!r}]))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
-    return run.stdout
+    return json.loads(run.stdout)
 
 
-@pytest.mark.parametrize("which, in_flight", [("gate_up", 2), ("down", 1)])
-def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(which, in_flight):
+def _first(lines, text, start=0):
+    return next(i for i in range(start, len(lines)) if text in lines[i])
+
+
+@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[f"{w}-{c['num_warps']}w-{d}" for w, c, d, _ in COMPILED])
+def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(sm90_ptx, case):
     """The point of these kernels: the wgmma is asynchronous and the K loop waits only for the previous
     tile's (gate_up: two wgmmas per tile, so two stay in flight; down: one), never for all of them as
-    Triton's own int8 pipeline does (benchmarks/NOTES.md item 13)."""
-    ptx = _sm90_ptx(which)
-    assert "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16" in ptx
-    waits = sorted({line.split()[-1].rstrip(";") for line in ptx.splitlines() if "wgmma.wait_group" in line})
+    Triton's own int8 pipeline does (benchmarks/NOTES.md item 13); and the order that makes it safe:
+    converted tile stored, proxy fence, barrier, wgmma; after the wait, a barrier before the ring slot
+    of the previous tile is refilled."""
+    which, config, dtype, in_flight = COMPILED[case]
+    lines = sm90_ptx[case].splitlines()
+    waits = sorted({line.split()[-1].rstrip(";") for line in lines if "wgmma.wait_group" in line})
     assert waits == ["0", str(in_flight)], waits  # in the loop: the previous tile's; after it: all
-    assert "cp.async" in ptx
+    mma = _first(lines, "wgmma.mma_async")
+    assert {"bf16": "bfloat16", "f16": "float16"}[lines[mma].split()[0].split(".")[-1]] == dtype
+    fence = max(i for i in range(mma) if "fence.proxy.async" in lines[i])
+    store = max(i for i in range(fence) if "st.shared" in lines[i])
+    assert any("bar.sync" in line for line in lines[fence:mma]), "no barrier between the proxy fence and the wgmma"
+    assert store < fence < mma
+    wait = _first(lines, f"wgmma.wait_group.sync.aligned {in_flight}")
+    refill = _first(lines, "cp.async.cg", wait)
+    assert any("bar.sync" in line for line in lines[wait:refill]), "ring slot refilled without a barrier"

@@ -42,9 +42,16 @@ def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: t
     if w13_scale is None or bias is not None or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
         return False
     hidden, inter = w2.shape[1], w2.shape[2]
-    if hidden % 16 or inter % 16 or not all(_rows_aligned(t) for t in (x, w13, w2)):
+    # Triton proves 16-byte copies aligned from pointers and strides that are multiples of 16 elements
+    strides = (x.stride(0), w13.stride(0), w13.stride(1), w2.stride(0), w2.stride(1))
+    if hidden % 16 or inter % 16 or any(stride % 16 for stride in strides) or not all(
+            t.stride(-1) == 1 and t.data_ptr() % 16 == 0 for t in (x, w13, w2)):
         return False
     return blocks_ok(config, _max_shared_memory(x.device.index or 0))
+
+
+def _acc_regs(config: dict) -> int:
+    return config["BLOCK_SIZE_M"] * config["BLOCK_SIZE_N"] // (32 * config["num_warps"])
 
 
 def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
@@ -59,10 +66,6 @@ def _max_shared_memory(device_index: int) -> int:
     return max_shared_memory(device_index)
 
 
-def _rows_aligned(t: torch.Tensor) -> bool:
-    return t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(-2) * t.element_size()) % 16 == 0
-
-
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
@@ -73,6 +76,9 @@ def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
     ``smem_limit`` bytes of shared memory; no decode-only or split options."""
     down = {**config, **config.get("down", {})}
     if max(smem_bytes(config, 2), smem_bytes(down, 1)) > smem_limit:
+        return False
+    # accumulators past ~128 registers a thread spill, and ptxas then serializes the wgmmas
+    if max(2 * _acc_regs(config), _acc_regs(down)) > 128:
         return False
     if any(config.get(key) for key in ("PAIRS", "SWAP_AB", "FUSE_GATE_UP", "DEDUP_PAIRS")):
         return False
@@ -155,7 +161,9 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
         else:
             acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
-        # tile j-1's wgmmas are done: its ring slot takes tile j+STAGES-1
+        # tile j-1's wgmmas are done, in this warpgroup; the barrier extends that to all of them
+        # before its ring slot takes tile j+STAGES-1
+        _cta_barrier()
         nxt = j + STAGES - 1
         if nxt < num_k:
             _issue_tile(a_ptrs, a_mask, offs_ak, w_ptrs, offs_wk, a_ring.index(nxt % STAGES),
@@ -165,6 +173,7 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
         acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
     else:
         acc0 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, ))
+    async_copy.wait_group(0)  # the last (empty) copy groups, so none is pending at exit
     return acc0, acc1
 
 
