@@ -12,8 +12,8 @@ CUDA-graph timing as bench_kernel:
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
-            shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on
-                                                                                 (prefill sizes)
+            shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
+            on with 3 stages in both GEMMs                                       (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -75,7 +75,12 @@ def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, d
 
 
 def gluon(cfg: dict, value: int, *lookup) -> dict:
-    return dict(configs.without(cfg, "DEQUANT_ONCE"), GLUON=1) if value else cfg
+    if not value:
+        return cfg
+    out = dict(configs.without(cfg, "DEQUANT_ONCE"), GLUON=1)
+    if value == 2:  # 3 stages: ~104 KB for 128x64x64, two programs per SM (the probe's best, item 41)
+        out = dict(configs.without(out, "num_stages"), num_stages=3)
+    return out
 
 
 def mma_v2(cfg: dict, value: int, *lookup) -> dict:
@@ -98,7 +103,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
-            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1))}
+            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2))}
 
 
 def main() -> None:
