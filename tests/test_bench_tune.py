@@ -278,6 +278,35 @@ def test_tune_search_keeps_fastest_and_skips_failures():
     assert "out of resource" in r.first_error
 
 
+def test_tune_skips_a_config_whose_output_is_wrong(monkeypatch):
+    """A candidate is checked against the torch reference before it is timed: a kernel variant that
+    computes the wrong layer is skipped as WrongResult, never written to a table."""
+    from experts_int8 import ops, quantize_weights, select_experts
+    from experts_int8 import tune as tune_module
+
+    q13, s13 = quantize_weights(torch.randn(4, 64, 32) / 32**0.5)
+    q2, s2 = quantize_weights(torch.randn(4, 32, 32) / 32**0.5)
+    x = torch.randn(9, 32, dtype=torch.float16)
+    weights, ids = select_experts(torch.randn(9, 4), 2)
+    kw = dict(w13_scale=s13.to(DEVICE), w2_scale=s2.to(DEVICE))
+    x, q13, q2, weights, ids = (t.to(DEVICE) for t in (x, q13, q2, weights, ids))
+
+    def call(backend="triton"):
+        return experts_int8.fused_experts(x, q13, q2, weights, ids, backend=backend, **kw)
+
+    expected = call("torch")
+    good = dict(PINNED, BLOCK_SIZE_M=16, num_stages=2)
+    tune_module.checked_call(good, call, expected)  # the Triton kernels agree with the reference
+    real = ops.invoke_down
+    monkeypatch.setattr(ops, "invoke_down", lambda h, *a, **k: real(h.flip(0), *a, **k))  # rows mixed up
+    with pytest.raises(tune_module.WrongResult, match="differs from the reference"):
+        tune_module.checked_call(good, call, expected)
+    r = tune_module.search([good, dict(good, BLOCK_SIZE_N=32)],
+                           lambda cfg, best: tune_module.checked_call(cfg, call, expected) or 1.0
+                           if cfg["BLOCK_SIZE_N"] == 16 else 1.0)
+    assert dict(r.skipped) == {"WrongResult": 1} and r.best["BLOCK_SIZE_N"] == 32
+
+
 def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():
     clock = iter(range(100)).__next__
     r = tune.search([dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)], lambda cfg, best: 1.0,

@@ -333,13 +333,39 @@ def _smem_limit() -> int:
         return DEFAULT_SMEM
 
 
+class WrongResult(ValueError):
+    """A candidate config whose output differs from the reference path's (the search skips it)."""
+
+
+def checked_call(cfg: dict, call: Callable[[], torch.Tensor], expected: torch.Tensor, tol: float = 3e-2) -> None:
+    """Run ``call`` under ``cfg`` and raise WrongResult unless its output is within ``tol`` (relative
+    norm) of ``expected``: a candidate is only timed once it computes the layer correctly, so no
+    kernel variant can win a table on a wrong answer."""
+    with configs.override_config(cfg):
+        got = call()
+    err = ((got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)).item()
+    if not err <= tol:  # (NaN fails too)
+        raise WrongResult(f"output differs from the reference path by {err:.3g} (relative norm)")
+
+
 def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float]:
     """Seconds per ``fused_experts`` call under a forced config, timed as the benchmark times it:
     one sweep over the layers captured in a CUDA graph, replays between events. (Eager calls would
-    measure the host at decode sizes, where a call's launches take longer than its kernels.)"""
+    measure the host at decode sizes, where a call's launches take longer than its kernels.) Each
+    config's output on the first layer is first checked against the torch reference path."""
     from . import bench
+    from .ops import fused_experts
+
+    layer, (weights, ids) = layers[0], routing[0]
+
+    def first_layer(backend: str = "auto") -> torch.Tensor:
+        return fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
+                             w2_scale=layer.w2_scale, backend=backend)
+
+    expected = first_layer("torch")
 
     def measure(cfg: dict, best_s: float) -> float:
+        checked_call(cfg, first_layer, expected)
         with configs.override_config(cfg):
             seconds, _ = bench.time_calls(x, layers, routing, len(layers), reps=reps, warmup=1,
                                           give_up_above_s=2 * best_s)
