@@ -3,9 +3,9 @@ the tensor cores, which Triton's own pipeliner does not (benchmarks/NOTES.md ite
 
 Dense ``Y = X @ (Wq * scale)^T`` with X [M, K] bf16, Wq [N, K] int8, one fp32 scale per row of Wq.
 One or two warpgroups per program (split along M). X and W tiles stream into a STAGES-deep
-shared-memory ring by cp.async; each int8 tile is loaded to registers, converted, and stored into one of two bf16 slots, and the
-wgmma on it is issued asynchronously with one left in flight, so converting tile j+1 overlaps the
-wgmma of tile j ("db"). With bf16 weights the same kernel reads its B operand straight from the
+shared-memory ring by cp.async; each int8 tile is loaded to registers, converted, and stored into one
+of two bf16 slots, and the wgmma on it is issued asynchronously with one left in flight, so
+converting tile j+1 overlaps the wgmma of tile j ("db"). With bf16 weights the same kernel reads its B operand straight from the
 ring: the reference for what the conversion costs. A second, warp-specialized form ("ws", below)
 moves loading and conversion into their own warps.
 

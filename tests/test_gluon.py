@@ -76,8 +76,8 @@ def sm90_ptx():
     """PTX of the kernels in COMPILED for sm_90, compiled in a fresh process (the interpreter that runs
     the other tests patches Triton's language in this one)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; "
-            f"sys.stdout.write(json.dumps([gluon_moe.sm90_ptx(w, c, getattr(torch, d)) for w, c, d, _ in {COMPILED!r}]))")
+    code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; sys.stdout.write(json.dumps("
+            f"[gluon_moe.sm90_ptx(w, c, getattr(torch, d)) for w, c, d, _ in {COMPILED!r}]))")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)

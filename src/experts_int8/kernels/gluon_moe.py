@@ -178,6 +178,20 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
 
 
 @gluon.jit
+def _block(pid_m, n0, N, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+           acc_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Row block ``pid_m``'s rows (flat pair ids, padding ``>= num_valid``) and mask, its output columns
+    from ``n0``, output pointers and mask, and its expert (-1: not on this rank)."""
+    rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)))
+    rows = rows.to(gl.int64)
+    row_mask = rows < num_valid
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
+    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
+    out_mask = row_mask[:, None] & (offs_n[None, :] < N)
+    return rows, row_mask, offs_n, out_ptrs, out_mask, gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+
+
+@gluon.jit
 def _sigmoid(v):
     return 1.0 / (1.0 + gl.exp(-v))
 
@@ -197,20 +211,15 @@ def moe_gate_up_wgmma_kernel(
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    cols_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)).to(gl.int64)
-    row_mask = rows < num_valid
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout=cols_layout)
-    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
-    out_mask = row_mask[:, None] & (offs_n[None, :] < I)
-    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(pid_m, n0, I, sorted_token_ids_ptr,
+                                                                block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+                                                                acc_layout, BLOCK_M, BLOCK_N)
     if expert < 0:  # not on this rank: zeros, as the Triton kernel writes
         gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
                  mask=out_mask)
         return
 
-    r = gl.arange(0, 2 * BLOCK_N, layout=rows_layout)  # gate rows, then up rows (wrapped: no N mask)
+    r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))  # gate rows, then up rows (wrapped: no N mask)
     w_rows = gl.where(r < BLOCK_N, (n0 + r) % I, I + (n0 + r - BLOCK_N) % I)
     acc_g, acc_u = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
                              stride_wn, A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 2,
@@ -251,20 +260,15 @@ def moe_down_wgmma_kernel(
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    rows_layout: gl.constexpr = gl.SliceLayout(1, acc_layout)
-    cols_layout: gl.constexpr = gl.SliceLayout(0, acc_layout)
-    rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=rows_layout)).to(gl.int64)
-    row_mask = rows < num_valid
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout=cols_layout)
-    out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
-    out_mask = row_mask[:, None] & (offs_n[None, :] < H)
-    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(pid_m, n0, H, sorted_token_ids_ptr,
+                                                                block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+                                                                acc_layout, BLOCK_M, BLOCK_N)
     if expert < 0:
         gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
                  mask=out_mask)
         return
 
-    w_rows = (n0 + gl.arange(0, BLOCK_N, layout=rows_layout)) % H
+    w_rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))) % H
     acc, _ = _mainloop(a_ptr, w_ptr + expert * stride_we, rows, row_mask, w_rows, I, stride_am, stride_wn,
                        A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, num_warps)
     acc = acc * gl.load(scale_ptr + expert * stride_se + offs_n % H)[None, :]
