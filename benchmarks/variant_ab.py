@@ -11,6 +11,8 @@ CUDA-graph timing as bench_kernel:
             the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
+  fused_decode  both GEMMs of a pair per slice of I in one launch, then one sum (FUSED_DECODE):
+            the shipped config, slices of 32 (H tiles of 256), slices of 64 (H tiles of 128)  (M <= 8)
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
             on with 3 stages in both GEMMs                                       (prefill sizes)
@@ -29,6 +31,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py dequant --m 1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py mma_v2 --m 256,512,1024,2048
     PYTHONPATH=src python3 benchmarks/variant_ab.py gluon --m 256,512,1024,2048,4096,8192
+    PYTHONPATH=src python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
 import json
@@ -74,6 +77,12 @@ def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, d
     return dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
 
 
+def fused_decode(cfg: dict, value: int, m, num_experts, inter, top_k, *rest) -> dict:
+    from experts_int8 import tune
+    variants = tune.fused_decode_variants(cfg, m, top_k)
+    return variants[value - 1] if value and variants else cfg
+
+
 def gluon(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
@@ -103,7 +112,8 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
-            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2))}
+            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2)),
+            "fused_decode": (fused_decode, (0, 1, 2))}
 
 
 def main() -> None:

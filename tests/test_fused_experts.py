@@ -520,3 +520,57 @@ def test_bias_errors():
         fused_experts(x, **experts, topk_weights=w, topk_ids=ids, w2_bias=good["w2_bias"].to(torch.int32))
     with pytest.raises(ValueError, match="apply_router_weight_on_input=False"):
         fused_experts(x, **experts, topk_weights=w, topk_ids=ids, apply_router_weight_on_input=True, **good)
+
+
+FUSED_DECODE = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+                    PAIRS=1, FUSED_DECODE=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("quantized", [True, False])
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swiglu_oai"])
+def test_fused_decode_matches(dtype, quantized, activation, monkeypatch):
+    """FUSED_DECODE: gate/up and down per slice of I in one launch, slices and experts summed in a
+    second; odd H and I (partial H tiles and a partial last slice), k=2 and k=8."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    launches = []
+    real = ops.invoke_fused_decode
+    monkeypatch.setattr(ops, "invoke_fused_decode", lambda *a, **k: launches.append(1) or real(*a, **k))
+    with override_config(FUSED_DECODE):
+        check(1, 4, 67, 45, 2, dtype, "triton", quantized=quantized, activation=activation)
+        check(3, 16, 64, 40, 8, dtype, "triton", quantized=quantized, activation=activation)
+    assert len(launches) == 2
+
+
+def test_fused_decode_with_biases_absent_experts_and_weights_on_the_input():
+    from experts_int8.kernels.configs import override_config
+
+    with override_config(FUSED_DECODE):
+        expert_map = torch.tensor([-1, 0, -1, -1, 1, 2], device=DEVICE)
+        check(5, 3, 32, 48, 2, torch.float32, "triton", expert_map=expert_map, global_num_experts=6)
+        check(4, 4, 32, 48, 1, torch.float16, "triton", apply_router_weight_on_input=True)
+        for biases in (_biases(5, 48, 40), dict(w13_bias=_biases(5, 48, 40)["w13_bias"]),
+                       dict(w2_bias=_biases(5, 48, 40)["w2_bias"])):  # both, or either one
+            check(3, 5, 48, 40, 2, torch.float32, "triton", activation="swiglu_oai", **biases)
+
+
+def test_fused_decode_above_its_pair_limit_takes_the_two_gemms(monkeypatch):
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+    from experts_int8.kernels.fused_moe import FUSED_DECODE_MAX_PAIRS
+
+    monkeypatch.setattr(ops, "invoke_fused_decode", lambda *a, **k: pytest.fail("FUSED_DECODE past its limit"))
+    with override_config(FUSED_DECODE):
+        check(FUSED_DECODE_MAX_PAIRS // 2 + 1, 4, 32, 32, 2, torch.float32, "triton")
+
+
+def test_fused_decode_config_rules():
+    from experts_int8.kernels.configs import check_config
+
+    base = {k: v for k, v in FUSED_DECODE.items() if k not in ("PAIRS", "FUSED_DECODE")}
+    assert check_config(FUSED_DECODE)["FUSED_DECODE"] == 1
+    for bad in (dict(base, FUSED_DECODE=1), dict(FUSED_DECODE, DEDUP_PAIRS=1), dict(FUSED_DECODE, GLUON=1)):
+        with pytest.raises(ValueError, match="FUSED_DECODE"):
+            check_config(bad)

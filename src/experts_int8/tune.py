@@ -164,6 +164,19 @@ def dequant_variants(best: dict, m: int, dtype: str, float_config: dict) -> list
     return [dict(float_config, DEQUANT_ONCE=1)]
 
 
+FUSED_DECODE_BLOCKS = ((32, 256), (64, 128))  # (slice of I, tile of H) per program
+
+
+def fused_decode_variants(best: dict, m: int, top_k: int) -> list[dict]:
+    """At decode sizes (up to FUSED_DECODE_MAX_PAIRS pairs): both GEMMs of a pair in one launch, per
+    slice of I (FUSED_DECODE), then the slices and experts summed: two launches, no align step, for
+    small experts whose layer is too short to hide three."""
+    if m * top_k > fused_moe.FUSED_DECODE_MAX_PAIRS or best.get("FUSED_DECODE"):
+        return []
+    return [dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=block_i, BLOCK_SIZE_K=block_h, GROUP_SIZE_M=1, num_warps=4,
+                 num_stages=2, PAIRS=1, FUSED_DECODE=1) for block_i, block_h in FUSED_DECODE_BLOCKS]
+
+
 def expected_distinct_experts(m: int, num_experts: int, top_k: int) -> float:
     """Experts hit by M tokens routed uniformly at random, top-k each (without replacement)."""
     return num_experts * (1 - (1 - top_k / num_experts) ** m)
@@ -441,7 +454,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                                 + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
-                                + dequant_variants(cfg, m, d, float_config),
+                                + dequant_variants(cfg, m, d, float_config) + fused_decode_variants(cfg, m, top_k),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best
@@ -468,7 +481,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 
 def _short(cfg: dict) -> str:
-    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE") if cfg.get(k)]
+    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE")
+             if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)

@@ -31,15 +31,16 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # Optional: SWAP_AB (0/1) puts the weight tile on the left of the dot; "down" holds overrides of the
 # keys above (all but BLOCK_SIZE_M, which the align step fixes for both GEMMs) for the down GEMM;
 # DEQUANT_ONCE (int8 weights, large M) dequantizes the layer's experts first and runs float GEMMs;
-# GLUON (int8 weights, sm_90, prefill) runs the GEMMs on kernels.gluon_moe's hand-pipelined wgmma kernels.
-OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "down")
+# GLUON (int8 weights, sm_90, prefill) runs the GEMMs on kernels.gluon_moe's hand-pipelined wgmma kernels;
+# FUSED_DECODE (with PAIRS) computes each pair's gate/up and down per slice of I in one launch.
+OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON and "down", whose overrides may add SPLIT_K or, with
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS) and "down", whose overrides may add SPLIT_K or, with
     PAIRS, SUM_TOPK for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -52,7 +53,8 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     for key, value in out.items():
         if key == "down":
             out[key] = check_config(value, _nested=True)
-        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "SUM_TOPK"):
+        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
+                     "SUM_TOPK"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)
@@ -63,6 +65,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
+    if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(
+            out.get(key) or down.get(key) for key in ("DEDUP_PAIRS", "SUM_TOPK", "GLUON", "DEQUANT_ONCE"))):
+        raise ValueError("config: FUSED_DECODE is a PAIRS mode without DEDUP_PAIRS, SUM_TOPK, GLUON or DEQUANT_ONCE")
     if out.get("GLUON") and out.get("DEQUANT_ONCE"):
         raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
