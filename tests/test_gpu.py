@@ -40,6 +40,8 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                      PAIRS=1, down=dict(SUM_TOPK=1)),
     "dequant_once": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
                          DEQUANT_ONCE=1),
+    "fused_decode": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
+                         num_stages=2, PAIRS=1, FUSED_DECODE=1),  # at m=300 (600 pairs): the two GEMMs
     "fuse_gate_up": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
                          num_stages=4, FUSE_GATE_UP=1),
     "fuse_gate_up_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
