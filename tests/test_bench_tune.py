@@ -307,6 +307,27 @@ def test_tune_skips_a_config_whose_output_is_wrong(monkeypatch):
     assert dict(r.skipped) == {"WrongResult": 1} and r.best["BLOCK_SIZE_N"] == 32
 
 
+def test_tune_checks_one_wrong_token_and_every_candidate(monkeypatch):
+    from experts_int8 import tune as tune_module
+
+    expected = torch.randn(512, 64)
+    wrong_row = expected.clone()
+    wrong_row[7] = -wrong_row[7]  # one token of 512: ~6% of the total norm, but its whole row
+    tune_module.checked_call(PINNED, lambda: expected + 1e-3 * torch.randn_like(expected), expected)
+    with pytest.raises(tune_module.WrongResult, match="worst token"):
+        tune_module.checked_call(PINNED, lambda: wrong_row, expected, tol=0.1)
+
+    # _gpu_measure checks each candidate before timing it
+    from experts_int8 import bench
+    checked = []
+    monkeypatch.setattr(tune_module, "checked_call", lambda cfg, call, exp: checked.append(cfg))
+    monkeypatch.setattr(bench, "time_calls", lambda *a, **k: (1.0, "eager"))
+    monkeypatch.setattr(experts_int8.ops, "fused_experts", lambda *a, **k: torch.zeros(2, 4))
+    layer = bench.Layer(torch.zeros(1), torch.zeros(1), None, None)
+    measure = tune_module._gpu_measure(torch.zeros(2, 4), [layer], [(torch.ones(2, 1), torch.zeros(2, 1))], reps=1)
+    assert measure(PINNED, 1.0) == 1.0 and checked == [PINNED]
+
+
 def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():
     clock = iter(range(100)).__next__
     r = tune.search([dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)], lambda cfg, best: 1.0,

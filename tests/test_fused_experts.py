@@ -45,6 +45,8 @@ def check(m, e, h, i, k, dtype, backend, topk_ids=None, quantized=True, weight_d
     x = torch.randn(m, h, device=DEVICE, dtype=dtype)
     n_global = kw.get("global_num_experts") or e
     topk_weights, ids = select_experts(torch.randn(m, n_global, device=DEVICE), k)
+    if kw.get("apply_router_weight_on_input"):  # renormalized top-1 weights are all 1.0: make them count
+        topk_weights = topk_weights * (0.25 + torch.rand_like(topk_weights))
     if topk_ids is not None:
         ids = topk_ids.to(DEVICE)
     out = fused_experts(x, **experts, topk_weights=topk_weights, topk_ids=ids, backend=backend, **kw)
@@ -544,6 +546,15 @@ def test_fused_decode_matches(dtype, quantized, activation, monkeypatch):
     assert len(launches) == 2
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_decode_with_many_slices(dtype):
+    """I=160 in slices of 16: 10 partials per pair, more than the sum kernel unrolls."""
+    from experts_int8.kernels.configs import override_config
+
+    with override_config(FUSED_DECODE):
+        check(2, 4, 64, 160, 2, dtype, "triton")
+
+
 def test_fused_decode_with_biases_absent_experts_and_weights_on_the_input():
     from experts_int8.kernels.configs import override_config
 
@@ -556,14 +567,19 @@ def test_fused_decode_with_biases_absent_experts_and_weights_on_the_input():
             check(3, 5, 48, 40, 2, torch.float32, "triton", activation="swiglu_oai", **biases)
 
 
-def test_fused_decode_above_its_pair_limit_takes_the_two_gemms(monkeypatch):
+def test_fused_decode_up_to_its_pair_limit_then_the_two_gemms(monkeypatch):
     from experts_int8 import ops
     from experts_int8.kernels.configs import override_config
     from experts_int8.kernels.fused_moe import FUSED_DECODE_MAX_PAIRS
 
-    monkeypatch.setattr(ops, "invoke_fused_decode", lambda *a, **k: pytest.fail("FUSED_DECODE past its limit"))
+    launches = []
+    real = ops.invoke_fused_decode
+    monkeypatch.setattr(ops, "invoke_fused_decode", lambda *a, **k: launches.append(1) or real(*a, **k))
     with override_config(FUSED_DECODE):
-        check(FUSED_DECODE_MAX_PAIRS // 2 + 1, 4, 32, 32, 2, torch.float32, "triton")
+        check(FUSED_DECODE_MAX_PAIRS // 2, 4, 32, 32, 2, torch.float32, "triton")  # at the limit
+        assert len(launches) == 1
+        check(FUSED_DECODE_MAX_PAIRS // 2 + 1, 4, 32, 32, 2, torch.float32, "triton")  # past it
+        assert len(launches) == 1
 
 
 def test_fused_decode_config_rules():
@@ -571,6 +587,7 @@ def test_fused_decode_config_rules():
 
     base = {k: v for k, v in FUSED_DECODE.items() if k not in ("PAIRS", "FUSED_DECODE")}
     assert check_config(FUSED_DECODE)["FUSED_DECODE"] == 1
-    for bad in (dict(base, FUSED_DECODE=1), dict(FUSED_DECODE, DEDUP_PAIRS=1), dict(FUSED_DECODE, GLUON=1)):
+    for bad in (dict(base, FUSED_DECODE=1), dict(FUSED_DECODE, DEDUP_PAIRS=1), dict(FUSED_DECODE, GLUON=1),
+                dict(FUSED_DECODE, DEQUANT_ONCE=1), dict(FUSED_DECODE, down=dict(SUM_TOPK=1))):
         with pytest.raises(ValueError, match="FUSED_DECODE"):
             check_config(bad)

@@ -234,6 +234,7 @@ def test_gluon_kernels_with_absent_experts_and_weights_on_the_input(variant, m):
     ex = layer()
     x = torch.randn(m, 512 + 16, device="cuda", dtype=torch.bfloat16)[:, :512]
     w, ids = select_experts(torch.randn(m, 16, device="cuda"), 1)
+    w = w * (0.25 + torch.rand_like(w))  # renormalized top-1 weights are all 1.0: make them count
     expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
     expert_map[:8] = torch.arange(8, dtype=torch.int32, device="cuda")
     kw = dict(topk_weights=w, topk_ids=ids, expert_map=expert_map, global_num_experts=16,

@@ -17,7 +17,7 @@ import torch
 
 from . import reference
 from .kernels.align import align_block_size
-from .kernels.configs import get_config, split_config, without
+from .kernels.configs import device_heuristic, get_config, split_config, without
 from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_dequantize, invoke_down,
                                  invoke_fused_decode, invoke_gate_up, invoke_sum)
 
@@ -199,8 +199,8 @@ def _fused_experts_triton(
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = without(config, "PAIRS", "DEDUP_PAIRS")
-    if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:
-        config = without(config, "PAIRS", "FUSED_DECODE")
+    if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
+        config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
         pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]
         partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights.reshape(-1).contiguous(),
@@ -210,9 +210,10 @@ def _fused_experts_triton(
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
     # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
     # write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md items 34, 37).
-    # One float copy at a time (w2's reuses w13's memory), and only where it fits: else the int8 path.
+    # One float copy at a time (w2's reuses w13's memory), and only where it fits with the layer's
+    # intermediate and output rows: else the int8 path.
     dequant = (config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2
-               and _transient_fits(w13.numel() * x.element_size(), x.device))
+               and _transient_fits((w13.numel() + m * top_k * (inter + hidden)) * x.element_size(), x.device))
     if dequant:
         w13, w13_scale = invoke_dequantize(w13, w13_scale, x.dtype), None
     gate_up_config, down_config = split_config(config)

@@ -236,8 +236,14 @@ def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: t
     table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
     if table:
         return dict(table[table_key(table, m, num_experts, top_k)])
+    return device_heuristic(m, num_experts, top_k, weight_dtype, device)
+
+
+def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.dtype,
+                     device: Optional[torch.device] = None) -> dict:
+    """The heuristic config for ``m`` tokens, fitted to the device's shared memory (no table)."""
+    dev = device_name(device)
     config = heuristic_config(m, num_experts, top_k, weight_dtype, dev)
     if dev == "cpu":
         return config
-    return fit_shared_memory(config, weight_dtype.itemsize,
-                             max_shared_memory(_index(device)))
+    return fit_shared_memory(config, weight_dtype.itemsize, max_shared_memory(_index(device)))

@@ -606,6 +606,11 @@ def invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights, pair_expe
 
 
 @triton.jit
+def _row(ptrs, offset, mask):
+    return tl.load(ptrs + offset, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
                    TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_H: tl.constexpr):
     """``out[t] = sum over s < SPLIT_K, j < TOP_K of y[s, t * TOP_K + j]`` in fp32, stored in out's dtype:
@@ -614,10 +619,15 @@ def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for s in range(SPLIT_K):  # a loop, not unrolled: FUSED_DECODE has one partial per slice of I
-        for j in tl.static_range(TOP_K):
-            row = y_ptr + stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row
-            acc += tl.load(row + offs, mask=mask, other=0.0).to(tl.float32)
+    rows = y_ptr + (token * TOP_K) * stride_row + offs
+    if SPLIT_K <= 8:  # split-K partials: unrolled, every load in flight at once
+        for s in tl.static_range(SPLIT_K):
+            for j in tl.static_range(TOP_K):
+                acc += _row(rows, stride_split.to(tl.int64) * s + j * stride_row, mask)
+    else:  # FUSED_DECODE: one partial per slice of I, too many to unroll
+        for s in range(SPLIT_K):
+            for j in tl.static_range(TOP_K):
+                acc += _row(rows, stride_split.to(tl.int64) * s + j * stride_row, mask)
     tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -627,6 +637,8 @@ def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
     if rows != out.shape[0] * top_k or out.shape[1] != hidden or y.stride(2) != 1 or out.stride(1) != 1:
         raise ValueError(f"moe_sum: y {tuple(y.shape)} and out {tuple(out.shape)} do not match top_k={top_k}")
     block_h = min(1024, triton.next_power_of_2(hidden))
+    while split_k * top_k > 8 and out.shape[0] * triton.cdiv(hidden, block_h) < 256 and block_h > 64:
+        block_h //= 2  # many rows to add per token (FUSED_DECODE at M=1): more, narrower programs
     grid = (out.shape[0], triton.cdiv(hidden, block_h))
     _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
                                              TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
