@@ -1,9 +1,11 @@
 #!/bin/bash
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), each with its own time
-# limit: GPU tests ~5 min (the Gluon kernels compile for every activation, dtype and tile shape), the GLUON A/B at
-# prefill sizes ~2, FUSED_DECODE A/B ~2, the Gluon W8A16 probe in both forms ~2, the full kernel bench ~1.
+# limit: GPU tests ~5 min (the Gluon kernels compile for every activation, dtype and tile shape), the
+# GLUON A/B at prefill sizes ~2, the FUSED_DECODE A/B ~2, a small-expert decode re-tune ~2, the Gluon
+# W8A16 probe in both forms ~2, the full kernel bench ~1.
 R=$1
 export PYTHONPATH=$PWD/src
+D=src/experts_int8/kernels/configs
 exec >"$R/chain.log" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
 step "gpu tests";    timeout 540 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -12
@@ -11,6 +13,12 @@ step "gluon a/b";    timeout 300 python3 benchmarks/variant_ab.py gluon --m 256,
                        --shapes mixtral-8x7b mixtral-8x22b qwen3-30b-a3b deepseek-v2-lite
 step "fused decode"; timeout 240 python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --out "$R" \
                        --shapes qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b
+step "tune small"; # small-expert decode again, FUSED_DECODE now among the variants (tables come back as configs.tgz)
+                     for shape in 128,2048,768,8 64,2048,1408,6; do
+                       timeout 120 bash benchmarks/gpu_session/cli.sh tune --shape $shape --dtypes int8 --out-dir $D \
+                         --budget-s 40 --no-progress --m 1,2,4,8 2>&1 | grep -E " M=|took|rror"
+                     done
+                     tar czf "$R/configs.tgz" $D/*.json
 step "gluon probe";  timeout 240 python3 benchmarks/gluon_w8a16_probe.py --out "$R" 2>&1 | grep -v Warn | tail -16
 step "bench_kernel"; timeout 420 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE
