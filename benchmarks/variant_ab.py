@@ -12,7 +12,7 @@ CUDA-graph timing as bench_kernel:
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
   fused_decode  both GEMMs of a pair per slice of I in one launch, then one sum (FUSED_DECODE):
-            the shipped config, slices of 32 (H tiles of 256), slices of 64 (H tiles of 128)  (M <= 8)
+            the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
             on with 3 stages in both GEMMs                                       (prefill sizes)
@@ -113,7 +113,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2)),
-            "fused_decode": (fused_decode, (0, 1, 2))}
+            "fused_decode": (fused_decode, (0, 1, 2, 3))}
 
 
 def main() -> None:

@@ -164,7 +164,8 @@ def dequant_variants(best: dict, m: int, dtype: str, float_config: dict) -> list
     return [dict(float_config, DEQUANT_ONCE=1)]
 
 
-FUSED_DECODE_BLOCKS = ((32, 256), (64, 128))  # (slice of I, tile of H) per program
+FUSED_DECODE_BLOCKS = ((32, 256), (32, 512), (64, 256))  # (slice of I, tile of H) per program: 16-32 KB of
+# weight loads in flight per program (plain vector loads: Triton does not pipeline these loops)
 
 
 def fused_decode_variants(best: dict, m: int, top_k: int) -> list[dict]:
