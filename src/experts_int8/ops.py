@@ -23,7 +23,7 @@ from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_
 
 try:
     from .kernels import gluon_moe
-except ImportError:  # a Triton without Gluon: GLUON entries run the Triton kernels
+except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON entries run the Triton kernels
     gluon_moe = None
 from .reference import ACTIVATIONS
 from .routing import select_experts
