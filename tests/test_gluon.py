@@ -50,7 +50,7 @@ def test_shared_memory_count():
 def test_not_supported_off_cuda():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     w13, w2 = torch.zeros(2, 64, 64, dtype=torch.int8), torch.zeros(2, 64, 32, dtype=torch.int8)
-    assert not gluon_moe.supported(PREFILL, x, w13, torch.ones(2, 64), w2, None)
+    assert not gluon_moe.supported(PREFILL, x, w13, torch.ones(2, 64), w2, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -255,7 +255,7 @@ def test_gluon_entry_with_unaligned_rows_takes_the_triton_kernels():
     x = torch.randn(300, 512 + 8, device="cuda", dtype=torch.bfloat16)[:, :512]
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 2)
     assert not gluon_moe.supported(dict(GLUON_CONFIGS["w4_s3"], GLUON=1), x, ex["w13"], ex["w13_scale"], ex["w2"],
-                                   None)
+                                   False)
     with override_config(dict(GLUON_CONFIGS["w4_s3"], GLUON=1)):
         out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
     torch.testing.assert_close(out, fused_experts(x.contiguous(), **ex, topk_weights=w, topk_ids=ids))

@@ -177,6 +177,12 @@ def _transient_fits(nbytes: int, device: torch.device) -> bool:
     return nbytes <= free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
+def _pair_experts(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) -> torch.Tensor:
+    """Each (token, slot) pair's local expert (-1: on another rank): the decode paths' block experts."""
+    flat = topk_ids.reshape(-1)
+    return flat if expert_map is None else expert_map[flat]
+
+
 @torch.library.custom_op("experts_int8::fused_experts", mutates_args=())
 def _fused_experts_triton(
     x: torch.Tensor,
@@ -201,11 +207,10 @@ def _fused_experts_triton(
         config = without(config, "PAIRS", "DEDUP_PAIRS")
     if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
+    weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
-        pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]
-        partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights.reshape(-1).contiguous(),
-                                       pair_experts, top_k, activation, apply_router_weight_on_input, config,
-                                       w13_bias, w2_bias)
+        partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),
+                                       top_k, activation, apply_router_weight_on_input, config, w13_bias, w2_bias)
         return invoke_sum(partials, x.new_empty((m, hidden)), top_k)
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
     # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
@@ -218,18 +223,16 @@ def _fused_experts_triton(
         w13, w13_scale = invoke_dequantize(w13, w13_scale, x.dtype), None
     gate_up_config, down_config = split_config(config)
     if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
-        pair_experts = topk_ids.reshape(-1) if expert_map is None else expert_map[topk_ids.reshape(-1)]
-        sorted_token_ids = block_expert_ids = num_post_padded = pair_experts  # the first two are unread
+        sorted_token_ids = block_expert_ids = num_post_padded = _pair_experts(topk_ids, expert_map)  # 2 unread
     else:
         sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
             topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
         )
-    weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     h = x.new_empty((m * top_k, inter))
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
     # no bias, wgmma-sized blocks), else the Triton kernels with the same blocks
-    gluon = (config.get("GLUON") and gluon_moe is not None and w2_bias is None
-             and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias))
+    gluon = (config.get("GLUON") and gluon_moe is not None
+             and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias is not None or w2_bias is not None))
     if gluon:
         gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                                  top_k, activation, apply_router_weight_on_input, gate_up_config)

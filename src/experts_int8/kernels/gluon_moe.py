@@ -16,6 +16,8 @@ interpreter; on CPU the tests compile them for sm_90 and check the launch logic.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -23,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .configs import max_shared_memory
 from .fused_moe import ACTIVATION_CODES, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared`` before
@@ -33,13 +36,14 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, bias) -> bool:
+def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, biased: bool) -> bool:
     """Whether the Gluon kernels can run this call with ``config``'s blocks (else: the Triton ones):
-    sm_90, int8 weights with scales, 16-bit activations, no bias, and rows that 16-byte copies can
-    read (H and I multiples of 16, 16-byte aligned rows)."""
-    if x.device.type != "cuda" or torch.version.hip is not None or _capability(x.device)[0] != 9:
+    sm_90, int8 weights with scales, 16-bit activations, no expert bias, and rows that 16-byte copies
+    can read (H and I multiples of 16, 16-byte aligned rows)."""
+    if x.device.type != "cuda" or torch.version.hip is not None:
         return False
-    if w13_scale is None or bias is not None or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
+    major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
+    if major != 9 or w13_scale is None or biased or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
         return False
     hidden, inter = w2.shape[1], w2.shape[2]
     # Triton proves 16-byte copies aligned from pointers and strides that are multiples of 16 elements
@@ -47,7 +51,13 @@ def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: t
     if hidden % 16 or inter % 16 or any(stride % 16 for stride in strides) or not all(
             t.stride(-1) == 1 and t.data_ptr() % 16 == 0 for t in (x, w13, w2)):
         return False
-    return blocks_ok(config, _max_shared_memory(x.device.index or 0))
+    return blocks_ok(config, smem_limit)
+
+
+@functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[int, int]:
+    """(compute capability major, opt-in shared memory per block) of a CUDA device, asked once."""
+    return torch.cuda.get_device_capability(index)[0], max_shared_memory(index)
 
 
 def _acc_regs(config: dict) -> int:
@@ -59,15 +69,6 @@ def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
     weight slots (``num_b`` weight tiles of BLOCK_N rows each: 2 for gate_up, 1 for down)."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     return config["num_stages"] * (bm * bk * act_bytes + num_b * bn * bk) + 2 * num_b * bn * bk * act_bytes
-
-
-def _max_shared_memory(device_index: int) -> int:
-    from .configs import max_shared_memory
-    return max_shared_memory(device_index)
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
 
 
 def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
