@@ -606,8 +606,8 @@ def invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights, pair_expe
 
 
 @triton.jit
-def _row(ptrs, offset, mask):
-    return tl.load(ptrs + offset, mask=mask, other=0.0).to(tl.float32)
+def _row(y_ptr, row_offset, offs, mask):
+    return tl.load(y_ptr + row_offset + offs, mask=mask, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -619,15 +619,14 @@ def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs < H
     acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    rows = y_ptr + (token * TOP_K) * stride_row + offs
     if SPLIT_K <= 8:  # split-K partials: unrolled, every load in flight at once
         for s in tl.static_range(SPLIT_K):
             for j in tl.static_range(TOP_K):
-                acc += _row(rows, stride_split.to(tl.int64) * s + j * stride_row, mask)
+                acc += _row(y_ptr, stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row, offs, mask)
     else:  # FUSED_DECODE: one partial per slice of I, too many to unroll
         for s in range(SPLIT_K):
             for j in tl.static_range(TOP_K):
-                acc += _row(rows, stride_split.to(tl.int64) * s + j * stride_row, mask)
+                acc += _row(y_ptr, stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row, offs, mask)
     tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
