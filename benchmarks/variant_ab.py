@@ -41,7 +41,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import torch  # noqa: E402
 
-from experts_int8 import bench, ops  # noqa: E402
+from experts_int8 import bench, ops, tune  # noqa: E402
 from experts_int8.kernels import configs, fused_moe  # noqa: E402
 
 
@@ -132,7 +132,6 @@ def main() -> None:
 
     launches = []  # Gluon gate_up launches while the current variant is timed (eager warm-up included)
     if args.variant == "gluon":
-        from experts_int8 import ops
         real = ops.gluon_moe.invoke_gate_up
         ops.gluon_moe.invoke_gate_up = lambda *a: launches.append(1) or real(*a)
 
@@ -146,15 +145,27 @@ def main() -> None:
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
             routing = bench.make_routing(m, e, k, n)
             row = dict(shape=name, M=m, dtype=args.dtype)
+            layer, (weights, ids) = layers[0], routing[0]
+            first_layer = lambda backend="auto": ops.fused_experts(  # noqa: E731
+                x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
+                backend=backend)
+            expected = first_layer("torch")
             for value in values:
                 current["value"] = value
+                try:  # as the tuner does: a variant is timed only once it computes the layer correctly
+                    tune.check_output(first_layer(), expected)
+                except tune.WrongResult as err:
+                    row[f"{args.variant}={value}_wrong"] = str(err)
+                    print(f"{name} M={m} {args.variant}={value}: {err}", flush=True)
+                    continue
                 launches.clear()
                 seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
                 row[f"{args.variant}={value}_us"] = seconds * 1e6
                 if args.variant == "gluon":  # a GLUON entry the Gluon kernels cannot take runs Triton's
                     row[f"gluon={value}_ran"] = bool(launches)
             rows.append(row)
-            cells = "  ".join(f"{args.variant}={v}: {row[f'{args.variant}={v}_us']:8.1f} us" for v in values)
+            cells = "  ".join(f"{args.variant}={v}: {row.get(f'{args.variant}={v}_us', float('nan')):8.1f} us"
+                              for v in values)
             print(f"{name:16s} M={m:<5d} {cells}", flush=True)
         del layers
         torch.cuda.empty_cache()
