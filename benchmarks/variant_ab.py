@@ -15,7 +15,8 @@ CUDA-graph timing as bench_kernel:
             the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
-            on with 3 stages in both GEMMs                                       (prefill sizes)
+            on with 3 stages in both GEMMs, then 3 stages with 8 warps on 128x128 (down 128x256) and
+            on 256x64 (down 256x128) blocks                                      (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -87,8 +88,14 @@ def gluon(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
     out = dict(configs.without(cfg, "DEQUANT_ONCE"), GLUON=1)
-    if value == 2:  # 3 stages: ~104 KB for 128x64x64, two programs per SM (the probe's best, item 41)
+    if value >= 2:  # 3 stages: ~104 KB for 128x64x64, two programs per SM (the probe's best, item 41)
         out = dict(configs.without(out, "num_stages"), num_stages=3)
+    if value == 3:  # two warpgroups, 128-row blocks, twice the columns: 128 accumulator registers a thread
+        out = dict(out, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128,
+                   BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=256))
+    if value == 4:  # 256-row blocks: each converted weight tile feeds twice the rows (NOTES item 46)
+        out = dict(out, BLOCK_SIZE_M=256, BLOCK_SIZE_N=64,
+                   BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=128))
     return out
 
 
@@ -112,7 +119,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
-            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2)),
+            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4)),
             "fused_decode": (fused_decode, (0, 1, 2, 3))}
 
 
@@ -154,9 +161,9 @@ def main() -> None:
                 current["value"] = value
                 try:  # as the tuner does: a variant is timed only once it computes the layer correctly
                     tune.check_output(first_layer(), expected)
-                except tune.WrongResult as err:
+                except Exception as err:  # a wrong result, or blocks that do not compile
                     row[f"{args.variant}={value}_wrong"] = str(err)
-                    print(f"{name} M={m} {args.variant}={value}: {err}", flush=True)
+                    print(f"{name} M={m} {args.variant}={value}: {str(err)[:300]}", flush=True)
                     continue
                 launches.clear()
                 seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)

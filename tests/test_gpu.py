@@ -162,6 +162,8 @@ GLUON_CONFIGS = {  # the Gluon (wgmma) kernels of kernels/gluon_moe.py over the 
     "w8_s3": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3,
                   down=dict(BLOCK_SIZE_N=64)),
     "w4_s2_narrow": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2),
+    "w8_bm256": dict(BLOCK_SIZE_M=256, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3,
+                     down=dict(BLOCK_SIZE_N=128)),
     "w4_s4_deep_k": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=4,
                          num_stages=4),
 }
