@@ -45,6 +45,7 @@ def main() -> None:
     if variant in ("pdl", "mma_v2"):
         sys.exit(f"{variant} is a process-wide switch, not a table entry: nothing to fold")
     apply, values = VARIANTS[variant]
+    values = tuple(ab.get("values", values))  # the values the A/B timed, the first its baseline
     device = configs.device_name()
     folded = 0
     for row in ab["rows"]:

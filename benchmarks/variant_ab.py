@@ -16,7 +16,7 @@ CUDA-graph timing as bench_kernel:
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
             on with 3 stages in both GEMMs, then 3 stages with 8 warps on 128x128 (down 128x256) and
-            on 256x64 (down 256x128) blocks                                      (prefill sizes)
+            on 256x64 (down 256x128) blocks, then the 128x128 tiles with 4 stages  (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -93,6 +93,8 @@ def gluon(cfg: dict, value: int, *lookup) -> dict:
     if value == 3:  # two warpgroups, 128-row blocks, twice the columns: 128 accumulator registers a thread
         out = dict(out, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128,
                    BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=256))
+    if value == 5:  # value 3 with a 4-deep ring (192 KB, still one program per SM)
+        out = dict(gluon(cfg, 3), num_stages=4)
     if value == 4:  # 256-row blocks: each converted weight tile feeds twice the rows (NOTES item 46)
         out = dict(out, BLOCK_SIZE_M=256, BLOCK_SIZE_N=64,
                    BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=128))
@@ -119,7 +121,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
-            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4)),
+            "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3))}
 
 
@@ -130,9 +132,15 @@ def main() -> None:
     ap.add_argument("--shapes", nargs="+", default=["mixtral-8x7b", "mixtral-8x22b", "jamba-1.5-mini", "qwen3-30b-a3b"])
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--dtype", default="int8", choices=["int8", "bf16"])
+    ap.add_argument("--values", help="a subset of the variant's values to time, the first the baseline (e.g. 0,3,5)")
     args = ap.parse_args()
     ms = [int(m) for m in args.m.split(",")]
     apply, values = VARIANTS[args.variant]
+    if args.values:
+        chosen = tuple(int(v) for v in args.values.split(","))
+        if not set(chosen) <= set(values) or len(chosen) < 2:
+            ap.error(f"--values: two or more of {values} for {args.variant}")
+        values = chosen
     base_get_config = configs.get_config
     current = {"value": values[0]}
     ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
@@ -177,7 +185,7 @@ def main() -> None:
         del layers
         torch.cuda.empty_cache()
     with open(os.path.join(args.out, f"variant_ab_{args.variant}.json"), "w") as f:
-        json.dump(dict(benchmark="variant_ab", variant=args.variant, gpu=torch.cuda.get_device_name(),
+        json.dump(dict(benchmark="variant_ab", variant=args.variant, values=values, gpu=torch.cuda.get_device_name(),
                        commit=bench.library_commit()[0], command=" ".join(sys.argv), rows=rows), f, indent=1)
 
 
