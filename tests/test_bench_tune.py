@@ -669,3 +669,26 @@ def test_fused_decode_variants_at_decode_sizes_only():
     assert all(configs.check_config(v)["FUSED_DECODE"] == 1 for v in variants)  # valid table entries
     assert tune_module.fused_decode_variants(PINNED, FUSED_DECODE_MAX_PAIRS // 8 + 1, 8) == []
     assert tune_module.fused_decode_variants(variants[0], 1, 8) == []
+
+
+def test_gluon_variants_at_prefill_sizes_of_int8_where_gluon_runs():
+    from experts_int8 import ops
+    from experts_int8 import tune as tune_module
+
+    if ops.gluon_moe is None:
+        pytest.skip("this Triton has no Gluon")
+    smem = 227 * 1024
+    base = dict(PINNED, BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=16, num_stages=4,
+                DEQUANT_ONCE=1)
+    variants = tune_module.gluon_variants(base, 1024, 2, "int8", True, smem)
+    assert variants[0] == dict(configs.without(base, "DEQUANT_ONCE", "num_stages"), num_stages=3, GLUON=1)
+    assert [(v["BLOCK_SIZE_M"], v["num_warps"], v["num_stages"]) for v in variants[1:]] == [(128, 8, 3), (128, 8, 4)]
+    for v in variants:  # valid entries the Gluon kernels take, none of them dequantizing first
+        assert configs.check_config(v) == v and v["GLUON"] == 1 and "DEQUANT_ONCE" not in v
+        assert ops.gluon_moe.blocks_ok(v, smem) and v["GROUP_SIZE_M"] == 16
+    # the 8-warp tiles' rings (160 and 192 KB) do not fit 128 KB of shared memory; the 64-row blocks' does
+    assert tune_module.gluon_variants(base, 1024, 2, "int8", True, 128 * 1024) == variants[:1]
+    assert tune_module.gluon_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
+    assert tune_module.gluon_variants(base, 1024, 2, "bf16", True, smem) == []
+    assert tune_module.gluon_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
+    assert tune_module.gluon_variants(variants[1], 1024, 2, "int8", True, smem) == []

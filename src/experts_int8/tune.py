@@ -164,6 +164,30 @@ def dequant_variants(best: dict, m: int, dtype: str, float_config: dict) -> list
     return [dict(float_config, DEQUANT_ONCE=1)]
 
 
+GLUON_TILES = (  # 8 warps on 128x128 blocks (gate and up: 2 x 64 accumulator registers a thread), the down GEMM
+    # 128x256: the tiles that won the H200 A/B (benchmarks/NOTES.md item 46), with 3- and 4-deep rings
+    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=3, down=dict(BLOCK_SIZE_N=256)),
+    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=4, down=dict(BLOCK_SIZE_N=256)))
+
+
+def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
+    """At prefill sizes (M x k >= 512 pairs) of int8 weights on a device the Gluon kernels run on
+    (``gluon_ok``): the winner's blocks on the hand-pipelined Gluon wgmma kernels with a 3-deep ring,
+    and GLUON_TILES with the winner's GROUP_SIZE_M, where their accumulators and rings fit."""
+    if dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("GLUON"):
+        return []
+    from .kernels import gluon_moe
+    own = dict(configs.without(best, "DEQUANT_ONCE", "num_stages"), num_stages=3, GLUON=1)
+    tiles = [dict(tile, GROUP_SIZE_M=best["GROUP_SIZE_M"], GLUON=1) for tile in GLUON_TILES]
+    return [cfg for cfg in [own] + tiles if gluon_moe.blocks_ok(cfg, smem_limit)]
+
+
+def gluon_usable(device: torch.device) -> bool:
+    """Whether GLUON entries would run the Gluon kernels here (sm_90, and a Triton with that Gluon)."""
+    from . import ops
+    return ops.gluon_moe is not None and torch.cuda.get_device_capability(device)[0] == 9
+
+
 FUSED_DECODE_BLOCKS = ((32, 256), (32, 512), (64, 256))  # (slice of I, tile of H) per program: 16-32 KB of
 # weight loads in flight per program (plain vector loads: Triton does not pipeline these loops)
 
@@ -171,7 +195,8 @@ FUSED_DECODE_BLOCKS = ((32, 256), (32, 512), (64, 256))  # (slice of I, tile of 
 def fused_decode_variants(best: dict, m: int, top_k: int) -> list[dict]:
     """At decode sizes (up to FUSED_DECODE_MAX_PAIRS pairs): both GEMMs of a pair in one launch, per
     slice of I (FUSED_DECODE), then the slices and experts summed: two launches, no align step, for
-    small experts whose layer is too short to hide three."""
+    small experts whose layer is too short to hide three. Not searched by :func:`tune`: 1.5-3x slower
+    than the shipped decode configs on the H200 (benchmarks/NOTES.md item 45); ``variant_ab`` times it."""
     if m * top_k > fused_moe.FUSED_DECODE_MAX_PAIRS or best.get("FUSED_DECODE"):
         return []
     return [dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=block_i, BLOCK_SIZE_K=block_h, GROUP_SIZE_M=1, num_warps=4,
@@ -431,6 +456,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     gpu = configs.device_name(device)
     smem = _smem_limit()
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    gluon_ok = gluon_usable(device)
     started = time.perf_counter()
     # The config serving each M now (shipped or cached table, else the heuristic) goes first, so a
     # table entry is only replaced by one measured faster here.
@@ -465,7 +491,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                                 + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
-                                + dequant_variants(cfg, m, d, float_config) + fused_decode_variants(cfg, m, top_k),
+                                + dequant_variants(cfg, m, d, float_config)
+                                + gluon_variants(cfg, m, top_k, d, gluon_ok, smem),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best
