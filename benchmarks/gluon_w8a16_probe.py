@@ -7,11 +7,10 @@ shared-memory ring by cp.async; each int8 tile is loaded to registers, converted
 of two bf16 slots, and the wgmma on it is issued asynchronously with one left in flight, so
 converting tile j+1 overlaps the wgmma of tile j ("db"). With bf16 weights the same kernel reads its B operand straight from the
 ring: the reference for what the conversion costs. A second, warp-specialized form ("ws", below)
-moves loading and conversion into their own warps; a third ("ra") computes the product transposed so
-the converted weight tile is wgmma's register operand and never goes back to shared memory.
+moves loading and conversion into their own warps.
 
-Prints a table of microseconds and TFLOP/s per shape and config for the chosen forms (db int8, db
-bf16, ws int8, ra int8) and torch bf16 (cuBLAS), and checks every Gluon result against torch.
+Prints a table of microseconds and TFLOP/s per shape and config: ws int8, db int8, db bf16, torch
+bf16 (cuBLAS), and checks every Gluon result against torch.
 
     PYTHONPATH=src python3 benchmarks/gluon_w8a16_probe.py --out benchmarks/results
 """
@@ -227,62 +226,6 @@ def w8a16_gemm_ws_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-# Register-A form ("ra"): the product computed transposed, Y^T = W X^T, so the weight tile is wgmma's A
-# operand, which may come from registers: each thread loads its fragment of the int8 tile from the
-# ring straight into the A-operand layout and converts it there. No converted copy goes back to
-# shared memory, so no store, fence or barrier between the conversion and the wgmma; X^T is the B
-# operand, read from the ring as the weights were in the forms above.
-@gluon.jit
-def w8a16_gemm_ra_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                         X_SMEM: gl.constexpr, W_SMEM: gl.constexpr, num_warps: gl.constexpr):
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [num_warps, 1], [1, 0])
-    w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [num_warps, 1], [1, 0])
-    # accumulator rows: weight rows (wgmma's M, 64 per warpgroup); columns: tokens (wgmma's N)
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BLOCK_M, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-
-    offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
-    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
-    offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
-    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
-
-    num_k = gl.cdiv(K, BLOCK_K)
-    for s in gl.static_range(STAGES - 1):
-        _issue_tile(x_ptr, w_ptr, x_ring.index(s), w_ring.index(s), offs_xm, offs_wn, offs_xk, offs_wk,
-                    s * BLOCK_K, M, N, K, stride_xm, stride_wn)
-        async_copy.commit_group()
-
-    acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
-    for j in range(num_k):
-        slot = j % STAGES
-        async_copy.wait_group(STAGES - 2)
-        _cta_barrier()
-        a = w_ring.index(slot).load(a_layout).to(gl.bfloat16)
-        fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma (async proxy)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-        # tile j-1's wgmma is done, and every thread read its int8 tile before this iteration's barrier
-        nxt = j + STAGES - 1
-        if nxt < num_k:
-            _issue_tile(x_ptr, w_ptr, x_ring.index(nxt % STAGES), w_ring.index(nxt % STAGES), offs_xm, offs_wn,
-                        offs_xk, offs_wk, nxt * BLOCK_K, M, N, K, stride_xm, stride_wn)
-        async_copy.commit_group()
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
-
-    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
-    scale = gl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)
-    y = (acc * scale[:, None]).to(gl.bfloat16)
-    gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y,
-             mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
-
-
 def w8a16_gemm(x, w, scale=None, *, block_m=128, block_n=128, block_k=64, stages=4, num_warps=4):
     """``x @ (w * scale[:, None])^T`` for int8 ``w`` with fp32 ``scale``, or ``x @ w^T`` for bf16 ``w``."""
     m, k = x.shape
@@ -315,19 +258,6 @@ def w8a16_gemm_ws(x, w, scale, *, block_m=128, block_n=128, block_k=64, stages=4
     return y
 
 
-def w8a16_gemm_ra(x, w, scale, *, block_m=128, block_n=128, block_k=64, stages=3, num_warps=4):
-    """The register-A form (int8 ``w`` only): ``block_m`` tokens are wgmma's N, ``block_n`` weight rows its M."""
-    m, k = x.shape
-    n = w.shape[0]
-    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
-    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
-    w_smem = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.int8)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    w8a16_gemm_ra_kernel[grid](x, w, scale, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
-                               block_m, block_n, block_k, stages, x_smem, w_smem, num_warps=num_warps)
-    return y
-
-
 def bench_us(fn, reps=50):
     fn()
     graph = torch.cuda.CUDAGraph()
@@ -350,19 +280,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1024x28672x4096,4096x28672x4096,1024x4096x14336,4096x4096x14336",
                     help="MxNxK, comma-separated (defaults: mixtral-8x7b gate_up and down per expert)")
-    ap.add_argument("--configs", default="128x128x64x3x4,128x128x64x4x4,256x64x64x3x4,128x256x64x3x8",
+    ap.add_argument("--configs", default="128x128x64x3x4,128x128x64x4x4,128x128x64x4x8",
                     help="BMxBNxBKxSTAGESxWARPS, comma-separated (WARPS: the MMA partition's in the ws form)")
-    ap.add_argument("--kernels", default="db,ra",
-                    help="db (double-buffered), ws (warp-specialized), ra (register A), comma-separated")
+    ap.add_argument("--kernels", default="db,ws", help="db (double-buffered), ws (warp-specialized), comma-separated")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernels = args.kernels.split(",")
     torch.manual_seed(0)
     rows = []
-    names = [f"{kernel} {dtype}" for kernel, dtype in (("db", "int8"), ("db", "bf16"), ("ws", "int8"), ("ra", "int8"))
-             if kernel in kernels]
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | " + " | ".join(f"{n:>16}" for n in names)
-          + f" | {'torch bf16':>16} | ok")
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'db int8':>16} | {'db bf16':>16} | {'ws int8':>16} | "
+          f"{'torch bf16':>16} | ok")
     for shape in args.shapes.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -380,10 +307,10 @@ def main():
             row = dict(M=m, N=n, K=k, config=cfg, torch_bf16_us=t_torch)
             runs = {"db_int8": ("db", lambda: w8a16_gemm(x, wq, scale, **kw)),
                     "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw)),
-                    "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw)),
-                    "ra_int8": ("ra", lambda: w8a16_gemm_ra(x, wq, scale, **kw))}  # last: not yet run on a GPU
-            runs = {name: run for name, run in runs.items() if run[0] in kernels}
+                    "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw))}  # last: not yet run on a GPU
             for name, (kernel, fn) in runs.items():
+                if kernel not in kernels:
+                    continue
                 try:
                     err = (fn().float() - ref.float()).abs().max().item()
                     row[f"{name}_us"], row[f"{name}_err"] = bench_us(fn), err
