@@ -13,6 +13,8 @@ CUDA-graph timing as bench_kernel:
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
   fused_decode  both GEMMs of a pair per slice of I in one launch, then one sum (FUSED_DECODE):
             the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
+  sum_last  PAIRS with the down GEMM's last program per token tile adding up the split-K partials and
+            the token's k experts (down SUM_LAST), no sum launch: the shipped config, then that (M <= 8)
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
             on with 3 stages in both GEMMs, then 3 stages with 8 warps on 128x128 (down 128x256) and
@@ -33,6 +35,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py mma_v2 --m 256,512,1024,2048
     PYTHONPATH=src python3 benchmarks/variant_ab.py gluon --m 256,512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
+    PYTHONPATH=src python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8
 """
 import argparse
 import json
@@ -64,6 +67,14 @@ def sum_topk(cfg: dict, value: int, *lookup) -> dict:
     # both sides under PAIRS without SPLIT_K (what SUM_TOPK needs), so only the summing differs
     base = dict(configs.without(cfg, "SPLIT_K"), PAIRS=1)
     return dict(base, down={**base.get("down", {}), "SUM_TOPK": 1}) if value else base
+
+
+def sum_last(cfg: dict, value: int, *lookup) -> dict:
+    # PAIRS with the down GEMM's last program per token tile adding up the partials (no sum launch)
+    if not value or cfg.get("FUSED_DECODE"):
+        return cfg
+    plain = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS"), PAIRS=1)
+    return dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})
 
 
 def dedup(cfg: dict, value: int, *lookup) -> dict:
@@ -122,7 +133,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
-            "fused_decode": (fused_decode, (0, 1, 2, 3))}
+            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1))}
 
 
 def main() -> None:

@@ -692,3 +692,18 @@ def test_gluon_variants_at_prefill_sizes_of_int8_where_gluon_runs():
     assert tune_module.gluon_variants(base, 1024, 2, "bf16", True, smem) == []
     assert tune_module.gluon_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
     assert tune_module.gluon_variants(variants[1], 1024, 2, "int8", True, smem) == []
+
+
+def test_sum_last_variants_at_decode_sizes():
+    from experts_int8 import tune as tune_module
+
+    pairs = dict(PINNED, PAIRS=1, down={"SPLIT_K": 2})
+    assert tune_module.sum_last_variants(pairs, 1, 8, 2) == [dict(pairs, down={"SPLIT_K": 2, "SUM_LAST": 1})]
+    summed = dict(PINNED, PAIRS=1, down={"SUM_TOPK": 1})  # SUM_TOPK gives way
+    assert tune_module.sum_last_variants(summed, 1, 8, 2) == [dict(PINNED, PAIRS=1, down={"SUM_LAST": 1})]
+    assert tune_module.sum_last_variants(PINNED, 1, 8, 2) == [dict(PINNED, PAIRS=1, down={"SUM_LAST": 1})]
+    assert tune_module.sum_last_variants(PINNED, 16, 8, 2) == []  # PAIRS does not fit: experts shared
+    assert tune_module.sum_last_variants(dict(pairs, DEDUP_PAIRS=1), 4, 64, 6) == []
+    assert tune_module.sum_last_variants(PINNED, 1, 8, 1) == []  # one partial per token: nothing to add
+    for v in (tune_module.sum_last_variants(pairs, 1, 8, 2) + tune_module.sum_last_variants(summed, 1, 8, 2)):
+        assert configs.check_config(v) == v and tune_module.sum_last_variants(v, 1, 8, 2) == []

@@ -341,19 +341,27 @@ def test_fused_gate_up_excludes_swap_ab():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("swap, split_k, sum_topk", [(0, 1, 0), (1, 1, 0), (0, 2, 0), (0, 1, 1), (1, 1, 1)])
-def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, monkeypatch):
+@pytest.mark.parametrize("swap, split_k, sum_topk, sum_last", [(0, 1, 0, 0), (1, 1, 0, 0), (0, 2, 0, 0), (0, 1, 1, 0),
+                                                           (1, 1, 1, 0), (0, 1, 0, 1), (1, 3, 0, 1)])
+def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, sum_last, monkeypatch):
     """PAIRS: every (token, slot) pair is its own block, experts read straight from top-k ids; with
-    the down GEMM's SUM_TOPK one block per token adds up its k experts (no separate sum)."""
+    the down GEMM's SUM_TOPK one block per token adds up its k experts (no separate sum); with
+    SUM_LAST the last program to store a partial of a token's column tile adds up all of them."""
     from experts_int8 import ops
     from experts_int8.kernels.configs import override_config
 
     def no_align(*args, **kwargs):
         raise AssertionError("PAIRS must not run the align step")
 
+    def no_sum(*args, **kwargs):
+        raise AssertionError("SUM_LAST must not launch the sum")
+
     monkeypatch.setattr(ops, "align_block_size", no_align)
+    if sum_last:
+        monkeypatch.setattr(ops, "invoke_sum", no_sum)
     cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
-               SWAP_AB=swap, PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, SUM_TOPK=sum_topk))
+               SWAP_AB=swap, PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, SUM_TOPK=sum_topk,
+                                                 SUM_LAST=sum_last))
     with override_config(cfg):
         check(1, 6, 67, 45, 2, dtype, "triton")
         check(3, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
@@ -428,6 +436,11 @@ def test_pairs_is_a_top_level_flag():
         check_config(dict(base, down=dict(SUM_TOPK=1)))
     with pytest.raises(ValueError, match="SUM_TOPK .* needs PAIRS and no SPLIT_K"):
         check_config(dict(base, PAIRS=1, down=dict(SUM_TOPK=1, SPLIT_K=2)))
+    assert check_config(dict(base, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)))["down"] == {"SUM_LAST": 1, "SPLIT_K": 2}
+    for bad in (dict(base, down=dict(SUM_LAST=1)), dict(base, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_LAST=1)),
+                dict(base, PAIRS=1, down=dict(SUM_LAST=1, SUM_TOPK=1))):
+        with pytest.raises(ValueError, match="SUM_LAST .* needs PAIRS"):
+            check_config(bad)
     assert check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1))["DEDUP_PAIRS"] == 1
     with pytest.raises(ValueError, match="DEDUP_PAIRS refines PAIRS"):
         check_config(dict(base, DEDUP_PAIRS=1))
@@ -591,3 +604,20 @@ def test_fused_decode_config_rules():
                 dict(FUSED_DECODE, DEQUANT_ONCE=1), dict(FUSED_DECODE, down=dict(SUM_TOPK=1))):
         with pytest.raises(ValueError, match="FUSED_DECODE"):
             check_config(bad)
+
+
+def test_gate_up_launch_zeroes_the_sum_last_counters():
+    """SUM_LAST counts arrivals in counters the gate_up launch zeroes (more than one 1024-wide chunk
+    here): whatever the buffer held before, the down GEMM starts from zero."""
+    from experts_int8.kernels.fused_moe import invoke_gate_up
+
+    experts = make_experts(4, 32, 16)
+    x = torch.randn(3, 32, device=DEVICE)
+    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    pairs = ids.reshape(-1).to(torch.int32)
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2, PAIRS=1)
+    counts = torch.full((2500,), 7, dtype=torch.int32, device=DEVICE)
+    h = torch.empty(6, 16, device=DEVICE)
+    invoke_gate_up(x, experts["w13"], experts["w13_scale"], h, w.reshape(-1), pairs, pairs, pairs, 2, "silu", False,
+                   cfg, counts=counts)
+    assert int(counts.count_nonzero()) == 0

@@ -38,6 +38,10 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                         PAIRS=1, DEDUP_PAIRS=1, down=dict(SPLIT_K=2)),  # at m=300 (600 pairs): the align path
     "sum_topk": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
                      PAIRS=1, down=dict(SUM_TOPK=1)),
+    "sum_last": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                     PAIRS=1, down=dict(SUM_LAST=1)),
+    "sum_last_split_k": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                             num_stages=3, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=4)),
     "dequant_once": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
                          DEQUANT_ONCE=1),
     "fused_decode": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
@@ -54,7 +58,7 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -80,6 +84,30 @@ def test_cuda_graph_capture_and_replay():
         logits.copy_(torch.randn_like(logits))
         graph.replay()
         torch.testing.assert_close(out, fused_moe(x, logits, **ex, top_k=2), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("split_k", [1, 4])
+def test_sum_last_in_cuda_graph_replays(split_k):
+    """SUM_LAST: the last program of each token's column tile adds the partials up (its counters
+    zeroed by the gate_up launch), so 200 replays give the same bits as an eager call."""
+    from experts_int8.kernels.configs import override_config
+
+    ex = layer()
+    x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
+    logits = torch.randn(2, 8, device="cuda")
+    with override_config(dict(KERNEL_VARIANTS["sum_last"], down=dict(SUM_LAST=1, SPLIT_K=split_k))):
+        fused_moe(x, logits, **ex, top_k=2)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused_moe(x, logits, **ex, top_k=2)
+        w, ids = select_experts(logits, 2)
+        ref = oracle(x, ex, w, ids)
+        for _ in range(200):
+            graph.replay()
+        eager = fused_moe(x, logits, **ex, top_k=2)
+        torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
 def test_inductor_fullgraph():
@@ -136,7 +164,7 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m):
     from experts_int8.kernels import fused_moe as kernels
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")

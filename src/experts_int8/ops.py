@@ -19,7 +19,7 @@ from . import reference
 from .kernels.align import align_block_size
 from .kernels.configs import device_heuristic, get_config, split_config, without
 from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_dequantize, invoke_down,
-                                 invoke_fused_decode, invoke_gate_up, invoke_sum)
+                                 invoke_fused_decode, invoke_gate_up, invoke_sum, sum_last_counts)
 
 try:
     from .kernels import gluon_moe
@@ -229,6 +229,9 @@ def _fused_experts_triton(
             topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
         )
     h = x.new_empty((m * top_k, inter))
+    sum_last = bool(down_config.get("SUM_LAST")) and not config.get("GLUON")  # (GLUON never runs PAIRS)
+    # SUM_LAST's arrival counters, zeroed by the gate_up launch
+    counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
     # no bias, wgmma-sized blocks), else the Triton kernels with the same blocks
     gluon = (config.get("GLUON") and gluon_moe is not None
@@ -238,13 +241,13 @@ def _fused_experts_triton(
                                  top_k, activation, apply_router_weight_on_input, gate_up_config)
     else:
         invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                       top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
+                       top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts)
     if dequant:
         del w13  # its float copy is free for w2's
         w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None
     split_k = down_config.get("SPLIT_K", 1)
     sum_topk = bool(down_config.get("SUM_TOPK"))
-    if split_k > 1:  # fp32 partials over slices of I, summed with the k experts of each token
+    if split_k > 1 or sum_last:  # fp32 partials over slices of I, summed with the k experts of each token
         y = x.new_empty((split_k, m * top_k, hidden), dtype=torch.float32)
     elif sum_topk:  # decode: each token's k experts summed inside the down GEMM
         y = x.new_empty((m, hidden))
@@ -253,6 +256,10 @@ def _fused_experts_triton(
     if gluon:
         gluon_moe.invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                               not apply_router_weight_on_input, down_config)
+    elif sum_last:  # decode: the last program to finish a token's column tile adds it up, no sum launch
+        return invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                           not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k,
+                           sums=x.new_empty((m, hidden)), counts=counts)
     else:
         invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                     not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)

@@ -238,6 +238,22 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     return [dict(plain, PAIRS=1, down={**plain.get("down", {}), "SUM_TOPK": 1})]
 
 
+def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
+    """At decode sizes, PAIRS with the down GEMM's last program per token tile adding up the split-K
+    partials and the token's k experts (SUM_LAST): no separate sum launch, the programs as they are.
+    On the winner where it runs PAIRS (without DEDUP_PAIRS), or with PAIRS added where PAIRS fits."""
+    down = best.get("down", {})
+    if top_k * down.get("SPLIT_K", 1) == 1 or down.get("SUM_LAST") or best.get("FUSED_DECODE"):
+        return []
+    if best.get("PAIRS") and not best.get("DEDUP_PAIRS"):
+        plain = configs.without(best, "SUM_TOPK")
+    elif not best.get("PAIRS") and pairs_fit(m, num_experts, top_k):
+        plain = dict(best, PAIRS=1)
+    else:
+        return []
+    return [dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})]
+
+
 class SearchResult:
     """Outcome of one M: the best config and its time, the default's time, what was skipped or cut."""
 
@@ -491,6 +507,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                                 + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
+                                + sum_last_variants(cfg, m, num_experts, top_k)
                                 + dequant_variants(cfg, m, d, float_config)
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))

@@ -40,11 +40,12 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS) and "down", whose overrides may add SPLIT_K or, with
-    PAIRS, SUM_TOPK for the down GEMM),
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS) and "down", whose
+    overrides may add SPLIT_K or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK"} if _nested else set(CONFIG_KEYS) | set(OPTIONAL_KEYS)
+    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST"} if _nested
+               else set(CONFIG_KEYS) | set(OPTIONAL_KEYS))
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
         raise ValueError(f"a MoE config needs the keys {list(CONFIG_KEYS)} (optionally {list(OPTIONAL_KEYS)}), "
@@ -54,7 +55,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         if key == "down":
             out[key] = check_config(value, _nested=True)
         elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
-                     "SUM_TOPK"):
+                     "SUM_TOPK", "SUM_LAST"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)
@@ -63,6 +64,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     down = out.get("down", {})
     if down.get("SUM_TOPK") and (not out.get("PAIRS") or down.get("SPLIT_K", 1) > 1):
         raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
+    if down.get("SUM_LAST") and (not out.get("PAIRS") or out.get("DEDUP_PAIRS") or down.get("SUM_TOPK")):
+        raise ValueError("config: down SUM_LAST (the last program of a token's tile adds it up) needs PAIRS, "
+                         "without DEDUP_PAIRS or SUM_TOPK")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
     if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(

@@ -132,6 +132,8 @@ def moe_gate_up_kernel(
     stride_se,
     stride_be,
     stride_om,
+    counts_ptr,  # (num_counts,) int32 zeroed here for the down GEMM's SUM_LAST; used only with ZERO_COUNTS
+    num_counts,
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
@@ -149,9 +151,15 @@ def moe_gate_up_kernel(
     FUSE_GATE_UP: tl.constexpr,
     SWIGLU_ALPHA: tl.constexpr,
     SWIGLU_LIMIT: tl.constexpr,
+    ZERO_COUNTS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     _pdl_prologue(PDL)
+    if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
+        if tl.program_id(0) == 0:
+            for start in range(0, num_counts, 1024):
+                offs = start + tl.arange(0, 1024)
+                tl.store(counts_ptr + offs, tl.zeros((1024,), dtype=tl.int32), mask=offs < num_counts)
     pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
@@ -411,6 +419,9 @@ def moe_down_kernel(
     stride_be,
     stride_om,
     stride_os,  # between split-K partials; used only when SPLIT_K > 1
+    sums_ptr,  # (M, H) activation dtype: the layer's output; written only with SUM_LAST
+    counts_ptr,  # (M, cdiv(H, BLOCK_N)) int32, zero on entry; used only with SUM_LAST
+    stride_sums,
     TOP_K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -426,6 +437,7 @@ def moe_down_kernel(
     PAIRS_P2: tl.constexpr,  # power of two >= M*k; read only with DEDUP_PAIRS
     SPLIT_K: tl.constexpr,
     SUM_TOPK: tl.constexpr,
+    SUM_LAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     _pdl_prologue(PDL)
@@ -464,11 +476,38 @@ def moe_down_kernel(
     out_mask = row_mask[:, None] & (offs_n[None, :] < H)
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
+        if SUM_LAST:
+            _sum_if_last(out_ptr, sums_ptr, counts_ptr, pid_m, offs_n, H, stride_om, stride_os, stride_sums,
+                         TOP_K, SPLIT_K, BLOCK_N)
         return
     acc = _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
                      stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                      HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, SPLIT_K)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    if SUM_LAST:
+        _sum_if_last(out_ptr, sums_ptr, counts_ptr, pid_m, offs_n, H, stride_om, stride_os, stride_sums,
+                     TOP_K, SPLIT_K, BLOCK_N)
+
+
+@triton.jit
+def _sum_if_last(y_ptr, sums_ptr, counts_ptr, pair, offs_n, H, stride_ym, stride_ys, stride_sums,
+                 TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SUM_LAST (with PAIRS: block ``pair`` is one (token, slot) pair): count this program's partial of
+    the token's column tile as stored; the program that stores the last of its TOP_K x SPLIT_K
+    partials adds them up, in a fixed order (the result does not depend on which program is last)
+    and writes the tile of the layer's output. No sum launch."""
+    token = pair // TOP_K
+    count_ptr = counts_ptr + token * tl.cdiv(H, BLOCK_N) + tl.min(offs_n, axis=0) // BLOCK_N
+    tl.debug_barrier()  # every thread's partial stored before the count is released
+    if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == TOP_K * SPLIT_K - 1:
+        mask = offs_n < H
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for s in tl.static_range(SPLIT_K):
+            for j in tl.static_range(TOP_K):
+                # .cg: from L2, where the other programs' partials are (this SM's L1 may hold an older call's)
+                acc += tl.load(y_ptr + s * stride_ys + (token * TOP_K + j) * stride_ym + offs_n, mask=mask,
+                               other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(sums_ptr + token * stride_sums + offs_n, acc.to(sums_ptr.dtype.element_ty), mask=mask)
 
 
 def _kernel(kernel, device: torch.device):
@@ -525,8 +564,10 @@ def _launch_meta(config: dict, num_pairs: int) -> dict:
 
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None):
-    """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted)."""
+                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None,
+                   counts=None):
+    """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted); ``counts``
+    (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters)."""
     inter = w13.shape[1] // 2
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
@@ -537,8 +578,9 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         topk_weights.numel(), num_sorted, inter, x.shape[1],
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
         w13_bias.stride(0) if has_bias else 0, out.stride(0),
+        sorted_token_ids if counts is None else counts, 0 if counts is None else counts.numel(),
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
-        SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
+        SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config, topk_weights.numel()),
         **pdl_meta(x.device),
@@ -546,17 +588,31 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
 
 
 def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                num_tokens_post_padded, mul_routed_weight, config, w2_bias=None, top_k=1):
+                num_tokens_post_padded, mul_routed_weight, config, w2_bias=None, top_k=1, sums=None, counts=None):
     """Launch GEMM2 (* routing weight). ``out [M*k, H]``; ``[SPLIT_K, M*k, H]`` fp32 partial sums
     over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up); ``[M, H]``, the
-    sum over each token's ``top_k`` experts, when it has ``SUM_TOPK`` (with PAIRS)."""
+    sum over each token's ``top_k`` experts, when it has ``SUM_TOPK`` (with PAIRS). With ``SUM_LAST``
+    (with PAIRS) ``out`` is always the fp32 ``[SPLIT_K, M*k, H]`` partials and ``sums [M, H]`` gets
+    their sum over splits and the token's ``top_k`` experts, from the same launch; ``counts`` (int32,
+    at least :func:`sum_last_counts` of them) must be zero on entry (the gate_up launch zeroes them)."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     split_k = config.get("SPLIT_K", 1)
     sum_topk = bool(config.get("SUM_TOPK", 0))
-    if split_k > 1 and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
-        raise ValueError(f"SPLIT_K={split_k} needs an fp32 out of shape [{split_k}, M*k, H], got "
-                         f"{out.dtype} {tuple(out.shape)}")
+    sum_last = bool(config.get("SUM_LAST", 0))
+    if (split_k > 1 or sum_last) and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
+        raise ValueError(f"SPLIT_K={split_k}{' with SUM_LAST' if sum_last else ''} needs an fp32 out of shape "
+                         f"[{split_k}, M*k, H], got {out.dtype} {tuple(out.shape)}")
+    if sum_last:
+        if not config.get("PAIRS") or config.get("DEDUP_PAIRS") or sum_topk:
+            raise ValueError("SUM_LAST needs PAIRS (one block per pair), without DEDUP_PAIRS or SUM_TOPK")
+        num_tokens = topk_weights.numel() // top_k
+        if sums is None or tuple(sums.shape) != (num_tokens, hidden) or sums.stride(1) != 1:
+            raise ValueError(f"SUM_LAST writes sums [M, H] = [{num_tokens}, {hidden}], got "
+                             f"{None if sums is None else tuple(sums.shape)}")
+        needed = sum_last_counts(num_tokens, hidden, config)
+        if counts is None or counts.dtype != torch.int32 or counts.numel() < needed:
+            raise ValueError("SUM_LAST needs zeroed int32 counts, one per token and column tile of H")
     if sum_topk:
         if not config.get("PAIRS") or split_k > 1 or topk_weights.numel() % top_k:
             raise ValueError("SUM_TOPK needs PAIRS, no SPLIT_K and M*k pairs for the given top_k")
@@ -566,16 +622,23 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
                              f"got out {tuple(out.shape)}")
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]), split_k)
     has_scale, has_bias = w2_scale is not None, w2_bias is not None
-    return _kernel(moe_down_kernel, a.device)[grid](
+    _kernel(moe_down_kernel, a.device)[grid](
         a, w2, w2_scale if has_scale else w2, w2_bias if has_bias else w2, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter,
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
-        w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if split_k > 1 else 0,
-        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk,
+        w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
+        sums if sum_last else out, counts if sum_last else sorted_token_ids, sums.stride(0) if sum_last else 0,
+        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
     )
+    return sums if sum_last else out
+
+
+def sum_last_counts(num_tokens: int, hidden: int, down_config: dict) -> int:
+    """SUM_LAST's arrival counters: one per token and column tile of the down GEMM."""
+    return num_tokens * triton.cdiv(hidden, down_config["BLOCK_SIZE_N"])
 
 
 def invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights, pair_experts, top_k, activation,
