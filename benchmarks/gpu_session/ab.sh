@@ -2,11 +2,7 @@
 # The Gluon and FUSED_DECODE A/Bs, their winners folded into the int8 tables (benchmarks/fold_ab.py,
 # >= 2% faster than the shipped config), then the full kernel bench on the folded tables. The tables
 # come back as configs.tgz.
-R=$1
-export PYTHONPATH=$PWD/src
-D=src/experts_int8/kernels/configs
-exec >"$R/chain.log" 2>&1
-step() { echo "=== $1 ($(date +%T))"; }
+source benchmarks/gpu_session/common.sh "$1"
 step "gluon a/b";    timeout 330 python3 benchmarks/variant_ab.py gluon --m 256,512,1024,2048,4096,8192 --out "$R" \
                        --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini qwen3-30b-a3b deepseek-v2-lite
 step "fused decode"; timeout 200 python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --out "$R" \

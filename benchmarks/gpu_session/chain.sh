@@ -3,11 +3,7 @@
 # limit: every GPU test ~5 min, a prefill re-tune of the five shapes' int8 entries with the tuner's
 # GLUON candidates ~4, a decode re-tune of the small-expert shapes (SUM_LAST among the variants) ~1.5,
 # the full kernel bench on the new tables ~2. Tables come back as configs.tgz.
-R=$1
-export PYTHONPATH=$PWD/src
-D=src/experts_int8/kernels/configs
-exec >"$R/chain.log" 2>&1
-step() { echo "=== $1 ($(date +%T))"; }
+source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests";    timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -8
 step "tune prefill"; for shape in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2 128,2048,768,8 64,2048,1408,6; do
                        timeout 60 bash benchmarks/gpu_session/cli.sh tune --shape $shape --dtypes int8 --out-dir $D \

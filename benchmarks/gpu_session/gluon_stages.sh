@@ -1,11 +1,7 @@
 #!/bin/bash
 # The 8-warp 128x128 Gluon tiles with 4 stages (value 5) against the tables, M=256 included; the winners
 # folded into the int8 tables, then the full kernel bench on them (tables back as configs.tgz).
-R=$1
-export PYTHONPATH=$PWD/src
-D=src/experts_int8/kernels/configs
-exec >"$R/chain.log" 2>&1
-step() { echo "=== $1 ($(date +%T))"; }
+source benchmarks/gpu_session/common.sh "$1"
 step "gluon a/b";    timeout 200 python3 benchmarks/variant_ab.py gluon --values 0,3,5 --m 256,512,1024,2048,4096,8192 \
                        --out "$R" --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini
                      mv "$R/variant_ab_gluon.json" "$R/variant_ab_gluon_large.json"

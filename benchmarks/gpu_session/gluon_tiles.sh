@@ -1,11 +1,7 @@
 #!/bin/bash
 # Gluon tiles: the GPU test of 256-row blocks, the GLUON A/B with the 8-warp tiles (values 3, 4), the
 # winners folded into the int8 tables, then the full kernel bench on them (tables back as configs.tgz).
-R=$1
-export PYTHONPATH=$PWD/src
-D=src/experts_int8/kernels/configs
-exec >"$R/chain.log" 2>&1
-step() { echo "=== $1 ($(date +%T))"; }
+source benchmarks/gpu_session/common.sh "$1"
 step "gluon tests";  timeout 150 python3 -m pytest -q -m gpu tests/test_gpu.py -k "gluon and (bm256 or w8_s3)" -p no:cacheprovider 2>&1 | tail -4
 step "gluon a/b";    timeout 240 python3 benchmarks/variant_ab.py gluon --m 512,1024,2048,4096,8192 --out "$R" \
                        --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini
