@@ -24,7 +24,9 @@ DTYPES = {"int8": torch.int8, "bf16": torch.bfloat16}
 
 def winner(row: dict, variant: str, values, min_gain: float):
     """The fastest value that beats value 0 by at least ``min_gain`` (and, for gluon, really ran)."""
-    base = row[f"{variant}={values[0]}_us"]
+    base = row.get(f"{variant}={values[0]}_us")
+    if base is None:  # the shipped config itself failed the A/B's correctness check: nothing to compare
+        return None
     timed = [(row[f"{variant}={v}_us"], v) for v in values[1:]
              if row.get(f"{variant}={v}_ran", True) and f"{variant}={v}_us" in row]
     if not timed:
@@ -46,6 +48,8 @@ def main() -> None:
         sys.exit(f"{variant} is a process-wide switch, not a table entry: nothing to fold")
     apply, values = VARIANTS[variant]
     values = tuple(ab.get("values", values))  # the values the A/B timed, the first its baseline
+    if values[0] != 0:
+        sys.exit(f"the A/B's baseline is {variant}={values[0]}, not the shipped config (0): nothing to fold")
     device = configs.device_name()
     folded = 0
     for row in ab["rows"]:

@@ -181,6 +181,8 @@ def main() -> None:
                 try:  # as the tuner does: a variant is timed only once it computes the layer correctly
                     tune.check_output(first_layer(), expected)
                 except Exception as err:  # a wrong result, or blocks that do not compile
+                    if tune._is_fatal(err):  # a CUDA fault poisons the context: stop
+                        raise
                     row[f"{args.variant}={value}_wrong"] = str(err)
                     print(f"{name} M={m} {args.variant}={value}: {str(err)[:300]}", flush=True)
                     continue

@@ -341,9 +341,10 @@ def test_fused_gate_up_excludes_swap_ab():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("swap, split_k, sum_topk, sum_last", [(0, 1, 0, 0), (1, 1, 0, 0), (0, 2, 0, 0), (0, 1, 1, 0),
-                                                           (1, 1, 1, 0), (0, 1, 0, 1), (1, 3, 0, 1)])
-def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, sum_last, monkeypatch):
+@pytest.mark.parametrize("swap, split_k, sum_topk, sum_last, group", [
+    (0, 1, 0, 0, 1), (1, 1, 0, 0, 1), (0, 2, 0, 0, 1), (0, 1, 1, 0, 1), (1, 1, 1, 0, 1), (0, 1, 0, 1, 1),
+    (1, 3, 0, 1, 1), (0, 2, 0, 1, 4)])
+def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, sum_last, group, monkeypatch):
     """PAIRS: every (token, slot) pair is its own block, experts read straight from top-k ids; with
     the down GEMM's SUM_TOPK one block per token adds up its k experts (no separate sum); with
     SUM_LAST the last program to store a partial of a token's column tile adds up all of them."""
@@ -359,11 +360,12 @@ def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, sum_last, monkey
     monkeypatch.setattr(ops, "align_block_size", no_align)
     if sum_last:
         monkeypatch.setattr(ops, "invoke_sum", no_sum)
-    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=group, num_warps=4, num_stages=2,
                SWAP_AB=swap, PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, SUM_TOPK=sum_topk,
                                                  SUM_LAST=sum_last))
     with override_config(cfg):
         check(1, 6, 67, 45, 2, dtype, "triton")
+        check(5, 6, 67, 45, 2, dtype, "triton")  # (with GROUP_SIZE_M 4: programs out of column order)
         check(3, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
         check(2, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
         expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)

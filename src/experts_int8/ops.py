@@ -229,7 +229,7 @@ def _fused_experts_triton(
             topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
         )
     h = x.new_empty((m * top_k, inter))
-    sum_last = bool(down_config.get("SUM_LAST")) and not config.get("GLUON")  # (GLUON never runs PAIRS)
+    sum_last = bool(down_config.get("SUM_LAST"))  # (a PAIRS mode: never on the Gluon kernels)
     # SUM_LAST's arrival counters, zeroed by the gate_up launch
     counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,

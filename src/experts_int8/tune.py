@@ -185,7 +185,8 @@ def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, s
 def gluon_usable(device: torch.device) -> bool:
     """Whether GLUON entries would run the Gluon kernels here (sm_90, and a Triton with that Gluon)."""
     from . import ops
-    return ops.gluon_moe is not None and torch.cuda.get_device_capability(device)[0] == 9
+    return (ops.gluon_moe is not None and torch.version.hip is None
+            and torch.cuda.get_device_capability(device)[0] == 9)
 
 
 FUSED_DECODE_BLOCKS = ((32, 256), (32, 512), (64, 256))  # (slice of I, tile of H) per program: 16-32 KB of

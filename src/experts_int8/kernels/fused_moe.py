@@ -496,17 +496,19 @@ def _sum_if_last(y_ptr, sums_ptr, counts_ptr, pair, offs_n, H, stride_ym, stride
     the token's column tile as stored; the program that stores the last of its TOP_K x SPLIT_K
     partials adds them up, in a fixed order (the result does not depend on which program is last)
     and writes the tile of the layer's output. No sum launch."""
-    token = pair // TOP_K
+    token = (pair // TOP_K).to(tl.int64)
     count_ptr = counts_ptr + token * tl.cdiv(H, BLOCK_N) + tl.min(offs_n, axis=0) // BLOCK_N
-    tl.debug_barrier()  # every thread's partial stored before the count is released
+    # Needed: one thread does the atomic below, so this barrier is what puts every thread's partial
+    # store before its release (and the reader's threads wait on the broadcast of its acquire)
+    tl.debug_barrier()
     if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == TOP_K * SPLIT_K - 1:
         mask = offs_n < H
         acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             for j in tl.static_range(TOP_K):
                 # .cg: from L2, where the other programs' partials are (this SM's L1 may hold an older call's)
-                acc += tl.load(y_ptr + s * stride_ys + (token * TOP_K + j) * stride_ym + offs_n, mask=mask,
-                               other=0.0, cache_modifier=".cg").to(tl.float32)
+                row = stride_ys.to(tl.int64) * s + (token * TOP_K + j) * stride_ym
+                acc += tl.load(y_ptr + row + offs_n, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         tl.store(sums_ptr + token * stride_sums + offs_n, acc.to(sums_ptr.dtype.element_ty), mask=mask)
 
 
