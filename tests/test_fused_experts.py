@@ -623,3 +623,14 @@ def test_gate_up_launch_zeroes_the_sum_last_counters():
     invoke_gate_up(x, experts["w13"], experts["w13_scale"], h, w.reshape(-1), pairs, pairs, pairs, 2, "silu", False,
                    cfg, counts=counts)
     assert int(counts.count_nonzero()) == 0
+
+
+def test_gluon_entry_in_pairs_mode_runs_the_triton_kernels():
+    """The Gluon kernels refuse PAIRS (and run only on sm_90): such an entry, SUM_LAST included, runs
+    the Triton kernels with the same blocks."""
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               PAIRS=1, GLUON=1, down=dict(SUM_LAST=1, SPLIT_K=2))
+    with override_config(cfg):
+        check(2, 4, 64, 32, 2, torch.float32, "triton")
