@@ -7,10 +7,11 @@ shared-memory ring by cp.async; each int8 tile is loaded to registers, converted
 of two bf16 slots, and the wgmma on it is issued asynchronously with one left in flight, so
 converting tile j+1 overlaps the wgmma of tile j ("db"). With bf16 weights the same kernel reads its B operand straight from the
 ring: the reference for what the conversion costs. A second, warp-specialized form ("ws", below)
-moves loading and conversion into their own warps.
+moves loading and conversion into their own warps; a third ("rr") keeps the converted weights out of
+shared memory altogether (the weights as wgmma's register operand, from rows repacked once).
 
-Prints a table of microseconds and TFLOP/s per shape and config: ws int8, db int8, db bf16, torch
-bf16 (cuBLAS), and checks every Gluon result against torch.
+Prints a table of microseconds and TFLOP/s per shape and config for the chosen forms (db int8, db
+bf16, ws int8, rr int8) and torch bf16 (cuBLAS), and checks every Gluon result against torch.
 
     PYTHONPATH=src python3 benchmarks/gluon_w8a16_probe.py --out benchmarks/results
 """
@@ -226,6 +227,89 @@ def w8a16_gemm_ws_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+# Register form from repacked rows ("rr", benchmarks/NOTES.md item 54): the product computed transposed,
+# Y^T = W X^T, so the weights are wgmma's register operand; each thread loads its own fragment of a
+# weight tile straight from global memory (16 contiguous bytes a row, thanks to the repack below),
+# converts it in registers and never writes it to shared memory. Only X goes through the ring.
+# Repack (host, once): within every 64-wide K block, memory position p = 16c + 4s + 2e1 + e0 holds
+# k = 16s + 8e1 + 2c + e0, so thread c of a quad finds its k values of the four k16 steps together.
+def repack_rows(w: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` (K a multiple of 64) -> the same values in the register-fragment order above."""
+    n, k = w.shape
+    return w.reshape(n, k // 64, 4, 2, 4, 2).permute(0, 1, 4, 2, 3, 5).reshape(n, k).contiguous()
+
+
+@gluon.constexpr_function
+def _repacked_layout(lin):
+    """The A-operand layout with K coordinates moved to their repacked memory positions, and the
+    registers ordered so that a thread's contiguous bytes come first (16-byte loads)."""
+    def to_memory(basis):  # logical k (within a 64 block) -> memory position p
+        n, k = basis
+        b = [(k >> i) & 1 for i in range(6)]
+        return [n, (k & ~63) | b[0] | b[3] << 1 | b[4] << 2 | b[5] << 3 | b[1] << 4 | b[2] << 5]
+    regs = sorted((to_memory(b) for b in lin.reg_bases), key=lambda b: (b[0] != 0, b[1] if b[0] == 0 else 0))
+    return gl.DistributedLinearLayout(regs, [to_memory(b) for b in lin.lane_bases],
+                                      [to_memory(b) for b in lin.warp_bases], lin.block_bases, lin.shape)
+
+
+@gluon.jit
+def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                         X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [num_warps, 1], [1, 0])
+    # accumulator rows: weight rows (wgmma's M, 64 per warpgroup); columns: tokens (wgmma's N)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
+
+    offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
+    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
+    offs_wn = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout))
+    offs_wp = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_layout))
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ptrs = w_ptr + offs_wn[:, None] * stride_wn + offs_wp[None, :]
+    w_mask = offs_wn[:, None] < N
+
+    num_k = gl.cdiv(K, BLOCK_K)  # (K a multiple of 64: the repack's blocks)
+    for s in gl.static_range(STAGES - 1):
+        xk = s * BLOCK_K + offs_xk
+        _async_load(x_ring.index(s), x_ptr + offs_xm[:, None] * stride_xm + xk[None, :],
+                    mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
+        async_copy.commit_group()
+    acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    w_next = gl.load(w_ptrs, mask=w_mask, other=0)
+    for j in range(num_k):
+        slot = j % STAGES
+        w_tile = w_next
+        if j + 1 < num_k:  # the next weight tile in flight (in registers) while this one computes
+            w_next = gl.load(w_ptrs + (j + 1) * BLOCK_K, mask=w_mask, other=0)
+        # relabel memory positions [c, s, e1, e0] as logical k [s, e1, c, e0]: registers only
+        w6 = gl.reshape(w_tile.to(gl.bfloat16), [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
+        a = gl.convert_layout(gl.reshape(gl.permute(w6, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K]), a_layout)
+        async_copy.wait_group(STAGES - 2)
+        _cta_barrier()
+        fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma (async proxy)
+        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
+        nxt = j + STAGES - 1  # tile j-1's wgmma is done: its X slot takes tile j+STAGES-1
+        if nxt < num_k:
+            xk = nxt * BLOCK_K + offs_xk
+            _async_load(x_ring.index(nxt % STAGES), x_ptr + offs_xm[:, None] * stride_xm + xk[None, :],
+                        mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
+        async_copy.commit_group()
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+
+    offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
+    scale = gl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+    y = (acc * scale[:, None]).to(gl.bfloat16)
+    gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y,
+             mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+
 def w8a16_gemm(x, w, scale=None, *, block_m=128, block_n=128, block_k=64, stages=4, num_warps=4):
     """``x @ (w * scale[:, None])^T`` for int8 ``w`` with fp32 ``scale``, or ``x @ w^T`` for bf16 ``w``."""
     m, k = x.shape
@@ -258,6 +342,20 @@ def w8a16_gemm_ws(x, w, scale, *, block_m=128, block_n=128, block_k=64, stages=4
     return y
 
 
+def w8a16_gemm_rr(x, w_repacked, scale, *, block_m=128, block_n=128, block_k=64, stages=3, num_warps=8):
+    """The register form on ``repack_rows(w)``: ``block_m`` tokens are wgmma's N, ``block_n`` weight rows its M."""
+    m, k = x.shape
+    n = w_repacked.shape[0]
+    if k % 64 or block_k % 64:
+        raise ValueError("the repacked layout works in 64-wide K blocks")
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    w8a16_gemm_rr_kernel[grid](x, w_repacked, scale, y, m, n, k, x.stride(0), w_repacked.stride(0), y.stride(0),
+                               block_m, block_n, block_k, stages, x_smem, num_warps=num_warps)
+    return y
+
+
 def bench_us(fn, reps=50):
     fn()
     graph = torch.cuda.CUDAGraph()
@@ -280,16 +378,19 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="1024x28672x4096,4096x28672x4096,1024x4096x14336,4096x4096x14336",
                     help="MxNxK, comma-separated (defaults: mixtral-8x7b gate_up and down per expert)")
-    ap.add_argument("--configs", default="128x128x64x3x4,128x128x64x4x4,128x128x64x4x8",
+    ap.add_argument("--configs", default="128x128x64x3x4,256x64x64x3x4,128x128x64x3x8,256x128x64x3x8,128x256x64x3x8",
                     help="BMxBNxBKxSTAGESxWARPS, comma-separated (WARPS: the MMA partition's in the ws form)")
-    ap.add_argument("--kernels", default="db,ws", help="db (double-buffered), ws (warp-specialized), comma-separated")
+    ap.add_argument("--kernels", default="db,rr",
+                    help="db (double-buffered), ws (warp-specialized), rr (register form, repacked), comma-separated")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernels = args.kernels.split(",")
     torch.manual_seed(0)
     rows = []
-    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | {'db int8':>16} | {'db bf16':>16} | {'ws int8':>16} | "
-          f"{'torch bf16':>16} | ok")
+    names = [f"{kernel} {dtype}" for kernel, dtype in (("db", "int8"), ("db", "bf16"), ("ws", "int8"), ("rr", "int8"))
+             if kernel in kernels]
+    print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | " + " | ".join(f"{n:>16}" for n in names)
+          + f" | {'torch bf16':>16} | ok")
     for shape in args.shapes.split(","):
         m, n, k = (int(v) for v in shape.split("x"))
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -297,6 +398,7 @@ def main():
         scale = w.abs().amax(1) / 127
         wq = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
         wf = (wq.float() * scale[:, None]).to(torch.bfloat16)
+        wr = repack_rows(wq)
         ref = x @ wf.t()
         tol = 0.05 * ref.float().abs().max().item()
         t_torch = bench_us(lambda: x @ wf.t())
@@ -307,10 +409,10 @@ def main():
             row = dict(M=m, N=n, K=k, config=cfg, torch_bf16_us=t_torch)
             runs = {"db_int8": ("db", lambda: w8a16_gemm(x, wq, scale, **kw)),
                     "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw)),
-                    "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw))}  # last: not yet run on a GPU
+                    "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw)),
+                    "rr_int8": ("rr", lambda: w8a16_gemm_rr(x, wr, scale, **kw))}  # rr: not yet run on a GPU
+            runs = {name: run for name, run in runs.items() if run[0] in kernels}
             for name, (kernel, fn) in runs.items():
-                if kernel not in kernels:
-                    continue
                 try:
                     err = (fn().float() - ref.float()).abs().max().item()
                     row[f"{name}_us"], row[f"{name}_err"] = bench_us(fn), err

@@ -2,7 +2,8 @@
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), each with its own time
 # limit: every GPU test ~5 min, a prefill re-tune of the five shapes' int8 entries with the tuner's
 # GLUON candidates ~4, a decode re-tune of the small-expert shapes (SUM_LAST among the variants) ~1.5,
-# the full kernel bench on the new tables ~2, the decode layers taken apart launch by launch ~1.
+# the full kernel bench on the new tables ~2, the dense Gluon probe with the register form ~1, the decode
+# layers taken apart launch by launch ~1.
 # Tables come back as configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests";    timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -8
@@ -16,5 +17,6 @@ step "tune decode";  for shape in 128,2048,768,8 64,2048,1408,6; do
                      done
                      tar czf "$R/configs.tgz" $D/*.json
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
+step "gluon probe";  timeout 150 python3 benchmarks/gluon_w8a16_probe.py --kernels db,rr --out "$R" 2>&1 | grep -v Warn | tail -22
 step "breakdown";    timeout 120 python3 benchmarks/decode_breakdown.py --out "$R" 2>&1 | grep -v -i warn | tail -14
 step "done"; echo CHAIN_DONE
