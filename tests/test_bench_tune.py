@@ -691,7 +691,9 @@ def test_gluon_variants_at_prefill_sizes_of_int8_where_gluon_runs():
     assert tune_module.gluon_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
     assert tune_module.gluon_variants(base, 1024, 2, "bf16", True, smem) == []
     assert tune_module.gluon_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
-    assert tune_module.gluon_variants(variants[1], 1024, 2, "int8", True, smem) == []
+    # an entry already on the Gluon kernels: the other tiles only
+    assert tune_module.gluon_variants(variants[1], 1024, 2, "int8", True, smem) == [variants[2]]
+    assert tune_module.gluon_variants(variants[0], 1024, 2, "int8", True, smem) == variants[1:]
 
 
 def test_sum_last_variants_at_decode_sizes():
