@@ -700,12 +700,17 @@ def test_sum_last_variants_at_decode_sizes():
     from experts_int8 import tune as tune_module
 
     pairs = dict(PINNED, PAIRS=1, down={"SPLIT_K": 2})
-    assert tune_module.sum_last_variants(pairs, 1, 8, 2) == [dict(pairs, down={"SPLIT_K": 2, "SUM_LAST": 1})]
+    got = tune_module.sum_last_variants(pairs, 1, 8, 2)  # the winner's split first, then the others
+    assert [v["down"] for v in got] == [{"SUM_LAST": 1, "SPLIT_K": 2}, {"SUM_LAST": 1},
+                                        {"SUM_LAST": 1, "SPLIT_K": 4}]
+    assert all(v["PAIRS"] == 1 and configs.without(v, "SUM_LAST", "SPLIT_K") == dict(PINNED, PAIRS=1) for v in got)
     summed = dict(PINNED, PAIRS=1, down={"SUM_TOPK": 1})  # SUM_TOPK gives way
-    assert tune_module.sum_last_variants(summed, 1, 8, 2) == [dict(PINNED, PAIRS=1, down={"SUM_LAST": 1})]
-    assert tune_module.sum_last_variants(PINNED, 1, 8, 2) == [dict(PINNED, PAIRS=1, down={"SUM_LAST": 1})]
+    assert tune_module.sum_last_variants(summed, 1, 8, 2)[0] == dict(PINNED, PAIRS=1, down={"SUM_LAST": 1})
+    assert tune_module.sum_last_variants(PINNED, 1, 8, 2)[0] == dict(PINNED, PAIRS=1, down={"SUM_LAST": 1})
     assert tune_module.sum_last_variants(PINNED, 16, 8, 2) == []  # PAIRS does not fit: experts shared
     assert tune_module.sum_last_variants(dict(pairs, DEDUP_PAIRS=1), 4, 64, 6) == []
-    assert tune_module.sum_last_variants(PINNED, 1, 8, 1) == []  # one partial per token: nothing to add
-    for v in (tune_module.sum_last_variants(pairs, 1, 8, 2) + tune_module.sum_last_variants(summed, 1, 8, 2)):
+    # one expert per token: only a split of I leaves something to add
+    assert [v["down"] for v in tune_module.sum_last_variants(PINNED, 1, 8, 1)] == [
+        {"SUM_LAST": 1, "SPLIT_K": 2}, {"SUM_LAST": 1, "SPLIT_K": 4}]
+    for v in got + tune_module.sum_last_variants(summed, 1, 8, 2):
         assert configs.check_config(v) == v and tune_module.sum_last_variants(v, 1, 8, 2) == []

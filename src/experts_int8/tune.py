@@ -243,18 +243,22 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
 
 def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
     """At decode sizes, PAIRS with the down GEMM's last program per token tile adding up the split-K
-    partials and the token's k experts (SUM_LAST): no separate sum launch, the programs as they are.
+    partials and the token's k experts (SUM_LAST): no separate sum launch, the programs as they are,
+    with the winner's split of I and the other splits (1, 2, 4; the sum no longer costs a launch).
     On the winner where it runs PAIRS (without DEDUP_PAIRS), or with PAIRS added where PAIRS fits."""
     down = best.get("down", {})
-    if top_k * down.get("SPLIT_K", 1) == 1 or down.get("SUM_LAST") or best.get("FUSED_DECODE"):
+    if down.get("SUM_LAST") or best.get("FUSED_DECODE"):
         return []
     if best.get("PAIRS") and not best.get("DEDUP_PAIRS"):
-        plain = configs.without(best, "SUM_TOPK")
+        plain = configs.without(best, "SUM_TOPK", "SPLIT_K")
     elif not best.get("PAIRS") and pairs_fit(m, num_experts, top_k):
-        plain = dict(best, PAIRS=1)
+        plain = configs.without(dict(best, PAIRS=1), "SPLIT_K")
     else:
         return []
-    return [dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})]
+    own = down.get("SPLIT_K", 1)
+    splits = [own] + [s for s in (1, 2, 4) if s != own]
+    return [dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1, **({"SPLIT_K": s} if s > 1 else {})})
+            for s in splits if top_k * s > 1]
 
 
 class SearchResult:
