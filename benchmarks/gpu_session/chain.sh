@@ -1,7 +1,7 @@
 #!/bin/bash
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), each with its own time
 # limit: every GPU test ~5 min, a prefill re-tune of the five shapes' int8 entries with the tuner's
-# GLUON candidates ~4, a decode re-tune of the small-expert shapes (SUM_LAST among the variants) ~1.5,
+# GLUON candidates ~5, a decode re-tune (SUM_LAST with splits of I among the variants) ~3.5,
 # the full kernel bench on the new tables ~2, the dense Gluon probe with the register form ~1, the decode
 # layers taken apart launch by launch ~1.
 # Tables come back as configs.tgz.
@@ -14,6 +14,10 @@ step "tune prefill"; for shape in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2 
 step "tune decode";  for shape in 128,2048,768,8 64,2048,1408,6; do
                        timeout 50 bash benchmarks/gpu_session/cli.sh tune --shape $shape --dtypes int8 --out-dir $D \
                          --budget-s 35 --no-progress --m 1,2,4,8 2>&1 | grep -E " M=|took|rror"
+                     done
+                     for shape in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2; do  # the 85% / 1.8x margins
+                       timeout 45 bash benchmarks/gpu_session/cli.sh tune --shape $shape --dtypes int8 --out-dir $D \
+                         --budget-s 30 --no-progress --m 1,2,4 2>&1 | grep -E " M=|took|rror"
                      done
                      tar czf "$R/configs.tgz" $D/*.json
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
