@@ -2,8 +2,8 @@
 # The next GPU session's measurements (benchmarks/NOTES.md "Next GPU session"), each with its own time
 # limit: every GPU test ~5 min, a prefill re-tune of the five shapes' int8 entries with the tuner's
 # GLUON candidates ~5, a decode re-tune (SUM_LAST with splits of I among the variants) ~3.5,
-# the full kernel bench on the new tables ~2, the dense Gluon probe with the register form ~1, the decode
-# layers taken apart launch by launch ~1.
+# the full kernel bench on the new tables ~2, the register form in the dense Gluon probe ~1 and in a
+# MoE gate/up probe ~1, the decode layers taken apart launch by launch ~1.
 # Tables come back as configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests";    timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -8
@@ -22,5 +22,6 @@ step "tune decode";  for shape in 128,2048,768,8 64,2048,1408,6; do
                      tar czf "$R/configs.tgz" $D/*.json
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "gluon probe";  timeout 150 python3 benchmarks/gluon_w8a16_probe.py --kernels db,rr --out "$R" 2>&1 | grep -v Warn | tail -22
+step "moe rr probe"; timeout 150 python3 benchmarks/gluon_moe_rr_probe.py --out "$R" 2>&1 | grep -v Warn | tail -6
 step "breakdown";    timeout 120 python3 benchmarks/decode_breakdown.py --out "$R" 2>&1 | grep -v -i warn | tail -14
 step "done"; echo CHAIN_DONE
