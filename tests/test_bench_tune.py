@@ -714,3 +714,37 @@ def test_sum_last_variants_at_decode_sizes():
         {"SUM_LAST": 1, "SPLIT_K": 2}, {"SUM_LAST": 1, "SPLIT_K": 4}]
     for v in got + tune_module.sum_last_variants(summed, 1, 8, 2):
         assert configs.check_config(v) == v and tune_module.sum_last_variants(v, 1, 8, 2) == []
+
+
+def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
+    """benchmarks/fold_ab.py: a variant that ran >= 2% faster than the shipped entry replaces it; one
+    that did not run on its kernels, a gain under 2%, or a row whose baseline failed its check, not."""
+    import runpy
+    import sys
+
+    base = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=4)
+    name = configs.table_name(8, 14336, "Fake_GPU", "int8_w8a16")
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    tables = configs.user_config_dir()
+    tables.mkdir(parents=True)
+    (tables / name).write_text(json.dumps({"1024": base, "2048": base, "4096": base}))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
+    configs.load_table.cache_clear()
+    row = dict(shape="mixtral-8x7b", dtype="int8")
+    ab = dict(variant="gluon", values=[0, 2, 3], rows=[
+        dict(row, M=1024, **{"gluon=0_us": 100.0, "gluon=2_us": 90.0, "gluon=2_ran": True, "gluon=3_us": 95.0,
+                             "gluon=3_ran": True}),
+        dict(row, M=2048, **{"gluon=0_us": 100.0, "gluon=2_us": 99.0, "gluon=2_ran": True, "gluon=3_us": 80.0,
+                             "gluon=3_ran": False}),
+        dict(row, M=4096, **{"gluon=0_wrong": "differs", "gluon=2_us": 50.0, "gluon=2_ran": True})])
+    (tmp_path / "ab.json").write_text(json.dumps(ab))
+    script = str(Path(__file__).parent.parent / "benchmarks" / "fold_ab.py")
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables)])
+    runpy.run_path(script, run_name="__main__")
+    got = json.loads((tables / name).read_text())
+    assert got["1024"] == dict(base, num_stages=3, GLUON=1)  # 3 stages on the Gluon kernels: 10% faster
+    assert got["2048"] == base and got["4096"] == base
+    (tmp_path / "ab.json").write_text(json.dumps(dict(ab, values=[2, 3])))  # no shipped baseline: refused
+    with pytest.raises(SystemExit):
+        runpy.run_path(script, run_name="__main__")
+    configs.load_table.cache_clear()
