@@ -16,7 +16,9 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+os.environ.setdefault("TEARDOWN_CUPTI", "0")  # one profiler session per row, CUDA graphs alive between them
 import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from experts_int8 import bench  # noqa: E402
 
@@ -70,8 +72,6 @@ def main() -> None:
     ap.add_argument("--dtype", default="int8", choices=["int8", "bf16"])
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
-    from torch.profiler import ProfilerActivity, profile
-
     l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
     copy_bps = bench.measure_copy_bandwidth()
     rows = []
@@ -83,33 +83,47 @@ def main() -> None:
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
             routing = bench.make_routing(m, e, k, n)
-            seconds, _ = bench.time_calls(x, layers, routing, n, reps=10, warmup=2)
-            run = bench._layer_calls(x, layers, routing, n)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            graph.replay()
-            torch.cuda.synchronize()
-            replays = 3
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(replays):
-                    graph.replay()
-                torch.cuda.synchronize()
-            del graph
-            parts = breakdown(split_layers(kernel_spans(prof), replays * n))
-            distinct = statistics.mean(len(torch.unique(ids)) for _, ids in routing)
-            floor_us = distinct * 3 * h * i * wbytes / copy_bps * 1e6
-            row = dict(shape=name, M=m, dtype=args.dtype, layer_us=round(seconds * 1e6, 2),
-                       copy_floor_us=round(floor_us, 2), **parts)
-            rows.append(row)
-            launches = "  ".join(f"{key} {us:.1f}" for key, us in parts["launch_us"].items())
-            gap_text = "  ".join(f"{key} {us:.1f}" for key, us in parts["gap_us"].items())
-            print(f"{name:16s} M={m:<3d} layer {row['layer_us']:7.1f} us (copy floor {floor_us:6.1f}; "
-                  f"period {parts['period_us']}) | launches: {launches} | gaps: {gap_text}", flush=True)
+            try:
+                row = profile_row(x, layers, routing, n, copy_bps, 3 * h * i * wbytes)
+            except Exception as exc:  # noqa: BLE001 - one row's failure (a profiler miss) keeps the others
+                row = dict(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                print(f"{name:16s} M={m:<3d} failed: {row['error']}", flush=True)
+            else:
+                launches = "  ".join(f"{key} {us:.1f}" for key, us in row["launch_us"].items())
+                gap_text = "  ".join(f"{key} {us:.1f}" for key, us in row["gap_us"].items())
+                print(f"{name:16s} M={m:<3d} layer {row['layer_us']:7.1f} us (copy floor {row['copy_floor_us']:6.1f}; "
+                      f"period {row['period_us']}) | launches: {launches} | gaps: {gap_text}", flush=True)
+            rows.append(dict(shape=name, M=m, dtype=args.dtype, **row))
+            save(args.out, copy_bps, rows)  # after every row: a crash later keeps what was measured
         del layers
         torch.cuda.empty_cache()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "decode_breakdown.json"), "w") as f:
+
+
+def profile_row(x, layers, routing, n, copy_bps, expert_bytes) -> dict:
+    """One (shape, M): the layer time as the benchmark measures it, then three profiled replays of the
+    same graph taken apart per layer call."""
+    seconds, _ = bench.time_calls(x, layers, routing, n, reps=10, warmup=2)
+    run = bench._layer_calls(x, layers, routing, n)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    graph.replay()
+    torch.cuda.synchronize()
+    replays = 3
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    del graph
+    parts = breakdown(split_layers(kernel_spans(prof), replays * n))
+    distinct = statistics.mean(len(torch.unique(ids)) for _, ids in routing)
+    return dict(layer_us=round(seconds * 1e6, 2), copy_floor_us=round(distinct * expert_bytes / copy_bps * 1e6, 2),
+                **parts)
+
+
+def save(out_dir: str, copy_bps: float, rows: list) -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "decode_breakdown.json"), "w") as f:
         json.dump(dict(benchmark="decode_breakdown", gpu=torch.cuda.get_device_name(), commit=bench.library_commit()[0],
                        copy_GBps=copy_bps / 1e9, command=" ".join(sys.argv), rows=rows), f, indent=1)
 
