@@ -255,9 +255,35 @@ def _repacked_layout(lin):
 
 
 @gluon.jit
+def _rr_mma(w_tile, x_slot, acc, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+            STAGES: gl.constexpr):
+    """A repacked int8 tile relabelled as the bf16 register operand (memory positions [c, s, e1, e0] as
+    logical k [s, e1, c, e0]: register renaming only), then, once its X tile has landed, its wgmma
+    issued. Returns the accumulator and the operand, which must stay untouched until that wgmma retires."""
+    w6 = gl.reshape(w_tile.to(gl.bfloat16), [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
+    a = gl.convert_layout(gl.reshape(gl.permute(w6, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K]), a_layout)
+    async_copy.wait_group(STAGES - 2)
+    _cta_barrier()
+    fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma (async proxy)
+    return warpgroup_mma(a, x_slot.permute((1, 0)), acc, is_async=True), a
+
+
+@gluon.jit
+def _rr_refill(x_ptr, x_ring, offs_xm, offs_xk, nxt, num_k, M, K, stride_xm, BLOCK_K: gl.constexpr,
+               STAGES: gl.constexpr):
+    """Tile ``nxt`` of X into its ring slot, once every warpgroup is past the wgmma that last read it."""
+    _cta_barrier()
+    if nxt < num_k:
+        xk = nxt * BLOCK_K + offs_xk
+        _async_load(x_ring.index(nxt % STAGES), x_ptr + offs_xm[:, None] * stride_xm + xk[None, :],
+                    mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
+    async_copy.commit_group()  # (empty near the end: keeps the group count uniform)
+
+
+@gluon.jit
 def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                         X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+                         OVERLAP: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
     x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [num_warps, 1], [1, 0])
@@ -275,7 +301,7 @@ def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
     w_ptrs = w_ptr + offs_wn[:, None] * stride_wn + offs_wp[None, :]
     w_mask = offs_wn[:, None] < N
 
-    num_k = gl.cdiv(K, BLOCK_K)  # (K a multiple of 64: the repack's blocks)
+    num_k = gl.cdiv(K, BLOCK_K)  # (K a multiple of 64: the repack's blocks; of 2 * BLOCK_K with OVERLAP)
     for s in gl.static_range(STAGES - 1):
         xk = s * BLOCK_K + offs_xk
         _async_load(x_ring.index(s), x_ptr + offs_xm[:, None] * stride_xm + xk[None, :],
@@ -283,29 +309,33 @@ def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
         async_copy.commit_group()
     acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     w_next = gl.load(w_ptrs, mask=w_mask, other=0)
-    for j in range(num_k):
-        slot = j % STAGES
-        w_tile = w_next
-        if j + 1 < num_k:  # the next weight tile in flight (in registers) while this one computes
+    if OVERLAP:
+        # two register operands in turn: tile j's wgmma stays in flight while tile j+1 is converted
+        # into the other one, and each operand is kept (a dependency of the wait) until its wgmma retires
+        a_odd = gl.zeros((BLOCK_N, BLOCK_K), dtype=gl.bfloat16, layout=a_layout)
+        for i in range(num_k // 2):
+            j = 2 * i
+            w_tile = w_next
             w_next = gl.load(w_ptrs + (j + 1) * BLOCK_K, mask=w_mask, other=0)
-        # relabel memory positions [c, s, e1, e0] as logical k [s, e1, c, e0]: registers only
-        w6 = gl.reshape(w_tile.to(gl.bfloat16), [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
-        a = gl.convert_layout(gl.reshape(gl.permute(w6, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K]), a_layout)
-        async_copy.wait_group(STAGES - 2)
-        _cta_barrier()
-        fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma (async proxy)
-        acc = warpgroup_mma(a, x_ring.index(slot).permute((1, 0)), acc, is_async=True)
-        # none left in flight: the wgmma reads its weight operand from registers, which the next
-        # tile's conversion would reuse (the next tile's loads are in flight all the same)
-        acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
-        _cta_barrier()  # every warpgroup is past tile j's wgmma before an X slot is refilled
-        nxt = j + STAGES - 1
-        if nxt < num_k:
-            xk = nxt * BLOCK_K + offs_xk
-            _async_load(x_ring.index(nxt % STAGES), x_ptr + offs_xm[:, None] * stride_xm + xk[None, :],
-                        mask=(offs_xm[:, None] < M) & (xk[None, :] < K))
-        async_copy.commit_group()
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+            acc, a_even = _rr_mma(w_tile, x_ring.index(j % STAGES), acc, a_layout, BLOCK_N, BLOCK_K, STAGES)
+            acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # tile j-1 retired
+            _rr_refill(x_ptr, x_ring, offs_xm, offs_xk, j + STAGES - 1, num_k, M, K, stride_xm, BLOCK_K, STAGES)
+            w_tile = w_next
+            if j + 2 < num_k:
+                w_next = gl.load(w_ptrs + (j + 2) * BLOCK_K, mask=w_mask, other=0)
+            acc, a_odd = _rr_mma(w_tile, x_ring.index((j + 1) % STAGES), acc, a_layout, BLOCK_N, BLOCK_K, STAGES)
+            acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # tile j retired
+            _rr_refill(x_ptr, x_ring, offs_xm, offs_xk, j + STAGES, num_k, M, K, stride_xm, BLOCK_K, STAGES)
+        acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
+    else:
+        for j in range(num_k):
+            w_tile = w_next
+            if j + 1 < num_k:  # the next weight tile in flight (in registers) while this one computes
+                w_next = gl.load(w_ptrs + (j + 1) * BLOCK_K, mask=w_mask, other=0)
+            acc, a = _rr_mma(w_tile, x_ring.index(j % STAGES), acc, a_layout, BLOCK_N, BLOCK_K, STAGES)
+            # none left in flight: the next conversion may reuse this operand's registers
+            acc, a = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a))
+            _rr_refill(x_ptr, x_ring, offs_xm, offs_xk, j + STAGES - 1, num_k, M, K, stride_xm, BLOCK_K, STAGES)
 
     offs_n = pid_n * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
@@ -347,17 +377,19 @@ def w8a16_gemm_ws(x, w, scale, *, block_m=128, block_n=128, block_k=64, stages=4
     return y
 
 
-def w8a16_gemm_rr(x, w_repacked, scale, *, block_m=128, block_n=128, block_k=64, stages=3, num_warps=8):
-    """The register form on ``repack_rows(w)``: ``block_m`` tokens are wgmma's N, ``block_n`` weight rows its M."""
+def w8a16_gemm_rr(x, w_repacked, scale, *, block_m=128, block_n=128, block_k=64, stages=3, num_warps=8,
+                  overlap=False):
+    """The register form on ``repack_rows(w)``: ``block_m`` tokens are wgmma's N, ``block_n`` weight rows its M;
+    ``overlap``: two register operands in turn, one wgmma in flight during the next tile's conversion."""
     m, k = x.shape
     n = w_repacked.shape[0]
-    if k % 64 or block_k % 64:
-        raise ValueError("the repacked layout works in 64-wide K blocks")
+    if k % 64 or block_k % 64 or (overlap and k % (2 * block_k)):
+        raise ValueError("the repacked layout works in 64-wide K blocks (an even number of K tiles to overlap)")
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     w8a16_gemm_rr_kernel[grid](x, w_repacked, scale, y, m, n, k, x.stride(0), w_repacked.stride(0), y.stride(0),
-                               block_m, block_n, block_k, stages, x_smem, num_warps=num_warps)
+                               block_m, block_n, block_k, stages, overlap, x_smem, num_warps=num_warps)
     return y
 
 
@@ -385,15 +417,16 @@ def main():
                     help="MxNxK, comma-separated (defaults: mixtral-8x7b gate_up and down per expert)")
     ap.add_argument("--configs", default="128x128x64x3x4,256x64x64x3x4,128x128x64x3x8,256x128x64x3x8,128x256x64x3x8",
                     help="BMxBNxBKxSTAGESxWARPS, comma-separated (WARPS: the MMA partition's in the ws form)")
-    ap.add_argument("--kernels", default="db,rr",
-                    help="db (double-buffered), ws (warp-specialized), rr (register form, repacked), comma-separated")
+    ap.add_argument("--kernels", default="db,rr,rr2",
+                    help="db (double-buffered), ws (warp-specialized), rr (register form, repacked), rr2 (rr with "
+                         "the next tile's conversion overlapping the wgmma), comma-separated")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernels = args.kernels.split(",")
     torch.manual_seed(0)
     rows = []
-    names = [f"{kernel} {dtype}" for kernel, dtype in (("db", "int8"), ("db", "bf16"), ("ws", "int8"), ("rr", "int8"))
-             if kernel in kernels]
+    names = [f"{kernel} {dtype}" for kernel, dtype in (("db", "int8"), ("db", "bf16"), ("ws", "int8"), ("rr", "int8"),
+                                                       ("rr2", "int8")) if kernel in kernels]
     print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | " + " | ".join(f"{n:>16}" for n in names)
           + f" | {'torch bf16':>16} | ok")
     for shape in args.shapes.split(","):
@@ -415,7 +448,8 @@ def main():
             runs = {"db_int8": ("db", lambda: w8a16_gemm(x, wq, scale, **kw)),
                     "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw)),
                     "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw)),
-                    "rr_int8": ("rr", lambda: w8a16_gemm_rr(x, wr, scale, **kw))}  # rr: not yet run on a GPU
+                    "rr_int8": ("rr", lambda: w8a16_gemm_rr(x, wr, scale, **kw)),  # rr, rr2: not yet on a GPU
+                    "rr2_int8": ("rr2", lambda: w8a16_gemm_rr(x, wr, scale, overlap=True, **kw))}
             runs = {name: run for name, run in runs.items() if run[0] in kernels}
             for name, (kernel, fn) in runs.items():
                 try:

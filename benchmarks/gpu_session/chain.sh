@@ -7,7 +7,7 @@
 # configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests";    timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -8
-step "gluon probe";  timeout 150 python3 benchmarks/gluon_w8a16_probe.py --kernels db,rr --out "$R" 2>&1 | grep -v Warn | tail -22
+step "gluon probe";  timeout 150 python3 benchmarks/gluon_w8a16_probe.py --kernels db,rr,rr2 --out "$R" 2>&1 | grep -v Warn | tail -22
 step "moe rr probe"; timeout 150 python3 benchmarks/gluon_moe_rr_probe.py --out "$R" 2>&1 | grep -v Warn | tail -6
 step "breakdown";    timeout 120 python3 benchmarks/decode_breakdown.py --out "$R" 2>&1 | grep -v -i warn | tail -14
 step "tune prefill"; for shape in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2 128,2048,768,8 64,2048,1408,6; do
