@@ -101,12 +101,9 @@ def gluon(cfg: dict, value: int, *lookup) -> dict:
     out = dict(configs.without(cfg, "DEQUANT_ONCE"), GLUON=1)
     if value >= 2:  # 3 stages: ~104 KB for 128x64x64, two programs per SM (the probe's best, item 41)
         out = dict(configs.without(out, "num_stages"), num_stages=3)
-    if value == 3:  # two warpgroups, 128-row blocks, twice the columns: 128 accumulator registers a thread
-        out = dict(out, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128,
-                   BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=256))
-    if value == 5:  # value 3 with a 4-deep ring (192 KB, still one program per SM)
-        out = dict(gluon(cfg, 3), num_stages=4)
-    if value == 4:  # 256-row blocks: each converted weight tile feeds twice the rows (NOTES item 46)
+    if value in (3, 5):  # the tuner's 8-warp tiles: 128x128 (down 128x256), 3 (value 3) or 4 (5) stages
+        out = dict(out, **tune.GLUON_TILES[0 if value == 3 else 1])
+    if value == 4:  # 256-row blocks: each converted weight tile feeds twice the rows (NOTES item 48)
         out = dict(out, BLOCK_SIZE_M=256, BLOCK_SIZE_N=64,
                    BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=128))
     return out

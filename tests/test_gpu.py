@@ -70,20 +70,25 @@ def test_kernel_variants_bf16(variant, m):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-def test_cuda_graph_capture_and_replay():
-    ex = layer()
-    x = torch.randn(16, 512, device="cuda", dtype=torch.bfloat16)
-    logits = torch.randn(16, 8, device="cuda")
+def replays_match_eager(ex, x, logits, replays):
+    """Capture ``fused_moe`` in a CUDA graph, then replay it on new inputs ``replays`` times, each
+    replay bit for bit against an eager call. Returns the graph's output (of the last inputs)."""
     fused_moe(x, logits, **ex, top_k=2)  # compile kernels outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = fused_moe(x, logits, **ex, top_k=2)
-    for _ in range(3):
+    for _ in range(replays):
         x.copy_(torch.randn_like(x))
         logits.copy_(torch.randn_like(logits))
         graph.replay()
         torch.testing.assert_close(out, fused_moe(x, logits, **ex, top_k=2), rtol=0, atol=0)
+    return out
+
+
+def test_cuda_graph_capture_and_replay():
+    replays_match_eager(layer(), torch.randn(16, 512, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(16, 8, device="cuda"), replays=3)
 
 
 @pytest.mark.parametrize("split_k", [1, 4])
@@ -96,16 +101,7 @@ def test_sum_last_in_cuda_graph_replays(split_k):
     x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
     logits = torch.randn(2, 8, device="cuda")
     with override_config(dict(KERNEL_VARIANTS["sum_last"], down=dict(SUM_LAST=1, SPLIT_K=split_k))):
-        fused_moe(x, logits, **ex, top_k=2)  # compile outside the capture
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fused_moe(x, logits, **ex, top_k=2)
-        for _ in range(50):
-            x.copy_(torch.randn_like(x))
-            logits.copy_(torch.randn_like(logits))
-            graph.replay()
-            torch.testing.assert_close(out, fused_moe(x, logits, **ex, top_k=2), rtol=0, atol=0)
+        out = replays_match_eager(ex, x, logits, replays=50)
         w, ids = select_experts(logits, 2)
         assert ((out.double() - oracle(x, ex, w, ids)).norm() / oracle(x, ex, w, ids).norm()).item() < 1e-2
 
