@@ -748,3 +748,20 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     with pytest.raises(SystemExit):
         runpy.run_path(script, run_name="__main__")
     configs.load_table.cache_clear()
+
+
+@pytest.mark.parametrize("programs,block", [(1, 64), (3, 64), (7, 128), (64, 64)])
+def test_stream_floor_reads_every_element_once(programs, block):
+    """benchmarks/stream_floor.py's read kernel: the chunks tile the buffer exactly (an uneven tail, more
+    programs than blocks), so the time it reports is for reading those bytes, no more, no fewer."""
+    import runpy
+
+    script = str(Path(__file__).parent.parent / "benchmarks" / "stream_floor.py")
+    floor = runpy.run_path(script, run_name="stream_floor")
+    src = torch.randint(-1000, 1000, (1000,), dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(programs, dtype=torch.int32, device=DEVICE)
+    floor["stream_read"](src, out, programs, block, 4)
+    assert int(out.sum()) == int(src.sum())
+    chunk = -(-(-(-src.numel() // programs)) // block) * block
+    for p in range(programs):
+        assert int(out[p]) == int(src[p * chunk:(p + 1) * chunk].sum())
