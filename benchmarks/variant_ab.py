@@ -19,6 +19,9 @@ CUDA-graph timing as bench_kernel:
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
             on with 3 stages in both GEMMs, then 3 stages with 8 warps on 128x128 (down 128x256) and
             on 256x64 (down 256x128) blocks, then the 128x128 tiles with 4 stages  (prefill sizes)
+  decode_tile  int8 decode with more warps or longer K tiles than the tuner's space holds (it prunes 8
+            warps below 4096 accumulator elements and stops BLOCK_SIZE_K at 256): the shipped config,
+            8 warps, 8 warps with BLOCK_SIZE_K 512, BLOCK_SIZE_K 512 (stages cut to fit)   (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -36,6 +39,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py gluon --m 256,512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8
+    PYTHONPATH=src python3 benchmarks/variant_ab.py decode_tile --m 1,2,4,16
 """
 import argparse
 import json
@@ -122,6 +126,16 @@ def mma_v2(cfg: dict, value: int, *lookup) -> dict:
     return cfg
 
 
+def decode_tile(cfg: dict, value: int, *lookup) -> dict:
+    # The same tiles in both GEMMs (a down override of warps or K tile is replaced), stages cut until
+    # the gate_up pipeline fits shared memory.
+    if not value:
+        return cfg
+    change = {1: dict(num_warps=8), 2: dict(num_warps=8, BLOCK_SIZE_K=512), 3: dict(BLOCK_SIZE_K=512)}[value]
+    out = dict(cfg, **change, down={**cfg.get("down", {}), **change})
+    return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -130,7 +144,8 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
-            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1))}
+            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1)),
+            "decode_tile": (decode_tile, (0, 1, 2, 3))}
 
 
 def main() -> None:
