@@ -373,11 +373,13 @@ def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, sum_last, group,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("swap, split_k", [(0, 1), (1, 2)])
-def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, monkeypatch):
+@pytest.mark.parametrize("swap, split_k, sum_last", [(0, 1, 0), (1, 2, 0), (0, 1, 1), (1, 3, 1)])
+def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, sum_last, monkeypatch):
     """DEDUP_PAIRS: one program per pair, but only the first (and every BLOCK_M-th) pair of an expert
     computes, taking the rows of the pairs routed to it. Experts shared by many tokens (more pairs than
-    BLOCK_M), repeated ids within a token, absent experts and the fallback past DEDUP_MAX_PAIRS."""
+    BLOCK_M), repeated ids within a token, absent experts and the fallback past DEDUP_MAX_PAIRS. With
+    SUM_LAST a leader counts an arrival per row and adds up each token whose last partial it stored
+    (no sum launch; past DEDUP_MAX_PAIRS the align path sums in its own launch)."""
     from experts_int8 import ops
     from experts_int8.kernels import fused_moe
     from experts_int8.kernels.configs import override_config
@@ -385,8 +387,12 @@ def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, monkeypatch):
     real_align = ops.align_block_size
     align_calls = []
     monkeypatch.setattr(ops, "align_block_size", lambda *a, **k: align_calls.append(1) or real_align(*a, **k))
+    real_sum = ops.invoke_sum
+    sum_calls = []
+    monkeypatch.setattr(ops, "invoke_sum", lambda *a, **k: sum_calls.append(1) or real_sum(*a, **k))
     cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
-               SWAP_AB=swap, PAIRS=1, DEDUP_PAIRS=1, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k))
+               SWAP_AB=swap, PAIRS=1, DEDUP_PAIRS=1,
+               down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, **({"SUM_LAST": 1} if sum_last else {})))
     with override_config(cfg):
         check(1, 6, 67, 45, 2, dtype, "triton")
         check(5, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
@@ -395,7 +401,7 @@ def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, monkeypatch):
         check(3, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
         expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
         check(7, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
-        assert not align_calls
+        assert not align_calls and not (sum_last and sum_calls)
         monkeypatch.setattr(fused_moe, "DEDUP_MAX_PAIRS", 8)
         monkeypatch.setattr(ops, "DEDUP_MAX_PAIRS", 8)
         check(5, 4, 32, 32, 2, dtype, "triton")  # 10 pairs > 8: the align path
@@ -439,7 +445,8 @@ def test_pairs_is_a_top_level_flag():
     with pytest.raises(ValueError, match="SUM_TOPK .* needs PAIRS and no SPLIT_K"):
         check_config(dict(base, PAIRS=1, down=dict(SUM_TOPK=1, SPLIT_K=2)))
     assert check_config(dict(base, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)))["down"] == {"SUM_LAST": 1, "SPLIT_K": 2}
-    for bad in (dict(base, down=dict(SUM_LAST=1)), dict(base, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_LAST=1)),
+    assert check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_LAST=1)))["DEDUP_PAIRS"] == 1
+    for bad in (dict(base, down=dict(SUM_LAST=1)),
                 dict(base, PAIRS=1, down=dict(SUM_LAST=1, SUM_TOPK=1))):
         with pytest.raises(ValueError, match="SUM_LAST .* needs PAIRS"):
             check_config(bad)

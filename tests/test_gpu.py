@@ -42,6 +42,8 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                      PAIRS=1, down=dict(SUM_LAST=1)),
     "sum_last_split_k": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
                              num_stages=3, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=4)),
+    "dedup_sum_last": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                           num_stages=3, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)),  # m=300: align
     "dequant_once": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
                          DEQUANT_ONCE=1),
     "fused_decode": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
@@ -91,31 +93,37 @@ def test_cuda_graph_capture_and_replay():
                         torch.randn(16, 8, device="cuda"), replays=3)
 
 
-@pytest.mark.parametrize("split_k", [1, 4])
-def test_sum_last_in_cuda_graph_replays(split_k):
+@pytest.mark.parametrize("split_k, dedup, m", [(1, 0, 2), (4, 0, 2), (2, 1, 6)])
+def test_sum_last_in_cuda_graph_replays(split_k, dedup, m):
     """SUM_LAST: the last program of each token's column tile adds the partials up, its counters zeroed
-    by the gate_up launch: every replay, on new inputs, gives the same bits as an eager call."""
+    by the gate_up launch: every replay, on new inputs, gives the same bits as an eager call. With
+    DEDUP_PAIRS a leader counts an arrival for each of its pairs (6 tokens share 8 experts)."""
     from experts_int8.kernels.configs import override_config
 
     ex = layer()
-    x = torch.randn(2, 512, device="cuda", dtype=torch.bfloat16)
-    logits = torch.randn(2, 8, device="cuda")
-    with override_config(dict(KERNEL_VARIANTS["sum_last"], down=dict(SUM_LAST=1, SPLIT_K=split_k))):
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    logits = torch.randn(m, 8, device="cuda")
+    with override_config(dict(KERNEL_VARIANTS["sum_last"], **({"DEDUP_PAIRS": 1} if dedup else {}),
+                              down=dict(SUM_LAST=1, SPLIT_K=split_k))):
         out = replays_match_eager(ex, x, logits, replays=50)
         w, ids = select_experts(logits, 2)
         assert ((out.double() - oracle(x, ex, w, ids)).norm() / oracle(x, ex, w, ids).norm()).item() < 1e-2
 
 
-def test_sum_last_many_programs():
+@pytest.mark.parametrize("dedup", [0, 1])
+def test_sum_last_many_programs(dedup):
     """SUM_LAST with thousands of programs racing for each token's tiles (64 tokens, top-8, 4 splits,
-    grouped order): every token's row against the reference, on new inputs each time."""
+    grouped order; with DEDUP_PAIRS 30 tokens, so ~15 pairs per expert's leader): every token's row
+    against the reference, on new inputs each time."""
     from experts_int8.kernels.configs import override_config
 
     ex = layer(e=16, h=4096, i=512)
-    cfg = dict(KERNEL_VARIANTS["sum_last"], GROUP_SIZE_M=4, down=dict(SUM_LAST=1, SPLIT_K=4))
+    m = 30 if dedup else 64
+    cfg = dict(KERNEL_VARIANTS["sum_last"], GROUP_SIZE_M=4, **({"DEDUP_PAIRS": 1} if dedup else {}),
+               down=dict(SUM_LAST=1, SPLIT_K=4))
     for _ in range(5):
-        x = torch.randn(64, 4096, device="cuda", dtype=torch.bfloat16)
-        w, ids = select_experts(torch.randn(64, 16, device="cuda"), 8)
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        w, ids = select_experts(torch.randn(m, 16, device="cuda"), 8)
         with override_config(cfg):
             out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
         ref = oracle(x, ex, w, ids)

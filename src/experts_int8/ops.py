@@ -204,7 +204,7 @@ def _fused_experts_triton(
         return x.new_empty((0, hidden))
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
-        config = without(config, "PAIRS", "DEDUP_PAIRS")
+        config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
     if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer

@@ -245,14 +245,18 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     """At decode sizes, PAIRS with the down GEMM's last program per token tile adding up the split-K
     partials and the token's k experts (SUM_LAST): no separate sum launch, the programs as they are,
     with the winner's split of I and the other splits (1, 2, 4; the sum no longer costs a launch).
-    On the winner where it runs PAIRS (without DEDUP_PAIRS), or with PAIRS added where PAIRS fits."""
+    On the winner where it runs PAIRS (with or without DEDUP_PAIRS); on an align-path winner with
+    PAIRS added where PAIRS fits, else with PAIRS + DEDUP_PAIRS where that fits (from M = 2): the
+    align launch and the sum launch both go."""
     down = best.get("down", {})
     if down.get("SUM_LAST") or best.get("FUSED_DECODE"):
         return []
-    if best.get("PAIRS") and not best.get("DEDUP_PAIRS"):
+    if best.get("PAIRS"):
         plain = configs.without(best, "SUM_TOPK", "SPLIT_K")
-    elif not best.get("PAIRS") and pairs_fit(m, num_experts, top_k):
+    elif pairs_fit(m, num_experts, top_k):
         plain = configs.without(dict(best, PAIRS=1), "SPLIT_K")
+    elif 2 <= m and m * top_k <= fused_moe.DEDUP_MAX_PAIRS and best["BLOCK_SIZE_M"] <= 32:
+        plain = configs.without(dict(best, PAIRS=1, DEDUP_PAIRS=1), "SPLIT_K", "SUM_TOPK")
     else:
         return []
     own = down.get("SPLIT_K", 1)

@@ -64,9 +64,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     down = out.get("down", {})
     if down.get("SUM_TOPK") and (not out.get("PAIRS") or down.get("SPLIT_K", 1) > 1):
         raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
-    if down.get("SUM_LAST") and (not out.get("PAIRS") or out.get("DEDUP_PAIRS") or down.get("SUM_TOPK")):
+    if down.get("SUM_LAST") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: down SUM_LAST (the last program of a token's tile adds it up) needs PAIRS, "
-                         "without DEDUP_PAIRS or SUM_TOPK")
+                         "without SUM_TOPK")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
     if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(

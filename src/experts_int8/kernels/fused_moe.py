@@ -477,39 +477,44 @@ def moe_down_kernel(
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         if SUM_LAST:
-            _sum_if_last(out_ptr, sums_ptr, counts_ptr, pid_m, offs_n, H, stride_om, stride_os, stride_sums,
-                         TOP_K, SPLIT_K, BLOCK_N)
+            _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
+                         stride_sums, TOP_K, SPLIT_K, BLOCK_M, BLOCK_N)
         return
     acc = _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
                      stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                      HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, SPLIT_K)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if SUM_LAST:
-        _sum_if_last(out_ptr, sums_ptr, counts_ptr, pid_m, offs_n, H, stride_om, stride_os, stride_sums,
-                     TOP_K, SPLIT_K, BLOCK_N)
+        _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
+                     stride_sums, TOP_K, SPLIT_K, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
-def _sum_if_last(y_ptr, sums_ptr, counts_ptr, pair, offs_n, H, stride_ym, stride_ys, stride_sums,
-                 TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    """SUM_LAST (with PAIRS: block ``pair`` is one (token, slot) pair): count this program's partial of
-    the token's column tile as stored; the program that stores the last of its TOP_K x SPLIT_K
-    partials adds them up, in a fixed order (the result does not depend on which program is last)
-    and writes the tile of the layer's output. No sum launch."""
-    token = (pair // TOP_K).to(tl.int64)
-    count_ptr = counts_ptr + token * tl.cdiv(H, BLOCK_N) + tl.min(offs_n, axis=0) // BLOCK_N
-    # Needed: one thread does the atomic below, so this barrier is what puts every thread's partial
-    # store before its release (and the reader's threads wait on the broadcast of its acquire)
+def _sum_if_last(y_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_ym, stride_ys, stride_sums,
+                 TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SUM_LAST (with PAIRS): count this program's partials of its rows' column tile as stored, one
+    arrival per row (one row with PAIRS, a leader's pairs with DEDUP_PAIRS: a token routed twice to the
+    expert counts twice, and only one of its arrivals can be the last); for each token whose last of
+    TOP_K x SPLIT_K partials this program stored, add them up in a fixed order (the result does not depend on which program is last) and
+    write its tile of the layer's output. No sum launch."""
+    tokens = tl.where(row_mask, rows // TOP_K, 0).to(tl.int64)
+    count_ptrs = counts_ptr + tokens * tl.cdiv(H, BLOCK_N) + tl.min(offs_n, axis=0) // BLOCK_N
+    # Needed: the atomics below run on the threads that own the rows, so this barrier is what puts every
+    # thread's partial store before their release (and the readers wait on the broadcast of the acquire)
     tl.debug_barrier()
-    if tl.atomic_add(count_ptr, 1, sem="acq_rel", scope="gpu") == TOP_K * SPLIT_K - 1:
-        mask = offs_n < H
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    arrived = tl.atomic_add(count_ptrs, 1, mask=row_mask, sem="acq_rel", scope="gpu")
+    last = row_mask & (arrived == TOP_K * SPLIT_K - 1)
+    if tl.max(last.to(tl.int32), axis=0) > 0:
+        mask = last[:, None] & (offs_n[None, :] < H)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for s in tl.static_range(SPLIT_K):
             for j in tl.static_range(TOP_K):
                 # .cg: from L2, where the other programs' partials are (this SM's L1 may hold an older call's)
-                row = stride_ys.to(tl.int64) * s + (token * TOP_K + j) * stride_ym
-                acc += tl.load(y_ptr + row + offs_n, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(sums_ptr + token * stride_sums + offs_n, acc.to(sums_ptr.dtype.element_ty), mask=mask)
+                row = stride_ys.to(tl.int64) * s + (tokens * TOP_K + j) * stride_ym
+                acc += tl.load(y_ptr + row[:, None] + offs_n[None, :], mask=mask, other=0.0,
+                               cache_modifier=".cg").to(tl.float32)
+        tl.store(sums_ptr + tokens[:, None] * stride_sums + offs_n[None, :], acc.to(sums_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def _kernel(kernel, device: torch.device):
@@ -606,8 +611,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         raise ValueError(f"SPLIT_K={split_k}{' with SUM_LAST' if sum_last else ''} needs an fp32 out of shape "
                          f"[{split_k}, M*k, H], got {out.dtype} {tuple(out.shape)}")
     if sum_last:
-        if not config.get("PAIRS") or config.get("DEDUP_PAIRS") or sum_topk:
-            raise ValueError("SUM_LAST needs PAIRS (one block per pair), without DEDUP_PAIRS or SUM_TOPK")
+        if not config.get("PAIRS") or sum_topk:
+            raise ValueError("SUM_LAST needs PAIRS (the pairs' own blocks), without SUM_TOPK")
         num_tokens = topk_weights.numel() // top_k
         if sums is None or tuple(sums.shape) != (num_tokens, hidden) or sums.stride(1) != 1:
             raise ValueError(f"SUM_LAST writes sums [M, H] = [{num_tokens}, {hidden}], got "
