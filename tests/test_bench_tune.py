@@ -770,3 +770,28 @@ def test_stream_floor_reads_every_element_once(programs, block):
     chunk = -(-(-(-src.numel() // programs)) // block) * block
     for p in range(programs):
         assert int(out[p]) == int(src[p * chunk:(p + 1) * chunk].sum())
+
+
+@pytest.mark.parametrize("m, top_k, tiles", [
+    (1, 2, ((32, 64, 4), (16, 64, 4, 1))),
+    (3, 2, ((16, 32, 4), (16, 32, 4, 3))),  # I and H not multiples of the tiles; an uneven split of I
+    (2, 1, ((64, 128, 4), (32, 128, 4, 2)))])
+def test_gemv_decode_probe_matches_the_reference(m, top_k, tiles):
+    """benchmarks/gemv_decode_probe.py: the two GEMV launches and the sum compute the layer (SiLU(gate)
+    * up, per-row scales, routing weights on the output, splits of I), rows and K tails masked, with
+    either int8 -> fp32 conversion (both exact: the layer matches the reference to 1e-4)."""
+    import runpy
+
+    probe = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "gemv_decode_probe.py"),
+                           run_name="gemv_decode_probe")
+    gen = torch.Generator().manual_seed(m * 10 + top_k)
+    e, h, i = 4, 80, 72
+    w13, s13 = experts_int8.quantize_weights(torch.randn(e, 2 * i, h, generator=gen) / h ** 0.5)
+    w2, s2 = experts_int8.quantize_weights(torch.randn(e, h, i, generator=gen) / i ** 0.5)
+    x = torch.randn(m, h, generator=gen)
+    weights, ids = experts_int8.select_experts(torch.randn(m, e, generator=gen), top_k)
+    layer = probe["bench"].Layer(w13.to(DEVICE), w2.to(DEVICE), s13.to(DEVICE), s2.to(DEVICE))
+    want = reference.fused_experts(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2)
+    for bit_trick in (True, False):  # the integer-add conversion and plain int8 -> fp32
+        got = probe["gemv_layer"](x.to(DEVICE), layer, weights.to(DEVICE), ids.to(DEVICE), tiles, bit_trick).cpu()
+        assert ((got - want).norm() / want.norm()).item() < 1e-4
