@@ -795,3 +795,27 @@ def test_gemv_decode_probe_matches_the_reference(m, top_k, tiles):
     for bit_trick in (True, False):  # the integer-add conversion and plain int8 -> fp32
         got = probe["gemv_layer"](x.to(DEVICE), layer, weights.to(DEVICE), ids.to(DEVICE), tiles, bit_trick).cpu()
         assert ((got - want).norm() / want.norm()).item() < 1e-4
+
+
+def test_refine_variants_of_shipped_entries_are_valid_configs():
+    """Every variant the tuner derives from a winner (here: every shipped entry, at the shapes' top-k
+    and hidden sizes) is a valid config: an invalid one would only be skipped at tuning time, as a
+    ValueError, and never timed (SUM_TOPK on a SUM_LAST winner was, before it dropped SUM_LAST)."""
+    from experts_int8 import tune as tune_module
+
+    folder = Path(configs.__file__).parent / "configs"
+    checked = 0
+    for path in folder.glob("*.json"):
+        num_experts = int(path.name.split(",")[0].removeprefix("E="))
+        for m, cfg in json.loads(path.read_text()).items():
+            m = int(m)
+            for top_k, hidden in ((2, 4096), (6, 2048), (8, 2048)):
+                for v in (tune_module.group_variants(cfg, m, num_experts, top_k)
+                          + tune_module.split_k_variants(cfg, m, num_experts, hidden, top_k, 132)
+                          + tune_module.fuse_variants(cfg, "int8") + tune_module.pairs_variants(cfg, m, num_experts, top_k)
+                          + tune_module.sum_topk_variants(cfg, m, num_experts, top_k) + tune_module.swap_variants(cfg)
+                          + tune_module.sum_last_variants(cfg, m, num_experts, top_k)
+                          + tune_module.fused_decode_variants(cfg, m, top_k)):
+                    assert configs.check_config(v) == v
+                    checked += 1
+    assert checked > 100

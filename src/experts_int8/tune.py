@@ -237,7 +237,7 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     N tile, so fewer, longer programs)."""
     if top_k == 1 or best.get("down", {}).get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
         return []
-    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS")  # both excluded by SUM_TOPK
+    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS", "SUM_LAST")  # all excluded by SUM_TOPK
     return [dict(plain, PAIRS=1, down={**plain.get("down", {}), "SUM_TOPK": 1})]
 
 
