@@ -226,6 +226,22 @@ def test_split_k_down_partials_add_up(dtype, split_k, swap_down):
         out, ref = check(6, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_top_k_sum_is_one_sum_launch(k, monkeypatch):
+    """Without split-K the token's k expert rows are added by the library's sum kernel too (one launch,
+    fp32 accumulation, one cast), not by a torch reduction; with k = 1 there is nothing to add."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    real_sum = ops.invoke_sum
+    calls = []
+    monkeypatch.setattr(ops, "invoke_sum", lambda *a, **kw: calls.append(a[0].shape) or real_sum(*a, **kw))
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    with override_config(cfg):
+        check(5, 6, 67, 45, k, torch.float16, "triton")
+    assert calls == ([] if k == 1 else [(1, 5 * k, 67)])
+
+
 @pytest.mark.parametrize("split_k, k, hidden", [(1, 2, 67), (4, 2, 1500), (3, 8, 33)])
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.float32])
 def test_sum_kernel_adds_partials_and_experts(split_k, k, hidden, out_dtype):
