@@ -131,6 +131,28 @@ def test_sum_last_many_programs(dedup):
         assert rows.max().item() < 2e-2
 
 
+@pytest.mark.parametrize("dedup", [0, 1])
+def test_sum_last_expert_parallel(dedup):
+    """SUM_LAST on one rank of two (expert parallelism): pairs routed off-rank store zeros and still
+    count their arrivals (with DEDUP_PAIRS their leader counts the whole off-rank group), so every
+    token's tile is summed once, and a token with no expert on this rank gets zeros."""
+    from experts_int8.kernels.configs import override_config
+
+    ex = layer(e=8, h=1024, i=512)  # the rank's 8 experts: even global ids of 16
+    expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
+    expert_map[0::2] = torch.arange(8, dtype=torch.int32, device="cuda")
+    cfg = dict(KERNEL_VARIANTS["sum_last"], **({"DEDUP_PAIRS": 1} if dedup else {}), down=dict(SUM_LAST=1, SPLIT_K=2))
+    for m in (2, 30):
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        w, ids = select_experts(torch.randn(m, 16, device="cuda"), 8 if m > 2 else 2)
+        with override_config(cfg):
+            out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, expert_map=expert_map, global_num_experts=16)
+        ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                      dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                      expert_map=expert_map, global_num_experts=16)
+        torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
 def test_inductor_fullgraph():
     ex = layer()
     x = torch.randn(33, 512, device="cuda", dtype=torch.bfloat16)
