@@ -7,9 +7,9 @@ registers (16-byte loads, 8 warps) and needs no pipelining; the library's decode
 16 KB stages through shared memory into mma tiles of 16 token rows of which one is real. This probe
 is the read with the arithmetic added: per (token, slot) pair and tile of rows, the int8 rows are
 loaded in wide register tiles, converted exactly to fp32 (the integer-add trick of ``_to_float``, or
-plain I2F conversions: both timed), multiplied by the token's activations and summed along K in fp32, the per-row scales applied at
-the end (gate_up: SiLU(gate) * up; down: times the routing weight, split over I where the rows are
-few). No tensor cores, no shared-memory staging.
+plain I2F conversions: both timed), multiplied by the token's activations and summed along K in fp32,
+the per-row scales applied at the end (gate_up: SiLU(gate) * up; down: times the routing weight, split
+over I where the rows are few). No tensor cores, no shared-memory staging.
 
 Prints per shape (M=1, 2): the library's layer (the shipped tables, as bench_kernel times it), the
 probe's layer (gate_up + down + the top-k sum) at its best tiles (gate_up's tiles timed with down's
@@ -161,7 +161,8 @@ def main() -> None:
             probe = row.get("down_best_us", float("nan"))
             print(f"{name:16s} M={m} floor {floor_us:7.1f} us | library {row['library_us']:7.1f} "
                   f"({floor_us / row['library_us']:.1%}) | gemv layer {probe:7.1f} ({floor_us / probe:.1%}) "
-                  f"I2F {row.get('i2f_us', float('nan')):7.1f} tiles {row['tiles']} err {row.get('err', float('nan')):.1e}",
+                  f"I2F {row.get('i2f_us', float('nan')):7.1f} tiles {row['tiles']} "
+                  f"err {row.get('err', float('nan')):.1e}",
                   flush=True)
             if args.out:
                 with open(os.path.join(args.out, "gemv_decode_probe.json"), "w") as f:

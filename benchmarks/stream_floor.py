@@ -73,7 +73,8 @@ def layer_bytes_int8(name: str, m: int) -> float:
 def buffers(nbytes: int, pool_bytes: float) -> list[torch.Tensor]:
     """Enough int32 buffers of ``nbytes`` to cycle through ``pool_bytes`` (at least two)."""
     count = max(2, min(64, int(pool_bytes // max(nbytes, 1))))
-    return [torch.randint(-2**20, 2**20, (max(nbytes // 4, 1),), dtype=torch.int32, device="cuda") for _ in range(count)]
+    numel = max(nbytes // 4, 1)
+    return [torch.randint(-2**20, 2**20, (numel,), dtype=torch.int32, device="cuda") for _ in range(count)]
 
 
 def best_read(parts: list[int], pool_bytes: float) -> tuple[float, dict]:

@@ -812,7 +812,8 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
             for top_k, hidden in ((2, 4096), (6, 2048), (8, 2048)):
                 for v in (tune_module.group_variants(cfg, m, num_experts, top_k)
                           + tune_module.split_k_variants(cfg, m, num_experts, hidden, top_k, 132)
-                          + tune_module.fuse_variants(cfg, "int8") + tune_module.pairs_variants(cfg, m, num_experts, top_k)
+                          + tune_module.fuse_variants(cfg, "int8")
+                          + tune_module.pairs_variants(cfg, m, num_experts, top_k)
                           + tune_module.sum_topk_variants(cfg, m, num_experts, top_k) + tune_module.swap_variants(cfg)
                           + tune_module.sum_last_variants(cfg, m, num_experts, top_k)
                           + tune_module.fused_decode_variants(cfg, m, top_k)):

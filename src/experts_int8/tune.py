@@ -221,10 +221,15 @@ def pairs_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     if best.get("PAIRS"):
         return []
     out = [dict(best, PAIRS=1)] if pairs_fit(m, num_experts, top_k) else []
-    if 2 <= m and m * top_k <= fused_moe.DEDUP_MAX_PAIRS and best["BLOCK_SIZE_M"] <= 32:
+    if dedup_fits(best, m, top_k):
         # DEDUP_PAIRS: no align launch and no re-reads (each expert's first pair takes its rows)
         out.append(dict(configs.without(best, "SUM_TOPK"), PAIRS=1, DEDUP_PAIRS=1))
     return out
+
+
+def dedup_fits(best: dict, m: int, top_k: int) -> bool:
+    """PAIRS + DEDUP_PAIRS is offered from M = 2, up to DEDUP_MAX_PAIRS pairs, on decode-sized blocks."""
+    return 2 <= m and m * top_k <= fused_moe.DEDUP_MAX_PAIRS and best["BLOCK_SIZE_M"] <= 32
 
 
 def pairs_fit(m: int, num_experts: int, top_k: int) -> bool:
@@ -255,7 +260,7 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
         plain = configs.without(best, "SUM_TOPK", "SPLIT_K")
     elif pairs_fit(m, num_experts, top_k):
         plain = configs.without(dict(best, PAIRS=1), "SPLIT_K")
-    elif 2 <= m and m * top_k <= fused_moe.DEDUP_MAX_PAIRS and best["BLOCK_SIZE_M"] <= 32:
+    elif dedup_fits(best, m, top_k):
         plain = configs.without(dict(best, PAIRS=1, DEDUP_PAIRS=1), "SPLIT_K", "SUM_TOPK")
     else:
         return []

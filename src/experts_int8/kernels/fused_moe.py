@@ -495,8 +495,8 @@ def _sum_if_last(y_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_
     """SUM_LAST (with PAIRS): count this program's partials of its rows' column tile as stored, one
     arrival per row (one row with PAIRS, a leader's pairs with DEDUP_PAIRS: a token routed twice to the
     expert counts twice, and only one of its arrivals can be the last); for each token whose last of
-    TOP_K x SPLIT_K partials this program stored, add them up in a fixed order (the result does not depend on which program is last) and
-    write its tile of the layer's output. No sum launch."""
+    TOP_K x SPLIT_K partials this program stored, add them up in a fixed order (the result does not
+    depend on which program is last) and write its tile of the layer's output. No sum launch."""
     tokens = tl.where(row_mask, rows // TOP_K, 0).to(tl.int64)
     count_ptrs = counts_ptr + tokens * tl.cdiv(H, BLOCK_N) + tl.min(offs_n, axis=0) // BLOCK_N
     # Needed: the atomics below run on the threads that own the rows, so this barrier is what puts every
