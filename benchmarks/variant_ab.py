@@ -23,6 +23,8 @@ CUDA-graph timing as bench_kernel:
   decode_tile  int8 decode with more warps or longer K tiles than the tuner's space holds (it prunes 8
             warps below 4096 accumulator elements and stops BLOCK_SIZE_K at 256): the shipped config,
             8 warps, 8 warps with BLOCK_SIZE_K 512, BLOCK_SIZE_K 512 (stages cut to fit)   (M <= 16)
+  narrow    decode tiles 16 columns wide (the tuner starts at 32): the shipped config, BLOCK_SIZE_N 16
+            in gate_up only, in down only, in both (stages cut to fit)                     (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -41,6 +43,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8
     PYTHONPATH=src python3 benchmarks/variant_ab.py decode_tile --m 1,2,4,16
+    PYTHONPATH=src python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
 import json
@@ -138,6 +141,20 @@ def decode_tile(cfg: dict, value: int, *lookup) -> dict:
     return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
 
 
+def narrow(cfg: dict, value: int, *lookup) -> dict:
+    # More, smaller programs: 192 gate_up programs of 160 KB at qwen3 M=1 fill 132 SMs in 1.5 waves
+    if not value:
+        return cfg
+    down = {**cfg.get("down", {})}
+    down.setdefault("BLOCK_SIZE_N", cfg["BLOCK_SIZE_N"])
+    out = dict(cfg)
+    if value in (1, 3):
+        out["BLOCK_SIZE_N"] = 16
+    if value in (2, 3):
+        down["BLOCK_SIZE_N"] = 16
+    return configs.fit_shared_memory(dict(out, down=down), 1, tune.DEFAULT_SMEM)
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -147,7 +164,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
-            "decode_tile": (decode_tile, (0, 1, 2, 3))}
+            "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3))}
 
 
 def main() -> None:
