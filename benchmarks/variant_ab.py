@@ -23,10 +23,6 @@ CUDA-graph timing as bench_kernel:
   decode_tile  int8 decode with more warps or longer K tiles than the tuner's space holds (it prunes 8
             warps below 4096 accumulator elements and stops BLOCK_SIZE_K at 256): the shipped config,
             8 warps, 8 warps with BLOCK_SIZE_K 512, BLOCK_SIZE_K 512 (stages cut to fit)   (M <= 16)
-  persistent  PAIRS decode GEMMs over a persistent grid (PERSISTENT programs per SM, one flat loop over
-            (tile, K step); down without SUM_LAST, so the sum launch returns): the shipped config, then
-            PERSISTENT 1 with its blocks, with 32- and 16-wide tiles, PERSISTENT 2 with 32-wide tiles
-            (stages cut to two programs per SM), and gate_up alone (32-wide) over the shipped down (M <= 32)
   narrow    decode tiles 16 columns wide (the tuner starts at 32): the shipped config, BLOCK_SIZE_N 16
             in gate_up only, in down only, in both (stages cut to fit)                     (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
@@ -47,7 +43,6 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8
     PYTHONPATH=src python3 benchmarks/variant_ab.py decode_tile --m 1,2,4,16
-    PYTHONPATH=src python3 benchmarks/variant_ab.py persistent --m 1,2,4,8,16 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
@@ -160,33 +155,6 @@ def narrow(cfg: dict, value: int, *lookup) -> dict:
     return configs.fit_shared_memory(dict(out, down=down), 1, tune.DEFAULT_SMEM)
 
 
-def _deep_stages(per_stage: int, limit: int) -> int:
-    # Triton keeps num_stages - 1 buffers (plus a few KB of epilogue scratch): as deep as fits, up to 8
-    return max(2, min(8, 1 + (limit - 8192) // per_stage))
-
-
-def persistent(cfg: dict, value: int, *lookup) -> dict:
-    # One program per SM must hold by itself the bytes in flight that several short programs held:
-    # each GEMM gets as many stages as fit (half the shared memory each with PERSISTENT 2).
-    if not value:
-        return cfg
-    base = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS", "SWAP_AB", "FUSE_GATE_UP", "FUSED_DECODE"), PAIRS=1)
-    gate_up, down = configs.split_config(base)
-    per_sm = 2 if value == 4 else 1
-    limit = tune.DEFAULT_SMEM // per_sm
-    width = {2: 32, 3: 16, 4: 32, 5: 32}.get(value, gate_up["BLOCK_SIZE_N"])
-    bm, bk = gate_up["BLOCK_SIZE_M"], gate_up["BLOCK_SIZE_K"]
-    out = dict(base, BLOCK_SIZE_N=width, PERSISTENT=per_sm, num_stages=_deep_stages(bm * bk * 2 + 2 * bk * width, limit))
-    down_keys = {key: down[key] for key in ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_warps", "num_stages", "SPLIT_K", "SUM_LAST")
-                 if key in down}
-    if value == 5:  # gate_up alone; the down GEMM as shipped (SUM_LAST included)
-        return dict(out, down=dict(down_keys, PERSISTENT=0))
-    down_keys.pop("SUM_LAST", None)
-    dwidth = width if value in (2, 3, 4) else down["BLOCK_SIZE_N"]
-    down_keys.update(BLOCK_SIZE_N=dwidth, num_stages=_deep_stages(bm * down["BLOCK_SIZE_K"] * 2 + down["BLOCK_SIZE_K"] * dwidth, limit))
-    return dict(out, down=down_keys)
-
-
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -196,8 +164,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
-            "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
-            "persistent": (persistent, (0, 1, 2, 3, 4, 5))}
+            "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3))}
 
 
 def main() -> None:

@@ -7,7 +7,5 @@ source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests";    timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -8
 step "stream floor"; timeout 120 python3 benchmarks/stream_floor.py --out "$R" 2>&1 | grep -v -i warn | tail -27
 step "breakdown";    timeout 120 python3 benchmarks/decode_breakdown.py --out "$R" 2>&1 | grep -v -i warn | tail -14
-step "narrow";       timeout 180 python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --out "$R" \
-                       --shapes qwen3-30b-a3b deepseek-v2-lite mixtral-8x7b 2>&1 | grep -v -i warn | tail -14
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

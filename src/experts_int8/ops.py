@@ -18,7 +18,6 @@ import torch
 from . import reference
 from .kernels.align import align_block_size
 from .kernels.configs import device_heuristic, get_config, split_config, without
-from .kernels.persistent import MAX_PAIRS as PERSISTENT_MAX_PAIRS
 from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_dequantize, invoke_down,
                                  invoke_fused_decode, invoke_gate_up, invoke_sum, sum_last_counts)
 
@@ -206,8 +205,6 @@ def _fused_experts_triton(
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
-    if m * top_k > PERSISTENT_MAX_PAIRS and (config.get("PERSISTENT") or config.get("down", {}).get("PERSISTENT")):
-        config = without(config, "PERSISTENT")  # its expert ids live in registers: the one-tile programs
     if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer

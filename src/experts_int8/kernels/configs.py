@@ -33,20 +33,18 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # DEQUANT_ONCE (int8 weights, large M) dequantizes the layer's experts first and runs float GEMMs;
 # GLUON (int8 weights, sm_90, prefill) runs the GEMMs on kernels.gluon_moe's hand-pipelined wgmma kernels;
 # FUSED_DECODE (with PAIRS) computes each pair's gate/up and down per slice of I in one launch.
-OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
-                 "PERSISTENT", "down")
+OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), PERSISTENT (with
-    PAIRS: programs per SM) and "down", whose overrides may add SPLIT_K or, with PAIRS, SUM_TOPK or
-    SUM_LAST for the down GEMM),
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS) and "down", whose
+    overrides may add SPLIT_K or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "PERSISTENT"} if _nested
+    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST"} if _nested
                else set(CONFIG_KEYS) | set(OPTIONAL_KEYS))
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
@@ -61,8 +59,6 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)
-        elif key == "PERSISTENT" and isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-            pass  # programs per SM; 0 (off) lets a down override turn it off for the down GEMM alone
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"config[{key!r}] must be a positive int, got {value!r}")
     down = out.get("down", {})
@@ -76,12 +72,6 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(
             out.get(key) or down.get(key) for key in ("DEDUP_PAIRS", "SUM_TOPK", "GLUON", "DEQUANT_ONCE"))):
         raise ValueError("config: FUSED_DECODE is a PAIRS mode without DEDUP_PAIRS, SUM_TOPK, GLUON or DEQUANT_ONCE")
-    for gemm in (out, {**out, **down}):
-        if gemm.get("PERSISTENT") and (not out.get("PAIRS") or any(gemm.get(key) for key in (
-                "SWAP_AB", "FUSE_GATE_UP", "DEDUP_PAIRS", "SUM_TOPK", "SUM_LAST", "FUSED_DECODE", "GLUON",
-                "DEQUANT_ONCE"))):
-            raise ValueError("config: PERSISTENT is a PAIRS mode without SWAP_AB, FUSE_GATE_UP, DEDUP_PAIRS, "
-                             "SUM_TOPK, SUM_LAST, FUSED_DECODE, GLUON or DEQUANT_ONCE")
     if out.get("GLUON") and out.get("DEQUANT_ONCE"):
         raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):

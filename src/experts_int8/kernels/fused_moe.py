@@ -34,8 +34,6 @@ without a GPU).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -63,15 +61,6 @@ def _pdl_prologue(PDL: tl.constexpr):
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def _zero_counts(counts_ptr, num_counts):
-    """The down GEMM's SUM_LAST arrival counters, zeroed by program 0 of the gate_up launch: no memset."""
-    if tl.program_id(0) == 0:
-        for start in range(0, num_counts, 1024):
-            offs = start + tl.arange(0, 1024)
-            tl.store(counts_ptr + offs, tl.zeros((1024,), dtype=tl.int32), mask=offs < num_counts)
 
 
 @triton.jit
@@ -166,8 +155,11 @@ def moe_gate_up_kernel(
     PDL: tl.constexpr,
 ):
     _pdl_prologue(PDL)
-    if ZERO_COUNTS:
-        _zero_counts(counts_ptr, num_counts)
+    if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
+        if tl.program_id(0) == 0:
+            for start in range(0, num_counts, 1024):
+                offs = start + tl.arange(0, 1024)
+                tl.store(counts_ptr + offs, tl.zeros((1024,), dtype=tl.int32), mask=offs < num_counts)
     pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
@@ -556,18 +548,6 @@ def pdl_meta(device: torch.device) -> dict:
     return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
 
 
-def num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (PERSISTENT grids); 2 under the interpreter, so
-    its programs walk several tiles each."""
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else 2
-
-
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
@@ -596,25 +576,9 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted); ``counts``
     (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters)."""
     inter = w13.shape[1] // 2
-    has_scale, has_bias = w13_scale is not None, w13_bias is not None
-    if config.get("PERSISTENT"):  # PAIRS over a persistent grid: block_expert_ids are the pairs' experts
-        from . import persistent
-
-        num_pairs = topk_weights.numel()
-        grid = persistent.grid_size(num_pairs * triton.cdiv(inter, config["BLOCK_SIZE_N"]), config["PERSISTENT"],
-                                    num_sms(x.device))
-        return _kernel(persistent.moe_gate_up_persistent_kernel, x.device)[grid](
-            x, w13, w13_scale if has_scale else w13, w13_bias if has_bias else w13, out, topk_weights,
-            block_expert_ids, num_pairs, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
-            w13_scale.stride(0) if has_scale else 0, w13_bias.stride(0) if has_bias else 0, out.stride(0),
-            block_expert_ids if counts is None else counts, 0 if counts is None else counts.numel(),
-            TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
-            MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-            BLOCK_M=config["BLOCK_SIZE_M"], BLOCK_N=config["BLOCK_SIZE_N"], BLOCK_K=config["BLOCK_SIZE_K"],
-            PAIRS_P2=persistent.pairs_p2(num_pairs), SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
-            num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_meta(x.device))
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
+    has_scale, has_bias = w13_scale is not None, w13_bias is not None
     return _kernel(moe_gate_up_kernel, x.device)[grid](
         x, w13, w13_scale if has_scale else w13, w13_bias if has_bias else w13, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
@@ -663,25 +627,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         if tuple(out.shape) != (topk_weights.numel() // top_k, hidden):
             raise ValueError(f"SUM_TOPK writes [M, H] = [{topk_weights.numel() // top_k}, {hidden}], "
                              f"got out {tuple(out.shape)}")
-    has_scale, has_bias = w2_scale is not None, w2_bias is not None
-    if config.get("PERSISTENT"):  # PAIRS over a persistent grid: block_expert_ids are the pairs' experts
-        from . import persistent
-
-        if sum_last or sum_topk:
-            raise ValueError("PERSISTENT down GEMMs write their pairs' rows (or split-K partials): no SUM_LAST or SUM_TOPK")
-        num_pairs = topk_weights.numel()
-        grid = persistent.grid_size(num_pairs * split_k * triton.cdiv(hidden, config["BLOCK_SIZE_N"]),
-                                    config["PERSISTENT"], num_sms(a.device))
-        _kernel(persistent.moe_down_persistent_kernel, a.device)[grid](
-            a, w2, w2_scale if has_scale else w2, w2_bias if has_bias else w2, out, topk_weights, block_expert_ids,
-            num_pairs, hidden, inter, a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
-            w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
-            HAS_SCALE=has_scale, HAS_BIAS=has_bias, MUL_ROUTED_WEIGHT=mul_routed_weight,
-            DOT_PRECISION=_dot_precision(a.dtype), BLOCK_M=config["BLOCK_SIZE_M"], BLOCK_N=config["BLOCK_SIZE_N"],
-            BLOCK_K=config["BLOCK_SIZE_K"], PAIRS_P2=persistent.pairs_p2(num_pairs), SPLIT_K=split_k,
-            num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_meta(a.device))
-        return out
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]), split_k)
+    has_scale, has_bias = w2_scale is not None, w2_bias is not None
     _kernel(moe_down_kernel, a.device)[grid](
         a, w2, w2_scale if has_scale else w2, w2_bias if has_bias else w2, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
