@@ -80,7 +80,6 @@ def align_single_program_kernel(
     sorted_token_ids_ptr,  # (num_sorted,) int32, out
     block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32, out
     num_tokens_post_padded_ptr,  # (1,) int32, out
-    scratch_ptr,  # (2, GROUPS) int32: padded group starts, then unpadded group starts
     numel,
     num_experts,
     num_global,
@@ -103,23 +102,21 @@ def align_single_program_kernel(
     counts = tl.where(g <= num_experts, tl.histogram(group, GROUPS), 0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end = tl.cumsum(padded, 0)
-    tl.store(scratch_ptr + g, padded_end - padded)
-    tl.store(scratch_ptr + GROUPS + g, tl.cumsum(counts, 0) - counts)
+    # sorted position -> row: a pair's row is its group's padded start plus its rank in the group,
+    # i.e. its sorted position minus the group's unpadded start
+    shift = padded_end - padded - (tl.cumsum(counts, 0) - counts)
     tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
     _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
                                      num_sorted, BLOCK_M, CHUNK, BLOCK_CHUNK)
-    tl.debug_barrier()  # the scratch and sentinel stores above are read / overwritten below
+    tl.debug_barrier()  # the sentinel stores above are overwritten below
 
-    # Stable sort of the pairs by group: sort keys (group, pair index); the rank inside a group is
-    # the sorted position minus the group's unpadded start.
+    # Stable sort of the pairs by group: sort keys (group, pair index). The shift of each pair's group
+    # is gathered in registers (no round trip through global memory: NOTES item 67).
     keys = tl.sort(group * PAIRS + offs)
     sorted_group = keys // PAIRS
-    pair = keys % PAIRS
     valid = sorted_group <= num_experts
-    safe_group = tl.where(valid, sorted_group, 0)
-    rank = offs - tl.load(scratch_ptr + GROUPS + safe_group)
-    dest = tl.load(scratch_ptr + safe_group) + rank
-    tl.store(sorted_token_ids_ptr + dest, pair, mask=valid)
+    dest = offs + tl.gather(shift, tl.where(valid, sorted_group, 0), 0)
+    tl.store(sorted_token_ids_ptr + dest, keys % PAIRS, mask=valid)
 
 
 @triton.jit
@@ -259,11 +256,10 @@ def _align_single_program(topk_ids, block_m, num_experts, expert_map):
     numel = topk_ids.numel()
     (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, groups = _kernel_outputs(
         topk_ids, block_m, num_experts)
-    scratch = torch.empty(2 * groups, dtype=torch.int32, device=device)
     has_map = expert_map is not None
     align_single_program_kernel[(1,)](
         topk_ids.reshape(-1), expert_map if has_map else topk_ids, sorted_token_ids, block_expert_ids,
-        num_tokens_post_padded, scratch, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted,
+        num_tokens_post_padded, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted,
         HAS_MAP=has_map, BLOCK_M=block_m, PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups,
         CHUNK=1024, BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_meta(device)["PDL"],
     )
