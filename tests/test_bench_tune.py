@@ -588,6 +588,16 @@ def test_swap_variants_for_decode_winners_only():
     assert tune.swap_variants(swapped[0]) == []
 
 
+def test_down_tile_variants_give_the_down_gemm_its_own_tile_at_decode():
+    cfg = dict(PINNED, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, down={"SUM_LAST": 1}, PAIRS=1)
+    variants = tune.down_tile_variants(cfg)
+    assert [v["down"] for v in variants] == [{"SUM_LAST": 1, "BLOCK_SIZE_N": n} for n in (64, 128, 256)]
+    assert all(v["BLOCK_SIZE_N"] == 32 and configs.check_config(v) == v for v in variants)  # gate_up as it was
+    own = dict(cfg, down={"BLOCK_SIZE_N": 128})
+    assert [v["down"]["BLOCK_SIZE_N"] for v in tune.down_tile_variants(own)] == [64, 256]
+    assert tune.down_tile_variants(dict(PINNED, BLOCK_SIZE_M=64)) == []  # prefill tiles: not searched here
+
+
 def test_tune_candidates_start_from_the_config_serving_m():
     current = dict(PINNED, BLOCK_SIZE_M=16, SWAP_AB=1, down={"SWAP_AB": 0})
     cands = tune.candidate_configs(1, 8, 4096, 14336, 2, torch.int8, max_candidates=8, default=current)
@@ -812,6 +822,7 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
             for top_k, hidden in ((2, 4096), (6, 2048), (8, 2048)):
                 for v in (tune_module.group_variants(cfg, m, num_experts, top_k)
                           + tune_module.split_k_variants(cfg, m, num_experts, hidden, top_k, 132)
+                          + tune_module.down_tile_variants(cfg)
                           + tune_module.fuse_variants(cfg, "int8")
                           + tune_module.pairs_variants(cfg, m, num_experts, top_k)
                           + tune_module.sum_topk_variants(cfg, m, num_experts, top_k) + tune_module.swap_variants(cfg)

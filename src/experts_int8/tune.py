@@ -138,6 +138,16 @@ def swap_variants(best: dict) -> list[dict]:
     return [dict(best, SWAP_AB=1), dict(best, SWAP_AB=1, down={**best.get("down", {}), "SWAP_AB": 0})]
 
 
+def down_tile_variants(best: dict) -> list[dict]:
+    """A decode winner (BLOCK_SIZE_M <= 32) with its down GEMM on other column tiles: the down GEMM is
+    N=H x K=I, unlike gate_up's N=2I x K=H, yet inherits gate_up's tile (qwen3 at M=4: 128-wide down
+    tiles 7% faster than the 32-wide ones of its gate_up, benchmarks/NOTES.md item 69)."""
+    if best["BLOCK_SIZE_M"] > 32 or best.get("FUSED_DECODE"):
+        return []
+    own = configs.split_config(best)[1]["BLOCK_SIZE_N"]
+    return [dict(best, down={**best.get("down", {}), "BLOCK_SIZE_N": n}) for n in (64, 128, 256) if n != own]
+
+
 def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: int, num_sms: int) -> list[dict]:
     """The winner with its down GEMM split over I (SPLIT_K 2 and 4), when that GEMM has too few
     tiles to keep every SM streaming weights (decode: a few experts x H / BLOCK_N tiles)."""
@@ -521,6 +531,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
+                                + down_tile_variants(cfg)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                                 + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
                                 + sum_last_variants(cfg, m, num_experts, top_k)
