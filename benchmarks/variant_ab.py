@@ -26,6 +26,8 @@ CUDA-graph timing as bench_kernel:
   down_tile the down GEMM's own column tile at decode (the tuner gives it gate_up's unless a variant
             overrides it, though its N is H and its K is I): the shipped config, down BLOCK_SIZE_N 64,
             128, 256, and 128 with BLOCK_SIZE_K 256                                      (M <= 16)
+  wide      wider gate_up tiles at decode (the down GEMM keeps its own): the shipped config, BLOCK_SIZE_N
+            128, 128 with BLOCK_SIZE_K 128 and 5 stages, 256 with BLOCK_SIZE_K 128 and 3 stages  (M <= 16)
   narrow    decode tiles 16 columns wide (the tuner starts at 32): the shipped config, BLOCK_SIZE_N 16
             in gate_up only, in down only, in both (stages cut to fit)                     (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
@@ -47,6 +49,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8
     PYTHONPATH=src python3 benchmarks/variant_ab.py decode_tile --m 1,2,4,16
     PYTHONPATH=src python3 benchmarks/variant_ab.py down_tile --m 1,2,4,8,16 --shapes qwen3-30b-a3b deepseek-v2-lite
+    PYTHONPATH=src python3 benchmarks/variant_ab.py wide --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini
     PYTHONPATH=src python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
@@ -153,6 +156,16 @@ def down_tile(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, down={**cfg.get("down", {}), **change})
 
 
+def wide(cfg: dict, value: int, *lookup) -> dict:
+    if not value or cfg["BLOCK_SIZE_M"] > 32:
+        return cfg
+    change = {1: dict(BLOCK_SIZE_N=128), 2: dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_stages=5),
+              3: dict(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=3)}[value]
+    down = {key: cfg.get("down", {}).get(key, cfg[key]) for key in ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages")}
+    out = dict(cfg, **change, down={**cfg.get("down", {}), **down})
+    return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
+
+
 def narrow(cfg: dict, value: int, *lookup) -> dict:
     # More, smaller programs: 192 gate_up programs of 160 KB at qwen3 M=1 fill 132 SMs in 1.5 waves
     if not value:
@@ -177,7 +190,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
-            "down_tile": (down_tile, (0, 1, 2, 3, 4))}
+            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3))}
 
 
 def main() -> None:
