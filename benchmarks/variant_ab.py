@@ -28,6 +28,10 @@ CUDA-graph timing as bench_kernel:
             128, 256, and 128 with BLOCK_SIZE_K 256                                      (M <= 16)
   wide      wider gate_up tiles at decode (the down GEMM keeps its own): the shipped config, BLOCK_SIZE_N
             128, 128 with BLOCK_SIZE_K 128 and 5 stages, 256 with BLOCK_SIZE_K 128 and 3 stages  (M <= 16)
+  pairs_group  PAIRS with the pairs as the fast index of the grid (GROUP_SIZE_M >= M*k): the programs
+            of every pair on one column tile run together, so pairs that share an expert read its
+            tile while it is in L2 (no align launch, no re-read from HBM): the shipped config, then
+            PAIRS + grouping + SUM_LAST, the same without SUM_LAST, PAIRS + SUM_LAST ungrouped (M 2..8)
   narrow    decode tiles 16 columns wide (the tuner starts at 32): the shipped config, BLOCK_SIZE_N 16
             in gate_up only, in down only, in both (stages cut to fit)                     (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
@@ -50,6 +54,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py decode_tile --m 1,2,4,16
     PYTHONPATH=src python3 benchmarks/variant_ab.py down_tile --m 1,2,4,8,16 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py wide --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini
+    PYTHONPATH=src python3 benchmarks/variant_ab.py pairs_group --m 2,4,8 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
 """
 import argparse
@@ -166,6 +171,16 @@ def wide(cfg: dict, value: int, *lookup) -> dict:
     return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
 
 
+def pairs_group(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
+    if not value or cfg["BLOCK_SIZE_M"] > 32:
+        return cfg
+    plain = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS", "SUM_LAST", "FUSED_DECODE"), PAIRS=1,
+                 GROUP_SIZE_M=1 if value == 3 else max(16, 1 << (m * top_k - 1).bit_length()))
+    if value == 2:
+        return plain
+    return dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})
+
+
 def narrow(cfg: dict, value: int, *lookup) -> dict:
     # More, smaller programs: 192 gate_up programs of 160 KB at qwen3 M=1 fill 132 SMs in 1.5 waves
     if not value:
@@ -190,7 +205,8 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
-            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3))}
+            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
+            "pairs_group": (pairs_group, (0, 1, 2, 3))}
 
 
 def main() -> None:
