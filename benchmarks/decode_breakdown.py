@@ -76,9 +76,8 @@ def main() -> None:
     copy_bps = bench.measure_copy_bandwidth()
     rows = []
     for name in args.shapes:
-        _, (e, h, i, k) = bench.parse_shape(name)
-        n = bench.layers_for_pool(e, h, i, k, args.dtype, l2_bytes=l2, budget_bytes=4e9)
-        layers = bench.make_layers(n, e, h, i, args.dtype)
+        (e, h, i, k), layers = bench.layer_pool(name, args.dtype, l2)
+        n = len(layers)
         wbytes = 1 if args.dtype == "int8" else 2
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")

@@ -125,9 +125,8 @@ def main() -> None:
     copy_bps = bench.measure_copy_bandwidth()
     rows = []
     for name in args.shapes:
-        _, (e, hdim, idim, k) = bench.parse_shape(name)
-        n = bench.layers_for_pool(e, hdim, idim, k, "int8", l2_bytes=l2, budget_bytes=4e9)
-        layers = bench.make_layers(n, e, hdim, idim, "int8")
+        (e, hdim, idim, k), layers = bench.layer_pool(name, "int8", l2)
+        n = len(layers)
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, hdim, dtype=torch.bfloat16, device="cuda")
             routing = bench.make_routing(m, e, k, n)

@@ -237,9 +237,8 @@ def main() -> None:
     l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
     rows = []
     for name in args.shapes:
-        _, (e, h, i, k) = bench.parse_shape(name)
-        n = bench.layers_for_pool(e, h, i, k, args.dtype, l2_bytes=l2, budget_bytes=4e9)
-        layers = bench.make_layers(n, e, h, i, args.dtype)
+        (e, h, i, k), layers = bench.layer_pool(name, args.dtype, l2)
+        n = len(layers)
         for m in ms:
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
             routing = bench.make_routing(m, e, k, n)

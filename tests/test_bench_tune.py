@@ -132,6 +132,15 @@ def test_bench_pool_reaches_past_l2_within_budget():
     assert bench.layers_for_pool(8, 8192, 32768, 2, "bf16", l2_bytes=l2, budget_bytes=1e9) == 1
 
 
+def test_bench_layer_pool_sizes_the_pool_for_the_shape():
+    l2 = 2**20
+    shape, layers = bench.layer_pool("4:64:32:2", "int8", l2, budget_bytes=1e6, device="cpu")
+    assert shape == (4, 64, 32, 2)
+    assert len(layers) == bench.layers_for_pool(4, 64, 32, 2, "int8", l2_bytes=l2, budget_bytes=1e6) > 1
+    assert layers[0].w13.shape == (4, 64, 64) and layers[0].w13.dtype == torch.int8
+    assert layers[0].w2.shape == (4, 64, 32) and layers[0].w2_scale.shape == (4, 64)
+
+
 def test_bench_calls_per_graph_whole_sweeps():
     assert bench.calls_per_graph(3, floor_s=1e-2) == 3  # long calls: one sweep
     n = bench.calls_per_graph(4, floor_s=10e-6, target_s=1e-3)

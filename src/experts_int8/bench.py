@@ -96,6 +96,15 @@ def layers_for_pool(num_experts: int, hidden: int, inter: int, top_k: int, dtype
     return max(1, min(wanted, affordable, max_layers))
 
 
+def layer_pool(shape: str, dtype: str, l2_bytes: int, budget_bytes: float = 4e9,
+               device: torch.device | str = "cuda") -> tuple[tuple[int, int, int, int], list[Layer]]:
+    """A named (or E:H:I:k) shape's ``(E, H, I, k)`` and random layers enough to stream from HBM
+    (:func:`layers_for_pool`): what the benchmark scripts that time a few variants start from."""
+    _, (e, h, i, k) = parse_shape(shape)
+    n = layers_for_pool(e, h, i, k, dtype, l2_bytes=l2_bytes, budget_bytes=budget_bytes)
+    return (e, h, i, k), make_layers(n, e, h, i, dtype, device)
+
+
 def calls_per_graph(num_layers: int, floor_s: float, *, target_s: float = 1e-3, max_calls: int = 128) -> int:
     """Calls captured in one graph: whole sweeps over the layers, enough that one replay lasts about
     ``target_s`` when the call runs at its roofline floor ``floor_s`` (launch cost amortised)."""
