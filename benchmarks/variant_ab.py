@@ -34,6 +34,8 @@ CUDA-graph timing as bench_kernel:
             PAIRS + grouping + SUM_LAST, the same without SUM_LAST, PAIRS + SUM_LAST ungrouped (M 2..8)
   narrow    decode tiles 16 columns wide (the tuner starts at 32): the shipped config, BLOCK_SIZE_N 16
             in gate_up only, in down only, in both (stages cut to fit)                     (M <= 16)
+  tma       weight tiles by tensor-descriptor copies (TMA) instead of per-thread pointer loads: the
+            shipped config, TMA in both GEMMs, in gate_up only, in down only                   (any M)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -56,6 +58,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py wide --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini
     PYTHONPATH=src python3 benchmarks/variant_ab.py pairs_group --m 2,4,8 --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
+    PYTHONPATH=src python3 benchmarks/variant_ab.py tma --m 1,2,4,8,16,256,1024,4096
 """
 import argparse
 import json
@@ -195,6 +198,14 @@ def narrow(cfg: dict, value: int, *lookup) -> dict:
     return configs.fit_shared_memory(dict(out, down=down), 1, tune.DEFAULT_SMEM)
 
 
+def tma(cfg: dict, value: int, *lookup) -> dict:
+    # (GLUON entries keep their own kernels, FUSED_DECODE its own: the variant leaves them as shipped)
+    if not value or cfg.get("GLUON") or cfg.get("FUSED_DECODE"):
+        return cfg
+    top, down = {1: (1, 1), 2: (1, 0), 3: (0, 1)}[value]
+    return dict(cfg, TMA=top, down={**cfg.get("down", {}), "TMA": down})
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -206,7 +217,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
-            "pairs_group": (pairs_group, (0, 1, 2, 3))}
+            "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3))}
 
 
 def main() -> None:

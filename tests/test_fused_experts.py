@@ -657,3 +657,39 @@ def test_gluon_entry_in_pairs_mode_runs_the_triton_kernels():
                PAIRS=1, GLUON=1, down=dict(SUM_LAST=1, SPLIT_K=2))
     with override_config(cfg):
         check(2, 4, 64, 32, 2, torch.float32, "triton")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("extra, down", [
+    ({}, {}), (dict(SWAP_AB=1), dict(SWAP_AB=0)), (dict(FUSE_GATE_UP=1), dict(SWAP_AB=1)),
+    (dict(PAIRS=1), dict(SPLIT_K=2, SUM_LAST=1)), ({}, dict(TMA=0)), (dict(TMA=0), dict(TMA=1))])
+def test_tma_weight_tiles_match(dtype, extra, down):
+    """TMA: weight tiles by tensor-descriptor copies of the (E*N, K) weight view. Tails along K and N
+    (H=80, I=48 with 32-wide tiles: the descriptor's zero fill and rows running into the next
+    expert), swapped operands, the fused gate/up dot, PAIRS with split-K partials, and absent experts."""
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               **{"TMA": 1, **extra}, down=dict(BLOCK_SIZE_N=32, **down))
+    with override_config(cfg):
+        check(3, 5, 80, 48, 2, dtype, "triton")
+        check(2, 4, 64, 32, 2, dtype, "triton", quantized=False)
+        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
+        check(4, 4, 80, 48, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+
+
+def test_tma_needs_aligned_contiguous_weights():
+    from experts_int8.kernels.configs import check_config
+    from experts_int8.kernels.fused_moe import weight_descriptor
+
+    cfg = check_config(dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4,
+                            num_stages=2, TMA=1, down=dict(TMA=0)))
+    w = torch.zeros(4, 64, 80, dtype=torch.int8, device=DEVICE)
+    assert weight_descriptor(w, cfg).shape == [256, 80]
+    assert weight_descriptor(w, dict(cfg, TMA=0)) is None
+    with pytest.raises(ValueError, match="16-byte aligned rows"):  # 67-byte rows
+        weight_descriptor(torch.zeros(4, 64, 67, dtype=torch.int8, device=DEVICE), cfg)
+    with pytest.raises(ValueError, match="contiguous over"):  # half of each expert's rows: not one (E*N, K) view
+        weight_descriptor(torch.zeros(4, 128, 80, dtype=torch.int8, device=DEVICE)[:, :64], cfg)
+    with pytest.raises(ValueError, match="0 or 1"):
+        check_config(dict(cfg, TMA=2))

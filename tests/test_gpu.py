@@ -50,6 +50,11 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                          num_stages=2, PAIRS=1, FUSED_DECODE=1),  # at m=300 (600 pairs): the two GEMMs
     "fuse_gate_up": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
                          num_stages=4, FUSE_GATE_UP=1),
+    "tma": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3, TMA=1),
+    "tma_swap_ab": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
+                        TMA=1, SWAP_AB=1),
+    "tma_sum_last": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                         num_stages=3, TMA=1, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)),
     "fuse_gate_up_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
                                  num_stages=3, FUSE_GATE_UP=1),
 }
@@ -60,7 +65,7 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -207,7 +212,7 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m):
     from experts_int8.kernels import fused_moe as kernels
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")

@@ -32,19 +32,21 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # keys above (all but BLOCK_SIZE_M, which the align step fixes for both GEMMs) for the down GEMM;
 # DEQUANT_ONCE (int8 weights, large M) dequantizes the layer's experts first and runs float GEMMs;
 # GLUON (int8 weights, sm_90, prefill) runs the GEMMs on kernels.gluon_moe's hand-pipelined wgmma kernels;
-# FUSED_DECODE (with PAIRS) computes each pair's gate/up and down per slice of I in one launch.
-OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "down")
+# FUSED_DECODE (with PAIRS) computes each pair's gate/up and down per slice of I in one launch;
+# TMA (sm_90+, the Triton GEMMs) loads weight tiles by tensor-descriptor copies (also a "down" override).
+OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
+                 "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS) and "down", whose
-    overrides may add SPLIT_K or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA and "down",
+    whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST"} if _nested
+    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA"} if _nested
                else set(CONFIG_KEYS) | set(OPTIONAL_KEYS))
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
@@ -55,7 +57,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         if key == "down":
             out[key] = check_config(value, _nested=True)
         elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
-                     "SUM_TOPK", "SUM_LAST"):
+                     "SUM_TOPK", "SUM_LAST", "TMA"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)

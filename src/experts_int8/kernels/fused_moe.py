@@ -22,6 +22,8 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
                 the rows of the pairs routed to it; the others' programs exit, so no expert is read twice
   SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
   SUM_TOPK      down only, with PAIRS: one block per token sums its k experts' rows and writes [M, H]
+  TMA           weight tiles by tensor-descriptor copies (Hopper's copy engine) instead of per-thread
+                pointer loads; the activation rows stay pointer loads (they are gathered)
 
 Module switch ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
 grid's programs are scheduled while the previous kernel (align, gate_up) drains; each program waits
@@ -38,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
@@ -65,7 +68,7 @@ def _pdl_prologue(PDL: tl.constexpr):
 
 @triton.jit
 def _program_block(num_sorted, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-    """This program's row block and output columns. Grouped ordering: GROUP_M row-blocks share each
+    """This program's row block and first output column. Grouped ordering: GROUP_M row-blocks share each
     sweep over N, so weight tiles stay in L2."""
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid = tl.program_id(0)
@@ -73,7 +76,7 @@ def _program_block(num_sorted, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, 
     group_m = min(tl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
     pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
     pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
-    return pid_m, pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    return pid_m, pid_n * BLOCK_N
 
 
 @triton.jit
@@ -112,6 +115,25 @@ def _dedup_pair_rows(pid_m, pair_experts_ptr, num_valid, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
+def _weight_tile(w_ptrs, w_desc, row0, kb, k_left, offs_k, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                 TMA: tl.constexpr):
+    """The K step ``kb`` of a weight tile: ``(BLOCK_K, BLOCK_N)`` for the right dot operand,
+    ``(BLOCK_N, BLOCK_K)`` under SWAP_AB. By pointers (masked along K), or with TMA as one
+    tensor-descriptor copy of rows ``[row0, row0 + BLOCK_N)`` of the ``(E*N, K)`` weight view (the
+    copy engine fills zeros past K and past the last row; rows past this expert's N only feed masked
+    output columns)."""
+    if TMA:
+        w = w_desc.load([row0, kb * BLOCK_K])
+        if not SWAP_AB:
+            w = tl.trans(w)
+    elif SWAP_AB:
+        w = tl.load(w_ptrs, mask=offs_k[None, :] < k_left, other=0)
+    else:
+        w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0)
+    return w
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
     w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
@@ -134,6 +156,7 @@ def moe_gate_up_kernel(
     stride_om,
     counts_ptr,  # (num_counts,) int32 zeroed here for the down GEMM's SUM_LAST; used only with ZERO_COUNTS
     num_counts,
+    w_desc,  # with TMA: tensor descriptor of w as (E*2I, H), block (BLOCK_N, BLOCK_K); else unused
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
@@ -153,6 +176,7 @@ def moe_gate_up_kernel(
     SWIGLU_LIMIT: tl.constexpr,
     ZERO_COUNTS: tl.constexpr,
     PDL: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -160,7 +184,8 @@ def moe_gate_up_kernel(
             for start in range(0, num_counts, 1024):
                 offs = start + tl.arange(0, 1024)
                 tl.store(counts_ptr + offs, tl.zeros((1024,), dtype=tl.int32), mask=offs < num_counts)
-    pid_m, offs_n = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, n0 = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
             return
@@ -189,18 +214,17 @@ def moe_gate_up_kernel(
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     u_ptrs = g_ptrs + I * stride_wn
+    g_row = (expert * 2 * I + n0).to(tl.int32)  # TMA: the tile's first gate row in the (E*2I, H) view
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
+        g = _weight_tile(g_ptrs, w_desc, g_row, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
+        u = _weight_tile(u_ptrs, w_desc, g_row + I, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
-            g = tl.load(g_ptrs, mask=offs_k[None, :] < k_left, other=0)
-            u = tl.load(u_ptrs, mask=offs_k[None, :] < k_left, other=0)
             acc_g = tl.dot(g.to(a.dtype), a, acc_g, input_precision=DOT_PRECISION)
             acc_u = tl.dot(u.to(a.dtype), a, acc_u, input_precision=DOT_PRECISION)
         else:
             a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            g = tl.load(g_ptrs, mask=offs_k[:, None] < k_left, other=0)
-            u = tl.load(u_ptrs, mask=offs_k[:, None] < k_left, other=0)
             if FUSE_GATE_UP:  # one dot of width 2*BLOCK_N: one convert/store/fence/wgmma per K step, not two
                 w = tl.reshape(tl.join(g, u), (BLOCK_K, 2 * BLOCK_N))
                 acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
@@ -351,11 +375,11 @@ def moe_pair_slice_kernel(
 
 
 @triton.jit
-def _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
-               stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
+def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, n0, offs_wn,
+               H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr):
+               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr):
     """fp32 ``(BLOCK_M, BLOCK_N)`` tile of ``a[rows] @ w2[expert, offs_wn]^T`` over K blocks
     ``[kb_start, kb_end)``, times the row scales, plus the bias (in the first split-K partial only),
     times the routing weights."""
@@ -370,15 +394,15 @@ def _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_ma
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     a_ptrs += kb_start * BLOCK_K
     w_ptrs += kb_start * BLOCK_K
+    w_row = (expert * H + n0).to(tl.int32)  # TMA: the tile's first row in the (E*H, I) view
     for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
+        w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
-            w = tl.load(w_ptrs, mask=offs_k[None, :] < k_left, other=0)
             acc = tl.dot(w.to(a.dtype), a, acc, input_precision=DOT_PRECISION)
         else:
             a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0)
             acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -422,6 +446,7 @@ def moe_down_kernel(
     sums_ptr,  # (M, H) activation dtype: the layer's output; written only with SUM_LAST
     counts_ptr,  # (M, cdiv(H, BLOCK_N)) int32, zero on entry; used only with SUM_LAST
     stride_sums,
+    w_desc,  # with TMA: tensor descriptor of w as (E*H, I), block (BLOCK_N, BLOCK_K); else unused
     TOP_K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -439,9 +464,11 @@ def moe_down_kernel(
     SUM_TOPK: tl.constexpr,
     SUM_LAST: tl.constexpr,
     PDL: tl.constexpr,
+    TMA: tl.constexpr,
 ):
     _pdl_prologue(PDL)
-    pid_m, offs_n = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_m, n0 = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_wn = offs_n % H
     if SUM_TOPK:  # (with PAIRS) block pid_m is token pid_m: its k down-projections summed here
         lane0 = tl.arange(0, BLOCK_M) == 0
@@ -451,10 +478,10 @@ def moe_down_kernel(
             expert = tl.load(block_expert_ids_ptr + pair).to(tl.int64)
             if expert >= 0:  # an expert on another rank adds nothing here
                 rows = tl.where(lane0, pair, num_valid).to(tl.int64)
-                total += _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, lane0, expert,
-                                    offs_wn, I, stride_am, stride_we, stride_wn, stride_se, stride_be, 0,
-                                    tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
-                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1)
+                total += _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, lane0,
+                                    expert, n0, offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se,
+                                    stride_be, 0, tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
+                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1, TMA)
         out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
         return
@@ -480,9 +507,10 @@ def moe_down_kernel(
             _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
                          stride_sums, TOP_K, SPLIT_K, BLOCK_M, BLOCK_N)
         return
-    acc = _down_tile(a_ptr, w_ptr, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, offs_wn, I,
-                     stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
-                     HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, SPLIT_K)
+    acc = _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, n0,
+                     offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
+                     HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
+                     SPLIT_K, TMA)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if SUM_LAST:
         _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
@@ -570,6 +598,22 @@ def _launch_meta(config: dict, num_pairs: int) -> dict:
     )
 
 
+def weight_descriptor(w: torch.Tensor, config: dict) -> TensorDescriptor | None:
+    """TMA: expert weights ``w [E, N, K]`` as an ``(E*N, K)`` tensor descriptor whose blocks are the
+    config's ``(BLOCK_SIZE_N, BLOCK_SIZE_K)`` weight tiles; None when the config has no TMA."""
+    if not config.get("TMA"):
+        return None
+    num_experts, n, k = w.shape
+    block = [config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]]
+    if w.device.type == "cuda" and (torch.version.hip is not None or _capability(w.device) < (9, 0)):
+        raise ValueError("config TMA needs an NVIDIA GPU of compute capability 9.0 or newer; drop TMA from the config")
+    if (w.stride(2) != 1 or w.stride(0) != n * w.stride(1) or (w.stride(1) * w.element_size()) % 16
+            or w.data_ptr() % 16 or max(block) > 256):
+        raise ValueError(f"config TMA needs expert weights [E, N, K] contiguous over (E, N) with 16-byte aligned rows "
+                         f"and weight tiles of at most 256 x 256; got strides {tuple(w.stride())}, tile {block}")
+    return TensorDescriptor(w, [num_experts * n, k], [w.stride(1), 1], block)
+
+
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None,
                    counts=None):
@@ -586,7 +630,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
         w13_bias.stride(0) if has_bias else 0, out.stride(0),
         sorted_token_ids if counts is None else counts, 0 if counts is None else counts.numel(),
-        TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
+        w_desc=weight_descriptor(w13, config), TMA=bool(config.get("TMA", 0)), TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config, topk_weights.numel()),
@@ -636,7 +680,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
         w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
         sums if sum_last else out, counts if sum_last else sorted_token_ids, sums.stride(0) if sum_last else 0,
-        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
+        w_desc=weight_descriptor(w2, config), TMA=bool(config.get("TMA", 0)), TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
     )
