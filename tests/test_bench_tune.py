@@ -587,6 +587,20 @@ def test_dequant_variants_at_prefill_sizes_of_int8():
     assert tune.dequant_variants(dict(PINNED, DEQUANT_ONCE=1), 4096, "int8", float_cfg) == []
 
 
+def test_tma_variants_where_the_device_has_tma():
+    cfg = dict(PINNED, down={"SPLIT_K": 2})
+    both, down_only = tune.tma_variants(cfg, True)
+    assert both == dict(cfg, TMA=1) and down_only == dict(PINNED, down={"SPLIT_K": 2, "TMA": 1})
+    assert all(configs.check_config(v) == v for v in (both, down_only))
+    assert tune.tma_variants(cfg, False) == []
+    assert tune.tma_variants(both, True) == []
+    assert tune.tma_variants(dict(cfg, GLUON=1), True) == []  # the Gluon kernels do not read the key
+    float_cfg = dict(PINNED, BLOCK_SIZE_M=128)
+    assert tune.dequant_variants(PINNED, 4096, "int8", float_cfg, True) == [
+        dict(float_cfg, DEQUANT_ONCE=1), dict(float_cfg, DEQUANT_ONCE=1, TMA=1)]
+    assert "TMA" in tune._short(both)
+
+
 def test_swap_variants_for_decode_winners_only():
     cfg = dict(PINNED, BLOCK_SIZE_M=16, down={"BLOCK_SIZE_K": 256})
     swapped = tune.swap_variants(cfg)

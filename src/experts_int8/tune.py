@@ -10,8 +10,8 @@ BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, prun
 and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
-it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB) and, for
-int8 at prefill sizes, the dequantize-once path (DEQUANT_ONCE). The config serving M before the run
+it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on
+sm_90+) and, for int8 at prefill sizes, the dequantize-once path (DEQUANT_ONCE). The config serving M before the run
 (the shipped or cached table's) and the heuristic are always the first candidates, so a table never
 loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
@@ -166,12 +166,29 @@ def fuse_variants(best: dict, dtype: str) -> list[dict]:
     return [dict(best, FUSE_GATE_UP=1)]
 
 
-def dequant_variants(best: dict, m: int, dtype: str, float_config: dict) -> list[dict]:
+def dequant_variants(best: dict, m: int, dtype: str, float_config: dict, tma_ok: bool = False) -> list[dict]:
     """At prefill sizes (M >= 1024) of int8 weights: dequantize the layer's experts once per call and
-    run the float GEMMs with ``float_config`` (the float table's or heuristic's blocks for this M)."""
+    run the float GEMMs with ``float_config`` (the float table's or heuristic's blocks for this M),
+    also with TMA weight tiles where ``tma_ok``."""
     if dtype != "int8" or m < 1024 or best.get("DEQUANT_ONCE"):
         return []
-    return [dict(float_config, DEQUANT_ONCE=1)]
+    plain = dict(float_config, DEQUANT_ONCE=1)
+    return [plain] + tma_variants(plain, tma_ok)[:1]
+
+
+def tma_variants(best: dict, tma_ok: bool) -> list[dict]:
+    """On a device with TMA (``tma_ok``: sm_90 and newer): the winner with its weight tiles loaded by
+    tensor-descriptor copies in both GEMMs, and in the down GEMM only (on the H200: 3-6% faster at some
+    decode and prefill rows, 1-12% slower at others, benchmarks/NOTES.md item 73). Not for the
+    kernels that do not read the key (GLUON, FUSED_DECODE)."""
+    if not tma_ok or best.get("TMA") or best.get("GLUON") or best.get("FUSED_DECODE"):
+        return []
+    return [dict(best, TMA=1), dict(best, down={**best.get("down", {}), "TMA": 1})]
+
+
+def tma_usable(device: torch.device) -> bool:
+    """Whether TMA entries can run here (an NVIDIA GPU of compute capability 9.0 or newer)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 GLUON_TILES = (  # 8 warps on 128x128 blocks (gate and up: 2 x 64 accumulator registers a thread), the down GEMM
@@ -499,6 +516,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     smem = _smem_limit()
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     gluon_ok = gluon_usable(device)
+    tma_ok = tma_usable(device)
     started = time.perf_counter()
     # The config serving each M now (shipped or cached table, else the heuristic) goes first, so a
     # table entry is only replaced by one measured faster here.
@@ -535,7 +553,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                                 + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
                                 + sum_last_variants(cfg, m, num_experts, top_k)
-                                + dequant_variants(cfg, m, d, float_config)
+                                + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
@@ -563,8 +581,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 
 def _short(cfg: dict) -> str:
-    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE")
-             if cfg.get(k)]
+    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
+                         "TMA") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)
