@@ -693,3 +693,48 @@ def test_tma_needs_aligned_contiguous_weights():
         weight_descriptor(torch.zeros(4, 128, 80, dtype=torch.int8, device=DEVICE)[:, :64], cfg)
     with pytest.raises(ValueError, match="0 or 1"):
         check_config(dict(cfg, TMA=2))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp16_rows_scale_each_row_by_a_power_of_two(dtype):
+    """FP16_DOT's activations: every row times the power of two that puts its largest magnitude in
+    [2^14, 2^15) (so fp16 holds it with no overflow), a zero row times 2^14; bf16 rows come back exact."""
+    from experts_int8.kernels.fused_moe import invoke_fp16_rows
+
+    x = (torch.randn(6, 300, device=DEVICE) * torch.tensor([1, 1e-30, 1e-3, 1, 3e4, 1e30], device=DEVICE)[:, None])
+    x = x.to(dtype)
+    x[0] = 0
+    out, inv = invoke_fp16_rows(x)
+    assert out.dtype == torch.float16 and inv.shape == (6,) and torch.isfinite(out).all()
+    mantissa, _ = torch.frexp(inv)
+    assert torch.all(mantissa == 0.5)  # powers of two
+    biggest = out.float().abs().amax(1)
+    assert biggest[0] == 0 and inv[0] == 2.0**-14
+    assert torch.all((biggest[1:] >= 2**14) & (biggest[1:] < 2**15))
+    back = out.double() * inv.double()[:, None]
+    if dtype == torch.bfloat16:
+        assert torch.equal(back, x.double())
+    else:  # fp16's 11 significant bits
+        assert ((back - x.double()).abs() <= 2**-11 * x.double().abs().amax(1, keepdim=True)).all()
+
+
+def test_fp16_dot_gate_up_undoes_the_row_scales():
+    """FP16_DOT: gate_up on bf16 x runs its dot in fp16 on the scaled rows (a launch of
+    invoke_fp16_rows first) and multiplies each row's accumulators back, before bias and activation:
+    rows of very different magnitudes come out as the float reference says. (fp32 output: the
+    interpreter stores no bf16.)"""
+    from experts_int8.kernels.fused_moe import invoke_gate_up
+
+    experts = make_experts(4, 64, 32)
+    x = (torch.randn(3, 64, device=DEVICE) * torch.tensor([1e-4, 1.0, 1e4], device=DEVICE)[:, None]).to(torch.bfloat16)
+    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    pairs = ids.reshape(-1).to(torch.int32)
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2, PAIRS=1,
+               FP16_DOT=1)
+    h = torch.empty(6, 32, device=DEVICE)
+    invoke_gate_up(x, experts["w13"], experts["w13_scale"], h, w.reshape(-1), pairs, pairs, pairs, 2, "silu", False, cfg)
+    w13 = dequantize_weights(experts["w13"], experts["w13_scale"], torch.float64)
+    gu = torch.einsum("th,tnh->tn", x.double().repeat_interleave(2, 0), w13[ids.reshape(-1)])
+    ref = torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:]
+    err = (h.double() - ref).norm(dim=1) / ref.norm(dim=1)
+    assert (err < 2e-3).all(), err

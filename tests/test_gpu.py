@@ -55,6 +55,12 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                         TMA=1, SWAP_AB=1),
     "tma_sum_last": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
                          num_stages=3, TMA=1, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)),
+    "fp16_dot": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                     PAIRS=1, FP16_DOT=1, down=dict(SPLIT_K=4)),
+    "fp16_dot_align": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                           num_stages=3, FP16_DOT=1),
+    "fp16_dot_prefill": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
+                             num_stages=4, FP16_DOT=1, TMA=1),
     "fuse_gate_up_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
                                  num_stages=3, FUSE_GATE_UP=1),
 }
@@ -65,7 +71,7 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -75,6 +81,42 @@ def test_kernel_variants_bf16(variant, m):
     ref = oracle(x, ex, w, ids)
     assert torch.isfinite(out).all()
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 7, 300])
+@pytest.mark.parametrize("swap", [0, 1])
+def test_fp16_activations_convert_int8_weights_exactly(m, swap):
+    """fp16 x with int8 weights: the kernels' own int8 -> fp16 conversion (PTX, not Triton's cast)
+    in both GEMMs, weights on either side of the dot, against the fp64 reference."""
+    from experts_int8.kernels.configs import override_config
+
+    ex = layer()
+    x = torch.randn(m, 512, device="cuda", dtype=torch.float16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    cfg = dict(BLOCK_SIZE_M=16 if m < 64 else 64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+               num_stages=3, SWAP_AB=swap)
+    with override_config(cfg):
+        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
+    ref = oracle(x, ex, w, ids)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_fp16_dot_rows_of_any_magnitude():
+    """FP16_DOT on bf16 x: rows from 1e-20 to 1e20 (far outside fp16's range) each come out as the
+    reference says, relative to their own size."""
+    from experts_int8.kernels.configs import override_config
+
+    ex = layer()
+    sizes = torch.tensor([1e-20, 1e-3, 1.0, 1e4, 1e20], device="cuda")
+    x = (torch.randn(5, 512, device="cuda") * sizes[:, None]).to(torch.bfloat16)
+    w, ids = select_experts(torch.randn(5, 8, device="cuda"), 2)
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+               PAIRS=1, FP16_DOT=1)
+    with override_config(cfg):
+        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
+    ref = oracle(x, ex, w, ids)
+    err = (out.double() - ref).norm(dim=1) / ref.norm(dim=1)
+    assert torch.isfinite(out).all() and (err < 1e-2).all(), err
 
 
 def replays_match_eager(ex, x, logits, replays):
@@ -212,7 +254,7 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m):
     from experts_int8.kernels import fused_moe as kernels
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")

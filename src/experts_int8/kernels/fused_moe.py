@@ -22,6 +22,9 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
                 the rows of the pairs routed to it; the others' programs exit, so no expert is read twice
   SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
   SUM_TOPK      down only, with PAIRS: one block per token sums its k experts' rows and writes [M, H]
+  FP16_DOT      gate_up with bf16 x: the dot in fp16 on x's rows scaled by powers of two (one small
+                launch), undone in the epilogue; int8 -> fp16 takes 1.25 instructions a weight where
+                int8 -> bf16 takes 2 (see _int8_to_fp16)
   TMA           weight tiles by tensor-descriptor copies (Hopper's copy engine) instead of per-thread
                 pointer loads; the activation rows stay pointer loads (they are gathered)
 
@@ -115,6 +118,33 @@ def _dedup_pair_rows(pid_m, pair_experts_ptr, num_valid, BLOCK_M: tl.constexpr, 
 
 
 @triton.jit
+def _int8_to_fp16(w):
+    """int8 -> fp16, 4 weights per 32-bit register in 5 instructions: bias each byte to unsigned (xor
+    0x80), put it under the exponent of 1024 (half 0x64XX = 1024 + u), subtract 1152 = 1024 + 128.
+    Exact. (Triton's own cast takes a quarter-rate I2F per weight.)"""
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b32 t, m;
+        xor.b32 t, $2, 0x80808080;
+        prmt.b32 $0, t, 0x64646464, 0x4140;
+        prmt.b32 $1, t, 0x64646464, 0x4342;
+        mov.b32 m, 0x64806480;
+        sub.f16x2 $0, $0, m;
+        sub.f16x2 $1, $1, m;
+        }""",
+        constraints="=r,=r,r", args=[w], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _dot_operand(w, a, FAST_CVT: tl.constexpr):
+    """Weight tile ``w`` in the dtype of the other operand ``a``: int8 -> fp16 by :func:`_int8_to_fp16`
+    on GPUs (FAST_CVT); every other case (and the interpreter, which runs no assembly) by Triton's cast."""
+    if FAST_CVT and w.dtype.is_int8() and a.dtype.is_fp16():
+        return _int8_to_fp16(w)
+    return w.to(a.dtype)
+
+
+@triton.jit
 def _weight_tile(w_ptrs, w_desc, row0, kb, k_left, offs_k, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
                  TMA: tl.constexpr):
     """The K step ``kb`` of a weight tile: ``(BLOCK_K, BLOCK_N)`` for the right dot operand,
@@ -157,6 +187,7 @@ def moe_gate_up_kernel(
     counts_ptr,  # (num_counts,) int32 zeroed here for the down GEMM's SUM_LAST; used only with ZERO_COUNTS
     num_counts,
     w_desc,  # with TMA: tensor descriptor of w as (E*2I, H), block (BLOCK_N, BLOCK_K); else unused
+    x_inv_scale_ptr,  # (M,) fp32: x's rows were scaled by 1 / this (FP16_DOT); read only when ROW_SCALE
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
@@ -177,6 +208,8 @@ def moe_gate_up_kernel(
     ZERO_COUNTS: tl.constexpr,
     PDL: tl.constexpr,
     TMA: tl.constexpr,
+    FAST_CVT: tl.constexpr,
+    ROW_SCALE: tl.constexpr,
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -221,16 +254,16 @@ def moe_gate_up_kernel(
         u = _weight_tile(u_ptrs, w_desc, g_row + I, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
-            acc_g = tl.dot(g.to(a.dtype), a, acc_g, input_precision=DOT_PRECISION)
-            acc_u = tl.dot(u.to(a.dtype), a, acc_u, input_precision=DOT_PRECISION)
+            acc_g = tl.dot(_dot_operand(g, a, FAST_CVT), a, acc_g, input_precision=DOT_PRECISION)
+            acc_u = tl.dot(_dot_operand(u, a, FAST_CVT), a, acc_u, input_precision=DOT_PRECISION)
         else:
             a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
             if FUSE_GATE_UP:  # one dot of width 2*BLOCK_N: one convert/store/fence/wgmma per K step, not two
                 w = tl.reshape(tl.join(g, u), (BLOCK_K, 2 * BLOCK_N))
-                acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+                acc = tl.dot(a, _dot_operand(w, a, FAST_CVT), acc, input_precision=DOT_PRECISION)
             else:
-                acc_g = tl.dot(a, g.to(a.dtype), acc_g, input_precision=DOT_PRECISION)
-                acc_u = tl.dot(a, u.to(a.dtype), acc_u, input_precision=DOT_PRECISION)
+                acc_g = tl.dot(a, _dot_operand(g, a, FAST_CVT), acc_g, input_precision=DOT_PRECISION)
+                acc_u = tl.dot(a, _dot_operand(u, a, FAST_CVT), acc_u, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
@@ -244,6 +277,10 @@ def moe_gate_up_kernel(
         s_ptrs = scale_ptr + expert * stride_se + offs_wn
         acc_g *= tl.load(s_ptrs)[None, :]
         acc_u *= tl.load(s_ptrs + I)[None, :]
+    if ROW_SCALE:  # FP16_DOT: undo the power-of-two scale of each token's row (exact)
+        inv = tl.load(x_inv_scale_ptr + x_rows, mask=row_mask, other=0.0)[:, None]
+        acc_g *= inv
+        acc_u *= inv
     if HAS_BIAS:  # (never together with MUL_ROUTED_WEIGHT: the launcher's caller checks)
         b_ptrs = bias_ptr + expert * stride_be + offs_wn
         acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
@@ -379,7 +416,7 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
                H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr):
+               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, FAST_CVT: tl.constexpr):
     """fp32 ``(BLOCK_M, BLOCK_N)`` tile of ``a[rows] @ w2[expert, offs_wn]^T`` over K blocks
     ``[kb_start, kb_end)``, times the row scales, plus the bias (in the first split-K partial only),
     times the routing weights."""
@@ -400,10 +437,10 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
         w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
-            acc = tl.dot(w.to(a.dtype), a, acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(_dot_operand(w, a, FAST_CVT), a, acc, input_precision=DOT_PRECISION)
         else:
             a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
-            acc = tl.dot(a, w.to(a.dtype), acc, input_precision=DOT_PRECISION)
+            acc = tl.dot(a, _dot_operand(w, a, FAST_CVT), acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if SWAP_AB:
@@ -465,6 +502,7 @@ def moe_down_kernel(
     SUM_LAST: tl.constexpr,
     PDL: tl.constexpr,
     TMA: tl.constexpr,
+    FAST_CVT: tl.constexpr,
 ):
     _pdl_prologue(PDL)
     pid_m, n0 = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
@@ -481,7 +519,8 @@ def moe_down_kernel(
                 total += _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, lane0,
                                     expert, n0, offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se,
                                     stride_be, 0, tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
-                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1, TMA)
+                                    DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1, TMA,
+                                    FAST_CVT)
         out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
         return
@@ -510,7 +549,7 @@ def moe_down_kernel(
     acc = _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, n0,
                      offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                      HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                     SPLIT_K, TMA)
+                     SPLIT_K, TMA, FAST_CVT)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if SUM_LAST:
         _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
@@ -576,6 +615,12 @@ def pdl_meta(device: torch.device) -> dict:
     return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
 
 
+def fast_cvt(device: torch.device) -> bool:
+    """Whether the kernels convert int8 weights to fp16 with their own PTX (NVIDIA GPUs; the
+    interpreter and ROCm take Triton's cast)."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
 def _capability(device: torch.device) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device)
 
@@ -623,6 +668,9 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
     has_scale, has_bias = w13_scale is not None, w13_bias is not None
+    x_inv_scale = None
+    if config.get("FP16_DOT") and x.dtype == torch.bfloat16 and w13.dtype == torch.int8:
+        x, x_inv_scale = invoke_fp16_rows(x)
     return _kernel(moe_gate_up_kernel, x.device)[grid](
         x, w13, w13_scale if has_scale else w13, w13_bias if has_bias else w13, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
@@ -630,7 +678,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
         w13_bias.stride(0) if has_bias else 0, out.stride(0),
         sorted_token_ids if counts is None else counts, 0 if counts is None else counts.numel(),
-        w_desc=weight_descriptor(w13, config), TMA=bool(config.get("TMA", 0)), TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
+        w_desc=weight_descriptor(w13, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(x.device),
+        x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None, TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config, topk_weights.numel()),
@@ -680,7 +729,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
         w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
         sums if sum_last else out, counts if sum_last else sorted_token_ids, sums.stride(0) if sum_last else 0,
-        w_desc=weight_descriptor(w2, config), TMA=bool(config.get("TMA", 0)), TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
+        w_desc=weight_descriptor(w2, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(a.device),
+        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
         **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
     )
@@ -756,6 +806,41 @@ def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
     _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
                                              TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
     return out
+
+
+@triton.jit
+def fp16_rows_kernel(x_ptr, out_ptr, inv_scale_ptr, H, stride_x, stride_out, BLOCK_H: tl.constexpr):
+    """Row ``r`` of x times the power of two that puts its largest magnitude in [2^14, 2^15), stored
+    as fp16 (exact but for values 2^28 below the row's largest, which fp16 holds as subnormals),
+    and the inverse of that power in ``inv_scale[r]``: bf16 activations for FP16_DOT."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK_H)
+    biggest = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for start in range(0, H, BLOCK_H):
+        v = tl.load(x_ptr + row * stride_x + start + offs, mask=start + offs < H, other=0.0).to(tl.float32)
+        biggest = tl.maximum(biggest, tl.abs(v))
+    # the biased exponent of the largest magnitude; a zero row, or one holding inf or nan, takes 2^14
+    bits = tl.max(biggest, 0).to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) & 0xFF
+    exponent = tl.where((exponent == 0) | (exponent == 255), 127, tl.maximum(exponent, 15))  # biased
+    scale = ((127 + 14 - (exponent - 127)) << 23).to(tl.float32, bitcast=True)
+    tl.store(inv_scale_ptr + row, ((exponent - 14) << 23).to(tl.float32, bitcast=True))
+    for start in range(0, H, BLOCK_H):
+        mask = start + offs < H
+        v = tl.load(x_ptr + row * stride_x + start + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * stride_out + start + offs, (v * scale).to(tl.float16), mask=mask)
+
+
+def invoke_fp16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, H]`` -> (fp16 rows scaled by powers of two, fp32 ``[M]`` inverses of those powers)."""
+    m, hidden = x.shape
+    out = torch.empty((m, hidden), dtype=torch.float16, device=x.device)
+    inv_scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m:
+        block_h = min(1024, triton.next_power_of_2(hidden))
+        _kernel(fp16_rows_kernel, x.device)[(m,)](x, out, inv_scale, hidden, x.stride(0), out.stride(0),
+                                                  BLOCK_H=block_h, num_warps=4)
+    return out, inv_scale
 
 
 @triton.jit
