@@ -20,5 +20,5 @@ for shape in sys.argv[1:]:
     for value in (0, 1):
         tune.search = forced(value)
         print(f"=== {shape} FP16_DOT={value}", flush=True)
-        tune.tune(e, h, i, k, dtypes=("int8",), ms=[1, 2, 4], out_dir=tempfile.mkdtemp(), budget_s=75,
+        tune.tune(e, h, i, k, dtypes=("int8",), ms=[1, 2], out_dir=tempfile.mkdtemp(), budget_s=50,
                   max_candidates=40, progress=False)
