@@ -210,8 +210,8 @@ def tma(cfg: dict, value: int, *lookup) -> dict:
 
 
 def fp16_dot(cfg: dict, value: int, *lookup) -> dict:
-    # (the Gluon and fused-decode kernels, and dequantized float weights, do not read the key)
-    if not value or cfg.get("GLUON") or cfg.get("FUSED_DECODE") or cfg.get("DEQUANT_ONCE"):
+    # (the fused-decode kernel and dequantized float weights do not read the key)
+    if not value or cfg.get("FUSED_DECODE") or cfg.get("DEQUANT_ONCE"):
         return cfg
     return dict(cfg, FP16_DOT=1)
 

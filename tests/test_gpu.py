@@ -285,6 +285,8 @@ GLUON_CONFIGS = {  # the Gluon (wgmma) kernels of kernels/gluon_moe.py over the 
                      down=dict(BLOCK_SIZE_N=128)),
     "w4_s4_deep_k": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=8, num_warps=4,
                          num_stages=4),
+    "w8_s3_fp16_dot": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
+                           num_stages=3, FP16_DOT=1, down=dict(BLOCK_SIZE_N=64)),  # bf16 x: gate_up on fp16 rows
 }
 
 

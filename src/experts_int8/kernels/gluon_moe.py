@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from .configs import max_shared_memory
-from .fused_moe import ACTIVATION_CODES, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, invoke_fp16_rows
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared`` before
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -107,6 +107,15 @@ def _row_block(num_sorted, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROU
 
 
 @gluon.jit
+def _convert(w, dtype: gl.constexpr):
+    """An int8 weight tile in the activation dtype: to fp16 by fused_moe's PTX (1.25 instructions a
+    weight, where Triton's cast takes a quarter-rate I2F), to bf16 by Triton's cast (2)."""
+    if dtype == gl.float16:
+        return gl.inline_asm_elementwise(INT8_TO_FP16_PTX, "=r,=r,r", [w], dtype=gl.float16, is_pure=True, pack=4)
+    return w.to(dtype)
+
+
+@gluon.jit
 def _issue_tile(a_ptrs, a_row_mask, offs_ak, w_ptrs, offs_wk, a_slot, w_slot, k0, K):
     """cp.async of one K tile of the activation rows and the weight rows into their ring slots (rows
     past the batch and columns past K read as zeros)."""
@@ -152,7 +161,7 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
         # slot (tile j-2) have completed: at most one tile's are left in flight below
         w = w_ring.index(slot).load(w_load)
         b_slot = b_slots.index(j % 2)
-        b_slot.store(w.to(act_dtype))
+        b_slot.store(_convert(w, act_dtype))
         fence_async_shared()
         _cta_barrier()
         a_tile = a_ring.index(slot)
@@ -201,7 +210,8 @@ def _sigmoid(v):
 def moe_gate_up_wgmma_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
     num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
-    TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr,
+    x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
+    TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
     STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
@@ -230,6 +240,10 @@ def moe_gate_up_wgmma_kernel(
     s_ptrs = scale_ptr + expert * stride_se + offs_wn
     acc_g = acc_g * gl.load(s_ptrs)[None, :]
     acc_u = acc_u * gl.load(s_ptrs + I)[None, :]
+    if ROW_SCALE:
+        inv = gl.load(x_inv_scale_ptr + rows // TOP_K, mask=row_mask, other=0.0)[:, None]
+        acc_g = acc_g * inv
+        acc_u = acc_u * inv
     if MUL_ROUTED_WEIGHT:
         rw = gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)
         acc_g = acc_g * rw[:, None]
@@ -297,10 +311,13 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     inter = w13.shape[1] // 2
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
+    x_inv_scale = None
+    if config.get("FP16_DOT") and x.dtype == torch.bfloat16:  # (as fused_moe.invoke_gate_up)
+        x, x_inv_scale = invoke_fp16_rows(x)
     moe_gate_up_wgmma_kernel[grid](
         x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
-        w13_scale.stride(0), out.stride(0),
+        w13_scale.stride(0), out.stride(0), x_inv_scale, ROW_SCALE=x_inv_scale is not None,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
         **_meta(config), **_smem_layouts(config, x.dtype, 2),
@@ -331,13 +348,14 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16) 
     if which == "gate_up":
         kernel, num_b = moe_gate_up_wgmma_kernel, 2
         constexprs = dict(TOP_K=2, ACTIVATION=0, MUL_ROUTED_WEIGHT=False, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
-                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT)
+                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ROW_SCALE=act_dtype == torch.float16)
     else:
         kernel, num_b = moe_down_wgmma_kernel, 1
         constexprs = dict(MUL_ROUTED_WEIGHT=True)
     constexprs.update(_meta(config), **_smem_layouts(config, act_dtype, num_b))
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
+    ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "x_inv_scale_ptr": "*fp32",
+                 "sorted_token_ids_ptr": "*i32",
                  "block_expert_ids_ptr": "*i32", "num_tokens_post_padded_ptr": "*i32"}
     signature = {name: "constexpr" if name in constexprs else ptr_types.get(name, act) if name.endswith("_ptr")
                  else "i32" for name in kernel.arg_names}
