@@ -601,6 +601,15 @@ def test_tma_variants_where_the_device_has_tma():
     assert "TMA" in tune._short(both)
 
 
+def test_fp16_dot_variants_at_prefill_sizes_of_int8():
+    assert tune.fp16_dot_variants(PINNED, 256, "int8") == [dict(PINNED, FP16_DOT=1)]
+    assert configs.check_config(tune.fp16_dot_variants(dict(PINNED, GLUON=1), 2048, "int8")[0])
+    assert tune.fp16_dot_variants(PINNED, 64, "int8") == []  # decode: its launch costs more than it saves
+    assert tune.fp16_dot_variants(PINNED, 256, "bf16") == []
+    assert tune.fp16_dot_variants(dict(PINNED, DEQUANT_ONCE=1), 4096, "int8") == []  # float weights
+    assert tune.fp16_dot_variants(dict(PINNED, FP16_DOT=1), 256, "int8") == []
+
+
 def test_swap_variants_for_decode_winners_only():
     cfg = dict(PINNED, BLOCK_SIZE_M=16, down={"BLOCK_SIZE_K": 256})
     swapped = tune.swap_variants(cfg)
