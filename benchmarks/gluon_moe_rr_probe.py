@@ -13,10 +13,17 @@ library's bf16 gate/up (the shipped bf16 config), the register form, and whether
 library's int8 output.
 
     PYTHONPATH=src python3 benchmarks/gluon_moe_rr_probe.py --out benchmarks/results
+
+At decode (benchmarks/NOTES.md item 79) the same kernel keeps weights out of shared memory where the
+library's decode GEMMs stage every weight tile through it; tokens are wgmma's N (16):
+
+    PYTHONPATH=src python3 benchmarks/gluon_moe_rr_probe.py --m 1,2,4,8 --tiles 16x64x3x4,16x64x3x4d2,\
+        16x64x3x4h,16x64x3x4d2h,16x128x3x8d2h --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b qwen3-30b-a3b
 """
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,22 +39,30 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from experts_int8 import bench, quantize_weights, select_experts  # noqa: E402
 from experts_int8.kernels import configs, fused_moe, gluon_moe  # noqa: E402
 from experts_int8.kernels.align import align_block_size  # noqa: E402
+from experts_int8.kernels.fused_moe import INT8_TO_FP16_PTX, invoke_fp16_rows  # noqa: E402
 from experts_int8.kernels.gluon_moe import _row_block  # noqa: E402
 
 
 @gluon.jit
-def _relabel(w_tile, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-    """A repacked int8 tile as the bf16 register operand in logical K order (register renaming only)."""
-    w6 = gl.reshape(w_tile.to(gl.bfloat16), [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
+def _relabel(w_tile, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, FP16: gl.constexpr):
+    """A repacked int8 tile as the bf16 (fp16: by the library's PTX) register operand in logical K
+    order (register renaming only)."""
+    if FP16:
+        w = gl.inline_asm_elementwise(INT8_TO_FP16_PTX, "=r,=r,r", [w_tile], dtype=gl.float16, is_pure=True, pack=4)
+    else:
+        w = w_tile.to(gl.bfloat16)
+    w6 = gl.reshape(w, [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
     return gl.convert_layout(gl.reshape(gl.permute(w6, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K]), a_layout)
 
 
 @gluon.jit
 def moe_gate_up_rr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
                           num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
-                          stride_se, stride_om, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                          BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                          X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+                          stride_se, stride_om, x_inv_scale_ptr, TOP_K: gl.constexpr, BLOCK_M: gl.constexpr,
+                          BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                          X_SMEM: gl.constexpr, FP16: gl.constexpr, DEPTH: gl.constexpr, num_warps: gl.constexpr):
+    """FP16: x holds fp16 rows scaled by 1 / x_inv_scale (fused_moe.invoke_fp16_rows) and the weights
+    convert to fp16; DEPTH: weight tiles in flight in registers ahead of the one converting (1 or 2)."""
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -66,7 +81,7 @@ def moe_gate_up_rr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr
     offs_wp = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_layout))
     g_ptrs = w_ptr + expert * stride_we + offs_wn.to(gl.int64)[:, None] * stride_wn + offs_wp[None, :]
     u_ptrs = g_ptrs + I * stride_wn
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    x_ring = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
 
     num_k = gl.cdiv(H, BLOCK_K)  # (H a multiple of 64: the repack's blocks)
     for s in gl.static_range(STAGES - 1):
@@ -77,14 +92,26 @@ def moe_gate_up_rr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr
     acc_u = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     g_next = gl.load(g_ptrs)  # (I a multiple of BLOCK_N: no mask, which keeps the loads 16 bytes wide)
     u_next = gl.load(u_ptrs)
+    g_after = g_next  # DEPTH 2: the tile after the next one (a copy until loaded)
+    u_after = u_next
+    if DEPTH == 2:
+        if num_k > 1:
+            g_after = gl.load(g_ptrs + BLOCK_K)
+            u_after = gl.load(u_ptrs + BLOCK_K)
     for j in range(num_k):
         slot = j % STAGES
         g_tile, u_tile = g_next, u_next
-        if j + 1 < num_k:  # the next weight tiles in flight (in registers) during this tile's wgmmas
-            g_next = gl.load(g_ptrs + (j + 1) * BLOCK_K)
-            u_next = gl.load(u_ptrs + (j + 1) * BLOCK_K)
-        a_g = _relabel(g_tile, a_layout, BLOCK_N, BLOCK_K)
-        a_u = _relabel(u_tile, a_layout, BLOCK_N, BLOCK_K)
+        if DEPTH == 2:  # two tiles in flight (in registers) during this tile's conversion and wgmmas
+            g_next, u_next = g_after, u_after
+            if j + 2 < num_k:
+                g_after = gl.load(g_ptrs + (j + 2) * BLOCK_K)
+                u_after = gl.load(u_ptrs + (j + 2) * BLOCK_K)
+        else:
+            if j + 1 < num_k:  # the next weight tiles in flight (in registers) during this tile's wgmmas
+                g_next = gl.load(g_ptrs + (j + 1) * BLOCK_K)
+                u_next = gl.load(u_ptrs + (j + 1) * BLOCK_K)
+        a_g = _relabel(g_tile, a_layout, BLOCK_N, BLOCK_K, FP16)
+        a_u = _relabel(u_tile, a_layout, BLOCK_N, BLOCK_K, FP16)
         async_copy.wait_group(STAGES - 2)
         _cta_barrier()
         fence_async_shared()
@@ -107,23 +134,29 @@ def moe_gate_up_rr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr
     n_mask = offs_n < I
     g = acc_g * gl.load(scale_ptr + expert * stride_se + offs_n, mask=n_mask, other=0.0)[:, None]
     u = acc_u * gl.load(scale_ptr + expert * stride_se + I + offs_n, mask=n_mask, other=0.0)[:, None]
+    if FP16:  # undo the rows' power-of-two scales (columns of the transposed product are tokens)
+        inv = gl.load(x_inv_scale_ptr + out_rows // TOP_K, mask=out_rows < num_valid, other=0.0)[None, :]
+        g = g * inv
+        u = u * inv
     h = g / (1.0 + gl.exp(-g)) * u
     gl.store(out_ptr + out_rows.to(gl.int64)[None, :] * stride_om + offs_n[:, None], h.to(gl.bfloat16),
              mask=(out_rows[None, :] < num_valid) & n_mask[:, None])
 
 
 def gate_up_rr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k, out, *, block_m, block_n=128,
-               block_k=64, group_m=8, stages=3, num_warps=8):
+               block_k=64, group_m=8, stages=3, num_warps=8, x_inv_scale=None, depth=1):
+    """``x`` bf16, or fp16 rows scaled by ``1 / x_inv_scale`` (then the weights convert to fp16)."""
     num_experts, two_i, hidden = w13r.shape
     inter = two_i // 2
     if hidden % 64 or block_k % 64 or inter % block_n:
         raise ValueError("the repacked layout works in 64-wide K blocks, on whole column tiles of I")
-    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    fp16 = x.dtype == torch.float16
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.float16 if fp16 else gl.bfloat16)
     grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(inter, block_n),)
     moe_gate_up_rr_kernel[grid](x, w13r, w13_scale, out, sorted_ids, block_experts, num_post, top_k * x.shape[0],
                                 sorted_ids.numel(), inter, hidden, x.stride(0), w13r.stride(0), w13r.stride(1),
-                                w13_scale.stride(0), out.stride(0), top_k, block_m, block_n, block_k, group_m, stages,
-                                x_smem, num_warps=num_warps)
+                                w13_scale.stride(0), out.stride(0), x_inv_scale if fp16 else w13_scale, top_k,
+                                block_m, block_n, block_k, group_m, stages, x_smem, fp16, depth, num_warps=num_warps)
     return out
 
 
@@ -149,7 +182,8 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["mixtral-8x7b", "qwen3-30b-a3b"])
     ap.add_argument("--m", default="1024,4096")
     ap.add_argument("--tiles", default="128x64x3x4,128x128x3x8,64x64x3x4",
-                    help="BLOCK_M(tokens)xBLOCK_N(columns of I)xSTAGESxWARPS, comma-separated")
+                    help="BLOCK_M(tokens)xBLOCK_N(columns of I)xSTAGESxWARPS[dDEPTH][h], comma-separated; "
+                         "dDEPTH: weight tiles in flight in registers (1, 2), h: fp16 rows and conversion")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -167,12 +201,15 @@ def main():
             run8()
             row = dict(shape=name, M=m, int8_config=cfg8, int8_us=bench_us(run8), bf16_us=bench_us(run16))
             for tile in args.tiles.split(","):
-                bm, bn, st, nw = (int(v) for v in tile.split("x"))
+                bm, bn, st, nw, depth, half = re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)(?:d(\d))?(h)?", tile).groups()
+                bm, bn, st, nw, depth = int(bm), int(bn), int(st), int(nw), int(depth or 1)
+                xk, inv = invoke_fp16_rows(x) if half else (x, None)
                 try:
                     sorted_ids, blocks, num_post = align_block_size(ids, bm, e, None)
                     out = torch.empty(m * k, i, dtype=torch.bfloat16, device="cuda")
-                    fn = lambda: gate_up_rr(x, w13r, s13, sorted_ids, blocks, num_post, k, out,  # noqa: E731
-                                            block_m=bm, block_n=bn, stages=st, num_warps=nw)
+                    fn = lambda: gate_up_rr(xk, w13r, s13, sorted_ids, blocks, num_post, k, out,  # noqa: E731
+                                            block_m=bm, block_n=bn, stages=st, num_warps=nw, x_inv_scale=inv,
+                                            depth=depth)
                     fn()
                     err = ((out.float() - out8.float()).norm() / out8.float().norm()).item()
                     row[f"rr_{tile}_us"], row[f"rr_{tile}_err"] = bench_us(fn), err
