@@ -9,8 +9,9 @@ Rows are the flat (token, slot) pairs ``t in [0, M*k)``; the index arrays ``sort
 
 Numerics: int8 (or float) weight tile -> activation dtype in registers (int8 -> fp16 by our own
 exact PTX on GPUs) -> ``tl.dot`` with fp32 accumulation -> per-output-row weight scale once after the
-K loop -> routing weight and activation in fp32 -> one cast at the store. Every program owns a BLOCK_M x BLOCK_N output tile; a block whose
-expert is absent (-1) writes zeros, a block past ``num_tokens_post_padded`` exits.
+K loop -> routing weight and activation in fp32 -> one cast at the store. Every program owns a
+BLOCK_M x BLOCK_N output tile; a block whose expert is absent (-1) writes zeros, a block past
+``num_tokens_post_padded`` exits.
 Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`` with N = I or H
 (under SUM_TOPK the down grid has M row blocks, one per token).
 
