@@ -38,6 +38,10 @@ CUDA-graph timing as bench_kernel:
             shipped config, TMA in both GEMMs, in gate_up only, in down only                   (any M)
   fp16_dot  gate_up's dot in fp16 on power-of-two-scaled rows of x (FP16_DOT: int8 -> fp16 in 1.25
             instructions a weight, against 2 for bf16): the shipped config, then FP16_DOT       (any M)
+  deep      decode with FP16_DOT and deeper gate_up pipelines (item 78: the decode loop is limited by its
+            conversion and its bytes in flight together): the shipped config, FP16_DOT, FP16_DOT with
+            BLOCK_SIZE_K 128 and 4 stages, with 128 and 6, with 4 stages, with BLOCK_SIZE_N 32 and 5
+            stages (stages cut to fit; the down GEMM keeps its own tiles)              (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -62,6 +66,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py narrow --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py tma --m 1,2,4,8,16,256,1024,4096
     PYTHONPATH=src python3 benchmarks/variant_ab.py fp16_dot --m 1,2,4,8,16,256
+    PYTHONPATH=src python3 benchmarks/variant_ab.py deep --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b
 """
 import argparse
 import json
@@ -216,6 +221,16 @@ def fp16_dot(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, FP16_DOT=1)
 
 
+def deep(cfg: dict, value: int, *lookup) -> dict:
+    if not value or cfg["BLOCK_SIZE_M"] > 32 or cfg.get("FUSED_DECODE"):
+        return cfg
+    change = {1: {}, 2: dict(BLOCK_SIZE_K=128, num_stages=4), 3: dict(BLOCK_SIZE_K=128, num_stages=6),
+              4: dict(num_stages=4), 5: dict(BLOCK_SIZE_N=32, num_stages=5)}[value]
+    down = {key: cfg.get("down", {}).get(key, cfg[key]) for key in ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages")}
+    out = dict(cfg, **change, FP16_DOT=1, down={**cfg.get("down", {}), **down})
+    return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -228,7 +243,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
-            "fp16_dot": (fp16_dot, (0, 1))}
+            "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5))}
 
 
 def main() -> None:
