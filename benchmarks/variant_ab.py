@@ -172,13 +172,19 @@ def down_tile(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, down={**cfg.get("down", {}), **change})
 
 
+def _down_pinned(cfg: dict) -> dict:
+    """cfg's down overrides with the down GEMM's tile and stages made explicit, so a variant that
+    changes gate_up's leaves the down GEMM as shipped."""
+    keys = ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages")
+    return {**cfg.get("down", {}), **{key: cfg.get("down", {}).get(key, cfg[key]) for key in keys}}
+
+
 def wide(cfg: dict, value: int, *lookup) -> dict:
     if not value or cfg["BLOCK_SIZE_M"] > 32:
         return cfg
     change = {1: dict(BLOCK_SIZE_N=128), 2: dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_stages=5),
               3: dict(BLOCK_SIZE_N=256, BLOCK_SIZE_K=128, num_stages=3)}[value]
-    down = {key: cfg.get("down", {}).get(key, cfg[key]) for key in ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages")}
-    out = dict(cfg, **change, down={**cfg.get("down", {}), **down})
+    out = dict(cfg, **change, down=_down_pinned(cfg))
     return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
 
 
@@ -226,8 +232,7 @@ def deep(cfg: dict, value: int, *lookup) -> dict:
         return cfg
     change = {1: {}, 2: dict(BLOCK_SIZE_K=128, num_stages=4), 3: dict(BLOCK_SIZE_K=128, num_stages=6),
               4: dict(num_stages=4), 5: dict(BLOCK_SIZE_N=32, num_stages=5)}[value]
-    down = {key: cfg.get("down", {}).get(key, cfg[key]) for key in ("BLOCK_SIZE_N", "BLOCK_SIZE_K", "num_stages")}
-    out = dict(cfg, **change, FP16_DOT=1, down={**cfg.get("down", {}), **down})
+    out = dict(cfg, **change, FP16_DOT=1, down=_down_pinned(cfg))
     return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
 
 

@@ -670,9 +670,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
     has_scale, has_bias = w13_scale is not None, w13_bias is not None
-    x_inv_scale = None
-    if config.get("FP16_DOT") and x.dtype == torch.bfloat16 and w13.dtype == torch.int8:
-        x, x_inv_scale = invoke_fp16_rows(x)
+    x, x_inv_scale = fp16_dot_input(x, w13, config)
     return _kernel(moe_gate_up_kernel, x.device)[grid](
         x, w13, w13_scale if has_scale else w13, w13_bias if has_bias else w13, out, topk_weights,
         sorted_token_ids, block_expert_ids, num_tokens_post_padded,
@@ -681,7 +679,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         w13_bias.stride(0) if has_bias else 0, out.stride(0),
         sorted_token_ids if counts is None else counts, 0 if counts is None else counts.numel(),
         w_desc=weight_descriptor(w13, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(x.device),
-        x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None, TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
+        x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None, TOP_K=top_k,
+        ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config, topk_weights.numel()),
@@ -831,6 +830,15 @@ def fp16_rows_kernel(x_ptr, out_ptr, inv_scale_ptr, H, stride_x, stride_out, BLO
         mask = start + offs < H
         v = tl.load(x_ptr + row * stride_x + start + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * stride_out + start + offs, (v * scale).to(tl.float16), mask=mask)
+
+
+def fp16_dot_input(x: torch.Tensor, w13: torch.Tensor,
+                   config: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """gate_up's activations: with FP16_DOT, bf16 x and int8 weights, x's rows scaled into fp16 and
+    the inverses of their scales (:func:`invoke_fp16_rows`); otherwise ``(x, None)``."""
+    if config.get("FP16_DOT") and x.dtype == torch.bfloat16 and w13.dtype == torch.int8:
+        return invoke_fp16_rows(x)
+    return x, None
 
 
 def invoke_fp16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

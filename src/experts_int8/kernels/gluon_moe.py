@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from .configs import max_shared_memory
-from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, invoke_fp16_rows
+from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, fp16_dot_input
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared`` before
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -311,9 +311,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     inter = w13.shape[1] // 2
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
-    x_inv_scale = None
-    if config.get("FP16_DOT") and x.dtype == torch.bfloat16:  # (as fused_moe.invoke_gate_up)
-        x, x_inv_scale = invoke_fp16_rows(x)
+    x, x_inv_scale = fp16_dot_input(x, w13, config)
     moe_gate_up_wgmma_kernel[grid](
         x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
