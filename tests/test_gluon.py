@@ -34,6 +34,8 @@ def test_config_key():
     (dict(num_stages=1), False),
     (dict(PAIRS=1), False),
     (dict(SWAP_AB=1), False),
+    (dict(FUSE_GATE_UP=1), True),  # gate and up as one wgmma of 128 columns
+    (dict(num_warps=8, BLOCK_SIZE_N=128, num_stages=3, FUSE_GATE_UP=1), True),  # ... of 256
     (dict(down=dict(SPLIT_K=2)), False),
     (dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128), False),  # 4 x 64 KB ring + 2 x 64 KB slots: past 227 KB
     (dict(BLOCK_SIZE_N=128), False),  # gate and up accumulators: 256 registers a thread with 4 warps
@@ -68,7 +70,8 @@ def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monk
 
 
 WIDE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
-COMPILED = [("gate_up", PREFILL, "bfloat16", 2), ("down", PREFILL, "bfloat16", 1), ("gate_up", WIDE, "float16", 2)]
+COMPILED = [("gate_up", PREFILL, "bfloat16", 2), ("down", PREFILL, "bfloat16", 1), ("gate_up", WIDE, "float16", 2),
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +90,13 @@ def _first(lines, text, start=0):
     return next(i for i in range(start, len(lines)) if text in lines[i])
 
 
-@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[f"{w}-{c['num_warps']}w-{d}" for w, c, d, _ in COMPILED])
+@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[f"{w}-{c['num_warps']}w-{d}-{n}" for w, c, d, n in COMPILED])
 def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(sm90_ptx, case):
     """The point of these kernels: the wgmma is asynchronous and the K loop waits only for the previous
-    tile's (gate_up: two wgmmas per tile, so two stay in flight; down: one), never for all of them as
-    Triton's own int8 pipeline does (benchmarks/NOTES.md item 13); and the order that makes it safe:
-    converted tile stored, proxy fence, barrier, wgmma; after the wait, a barrier before the ring slot
-    of the previous tile is refilled."""
+    tile's (gate_up: two wgmmas per tile, so two stay in flight, or one with FUSE_GATE_UP; down: one),
+    never for all of them as Triton's own int8 pipeline does (benchmarks/NOTES.md item 13); and the
+    order that makes it safe: converted tile stored, proxy fence, barrier, wgmma; after the wait, a
+    barrier before the ring slot of the previous tile is refilled."""
     which, config, dtype, in_flight = COMPILED[case]
     lines = sm90_ptx[case].splitlines()
     waits = sorted({line.split()[-1].rstrip(";") for line in lines if "wgmma.wait_group" in line})

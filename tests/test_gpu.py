@@ -287,6 +287,11 @@ GLUON_CONFIGS = {  # the Gluon (wgmma) kernels of kernels/gluon_moe.py over the 
                          num_stages=4),
     "w8_s3_fp16_dot": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
                            num_stages=3, FP16_DOT=1, down=dict(BLOCK_SIZE_N=64)),  # bf16 x: gate_up on fp16 rows
+    # gate and up as one wgmma (weight rows interleaved in groups of 8), 256 and 128 columns wide
+    "w8_s3_fused": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
+                        num_stages=3, FUSE_GATE_UP=1, down=dict(BLOCK_SIZE_N=64)),
+    "w4_s4_fused_fp16_dot": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
+                                 num_stages=4, FUSE_GATE_UP=1, FP16_DOT=1),
 }
 
 

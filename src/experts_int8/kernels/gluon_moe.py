@@ -73,15 +73,16 @@ def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
 
 def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
     """wgmma tiling: 16 rows per warp along M, N a multiple of 8 up to 256 (gate and up: 2 x BLOCK_N
-    columns of weights, two accumulators), K tiles of 32-256, both kernels' buffers within
-    ``smem_limit`` bytes of shared memory; no decode-only or split options."""
+    columns of weights, two accumulators, or one wgmma with FUSE_GATE_UP: at most 256 wide, which the
+    register bound below implies), K tiles of 32-256, both kernels' buffers within ``smem_limit``
+    bytes of shared memory; no decode-only or split options."""
     down = {**config, **config.get("down", {})}
     if max(smem_bytes(config, 2), smem_bytes(down, 1)) > smem_limit:
         return False
     # accumulators past ~128 registers a thread spill, and ptxas then serializes the wgmmas
     if max(2 * _acc_regs(config), _acc_regs(down)) > 128:
         return False
-    if any(config.get(key) for key in ("PAIRS", "SWAP_AB", "FUSE_GATE_UP", "DEDUP_PAIRS")):
+    if any(config.get(key) for key in ("PAIRS", "SWAP_AB", "DEDUP_PAIRS")):
         return False
     if down.get("SPLIT_K", 1) > 1 or down.get("SUM_TOPK") or down.get("SWAP_AB"):
         return False
@@ -212,8 +213,8 @@ def moe_gate_up_wgmma_kernel(
     num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
     x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
-    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr,
-    STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
+    FUSE_GATE_UP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+    GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T)."""
@@ -230,11 +231,27 @@ def moe_gate_up_wgmma_kernel(
                  mask=out_mask)
         return
 
-    r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))  # gate rows, then up rows (wrapped: no N mask)
-    w_rows = gl.where(r < BLOCK_N, (n0 + r) % I, I + (n0 + r - BLOCK_N) % I)
-    acc_g, acc_u = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
-                             stride_wn, A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 2,
-                             num_warps)
+    if FUSE_GATE_UP:
+        # gate and up as one wgmma of 2*BLOCK_N columns: the activation tile is read from shared memory
+        # once per K step, not once per half. Weight rows in groups of 8, gate's and up's in turn, so
+        # that each thread's accumulator pairs split into gate and up without moving data
+        acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                              instr_shape=[16, 2 * BLOCK_N, 16])
+        r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc2_layout))
+        w_rows = (n0 + (r // 16) * 8 + r % 8) % I + ((r // 8) % 2) * I  # (wrapped: no N mask)
+        acc, _ = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
+                           stride_wn, A_SMEM, W_SMEM, B_SMEM, acc2_layout, BLOCK_M, 2 * BLOCK_N, BLOCK_K, STAGES,
+                           1, num_warps)
+        acc = gl.permute(gl.reshape(acc, [BLOCK_M, BLOCK_N // 8, 2, 8]), (0, 1, 3, 2))
+        acc_g, acc_u = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+        acc_g = gl.convert_layout(acc_g, acc_layout, assert_trivial=True)
+        acc_u = gl.convert_layout(acc_u, acc_layout, assert_trivial=True)
+    else:
+        r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))  # gate rows, then up rows (wrapped)
+        w_rows = gl.where(r < BLOCK_N, (n0 + r) % I, I + (n0 + r - BLOCK_N) % I)
+        acc_g, acc_u = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
+                                 stride_wn, A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 2,
+                                 num_warps)
 
     offs_wn = offs_n % I
     s_ptrs = scale_ptr + expert * stride_se + offs_wn
@@ -317,7 +334,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
         w13_scale.stride(0), out.stride(0), x_inv_scale, ROW_SCALE=x_inv_scale is not None,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
-        SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
+        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")), SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
         **_meta(config), **_smem_layouts(config, x.dtype, 2),
     )
 
@@ -346,7 +363,8 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16) 
     if which == "gate_up":
         kernel, num_b = moe_gate_up_wgmma_kernel, 2
         constexprs = dict(TOP_K=2, ACTIVATION=0, MUL_ROUTED_WEIGHT=False, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
-                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ROW_SCALE=act_dtype == torch.float16)
+                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ROW_SCALE=act_dtype == torch.float16,
+                          FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")))
     else:
         kernel, num_b = moe_down_wgmma_kernel, 1
         constexprs = dict(MUL_ROUTED_WEIGHT=True)
