@@ -45,8 +45,8 @@ def test_blocks_ok(change, ok):
 
 
 def test_shared_memory_count():
-    # gate_up, 128x64x64, 4 stages: 4 x (16 KB of x + 8 KB of gate and up int8) + 2 x 16 KB converted
-    assert gluon_moe.smem_bytes(PREFILL, 2) == 4 * (128 * 64 * 2 + 2 * 64 * 64) + 2 * 2 * 64 * 64 * 2 == 131072
+    # gate_up, 128x64x64, 4 stages: a ring of 5 x (16 KB of x + 8 KB of gate and up int8) + 2 x 16 KB converted
+    assert gluon_moe.smem_bytes(PREFILL, 2) == 5 * (128 * 64 * 2 + 2 * 64 * 64) + 2 * 2 * 64 * 64 * 2 == 155648
 
 
 def test_not_supported_off_cuda():
@@ -96,17 +96,17 @@ def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(sm90_ptx, case):
     tile's (gate_up: two wgmmas per tile, so two stay in flight, or one with FUSE_GATE_UP; down: one),
     never for all of them as Triton's own int8 pipeline does (benchmarks/NOTES.md item 13); and the
     order that makes it safe: converted tile stored, proxy fence, barrier, wgmma; after the wait, a
-    barrier before the ring slot of the previous tile is refilled."""
+    barrier before the previous tile's ring slot is refilled (and its converted slot rewritten)."""
     which, config, dtype, in_flight = COMPILED[case]
     lines = sm90_ptx[case].splitlines()
     waits = sorted({line.split()[-1].rstrip(";") for line in lines if "wgmma.wait_group" in line})
     assert waits == ["0", str(in_flight)], waits  # in the loop: the previous tile's; after it: all
     mma = _first(lines, "wgmma.mma_async")
     assert {"bf16": "bfloat16", "f16": "float16"}[lines[mma].split()[0].split(".")[-1]] == dtype
-    fence = max(i for i in range(mma) if "fence.proxy.async" in lines[i])
-    store = max(i for i in range(fence) if "st.shared" in lines[i])
+    store = max(i for i in range(mma) if "st.shared" in lines[i])  # the converted tile (the loop's next one)
+    fence = _first(lines, "fence.proxy.async", store)
+    assert fence < mma, "no proxy fence between the converted tile's store and the wgmma"
     assert any("bar.sync" in line for line in lines[fence:mma]), "no barrier between the proxy fence and the wgmma"
-    assert store < fence < mma
     wait = _first(lines, f"wgmma.wait_group.sync.aligned {in_flight}")
     refill = _first(lines, "cp.async.cg", wait)
     assert any("bar.sync" in line for line in lines[wait:refill]), "ring slot refilled without a barrier"
