@@ -65,11 +65,10 @@ def _acc_regs(config: dict) -> int:
 
 
 def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
-    """Shared memory of one program: the ring of activation and int8 weight tiles (num_stages + 1
-    slots: num_stages - 1 tiles in flight, the one being converted, the previous one's), and two
-    converted weight slots (``num_b`` weight tiles of BLOCK_N rows each: 2 for gate_up, 1 for down)."""
+    """Shared memory of one program: the ring of activation and int8 weight tiles, and two converted
+    weight slots (``num_b`` weight tiles of BLOCK_N rows each: 2 for gate_up, 1 for down)."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    return (config["num_stages"] + 1) * (bm * bk * act_bytes + num_b * bn * bk) + 2 * num_b * bn * bk * act_bytes
+    return config["num_stages"] * (bm * bk * act_bytes + num_b * bn * bk) + 2 * num_b * bn * bk * act_bytes
 
 
 def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
@@ -142,48 +141,44 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
     w_ptrs = w_ptr + gl.convert_layout(w_rows, gl.SliceLayout(1, w_load))[:, None] * stride_wn + offs_wk[None, :]
     act_dtype: gl.constexpr = a_ptr.dtype.element_ty
 
-    # The ring holds the tile whose wgmma runs, the next one (converted, its activations still to be
-    # read by its wgmma) and STAGES - 2 more in flight; the slot freed by the tile before is refilled.
-    RING: gl.constexpr = STAGES + 1
-    a_ring = gl.allocate_shared_memory(act_dtype, [RING, BLOCK_M, BLOCK_K], A_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int8, [RING, NUM_B * BLOCK_N, BLOCK_K], W_SMEM)
+    a_ring = gl.allocate_shared_memory(act_dtype, [STAGES, BLOCK_M, BLOCK_K], A_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, NUM_B * BLOCK_N, BLOCK_K], W_SMEM)
     b_slots = gl.allocate_shared_memory(act_dtype, [2, NUM_B * BLOCK_N, BLOCK_K], B_SMEM)
 
     num_k = gl.cdiv(K, BLOCK_K)
-    # prologue: the first STAGES tiles in flight (past K the masks make them empty copies; a branch
-    # here would make ptxas serialize the wgmmas, C7515), then tile 0 converted. Each thread copies
-    # and reads the same bytes of a weight tile (w_load), so its own wait is enough before its read.
-    for s in gl.static_range(STAGES):
+    # prologue: the first STAGES-1 tiles in flight (past K the masks make them empty copies; a branch
+    # here would make ptxas serialize the wgmmas, C7515)
+    for s in gl.static_range(STAGES - 1):
         _issue_tile(a_ptrs, a_mask, offs_ak, w_ptrs, offs_wk, a_ring.index(s), w_ring.index(s), s * BLOCK_K, K)
         async_copy.commit_group()
-    async_copy.wait_group(STAGES - 1)
-    b_slots.index(0).store(_convert(w_ring.index(0).load(w_load), act_dtype))
-    fence_async_shared()
 
     acc0 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
     acc1 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
-    # Two barriers a K step. Step j: tile j+1's int8 to registers and converted while tile j-1's wgmma
-    # runs; tile j's wgmma issued, tile j-1's retired; barrier; tile j+1 stored into the converted slot
-    # tile j-1 read, and tile j+STAGES copied into the ring slot it read; barrier (the next step's).
     for j in range(num_k):
-        async_copy.wait_group(STAGES - 2)  # tiles j and j+1 have landed (this thread's copies) ...
-        _cta_barrier()  # ... and every thread's; tile j's converted slot is written and fenced by all
-        w = _convert(w_ring.index((j + 1) % RING).load(w_load), act_dtype)
-        a_tile = a_ring.index(j % RING)
+        slot = j % STAGES
+        async_copy.wait_group(STAGES - 2)  # tile j has landed (this thread's copies) ...
+        _cta_barrier()  # ... and every thread's
+        # int8 -> registers -> activation dtype -> one of two slots; the wgmmas that last read this
+        # slot (tile j-2) have completed: at most one tile's are left in flight below
+        w = w_ring.index(slot).load(w_load)
         b_slot = b_slots.index(j % 2)
+        b_slot.store(_convert(w, act_dtype))
+        fence_async_shared()
+        _cta_barrier()
+        a_tile = a_ring.index(slot)
         acc0 = warpgroup_mma(a_tile, b_slot.slice(0, BLOCK_N).permute((1, 0)), acc0, is_async=True)
         if NUM_B == 2:
             acc1 = warpgroup_mma(a_tile, b_slot.slice(BLOCK_N, BLOCK_N).permute((1, 0)), acc1, is_async=True)
             acc0, acc1 = warpgroup_mma_wait(num_outstanding=2, deps=(acc0, acc1))
         else:
             acc0 = warpgroup_mma_wait(num_outstanding=1, deps=(acc0, ))
-        _cta_barrier()  # tile j-1's wgmmas are retired in every warpgroup: its slots are free
-        b_slots.index((j + 1) % 2).store(w)
-        fence_async_shared()
-        nxt = j + STAGES
+        # tile j-1's wgmmas are done, in this warpgroup; the barrier extends that to all of them
+        # before its ring slot takes tile j+STAGES-1
+        _cta_barrier()
+        nxt = j + STAGES - 1
         if nxt < num_k:
-            _issue_tile(a_ptrs, a_mask, offs_ak, w_ptrs, offs_wk, a_ring.index(nxt % RING),
-                        w_ring.index(nxt % RING), nxt * BLOCK_K, K)
+            _issue_tile(a_ptrs, a_mask, offs_ak, w_ptrs, offs_wk, a_ring.index(nxt % STAGES),
+                        w_ring.index(nxt % STAGES), nxt * BLOCK_K, K)
         async_copy.commit_group()  # (empty near the end: keeps the group count uniform)
     if NUM_B == 2:
         acc0, acc1 = warpgroup_mma_wait(num_outstanding=0, deps=(acc0, acc1))
