@@ -42,6 +42,9 @@ CUDA-graph timing as bench_kernel:
             conversion and its bytes in flight together): the shipped config, FP16_DOT, FP16_DOT with
             BLOCK_SIZE_K 128 and 4 stages, with 128 and 6, with 4 stages, with BLOCK_SIZE_N 32 and 5
             stages (stages cut to fit; the down GEMM keeps its own tiles)              (M <= 16)
+  fused_tiles  Gluon tiles with gate and up as one wgmma (FUSE_GATE_UP): the shipped config, then
+            variant_ab.FUSED_TILES: 8 warps on 128x(2x128) with 3 and 4 stages, one warpgroup on
+            128x(2x64) with 3 and 4 stages (two programs a SM), 8 warps on 256x(2x64)   (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -67,6 +70,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py tma --m 1,2,4,8,16,256,1024,4096
     PYTHONPATH=src python3 benchmarks/variant_ab.py fp16_dot --m 1,2,4,8,16,256
     PYTHONPATH=src python3 benchmarks/variant_ab.py deep --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b
+    PYTHONPATH=src python3 benchmarks/variant_ab.py fused_tiles --m 512,1024,2048,4096,8192
 """
 import argparse
 import json
@@ -139,6 +143,25 @@ def gluon(cfg: dict, value: int, *lookup) -> dict:
         out = dict(out, BLOCK_SIZE_M=256, BLOCK_SIZE_N=64,
                    BLOCK_SIZE_K=64, num_warps=8, down=dict(BLOCK_SIZE_N=128))
     return out
+
+
+FUSED_TILES = {  # gate and up as one Gluon wgmma (FUSE_GATE_UP), per value: gate_up's tile, the down GEMM's
+    1: (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=3), dict(BLOCK_SIZE_N=256)),
+    2: (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, num_warps=8, num_stages=4), dict(BLOCK_SIZE_N=256)),
+    # one warpgroup, ~104 KB (3 stages): two programs a SM, each hiding the other's barriers and epilogue
+    3: (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=4, num_stages=3), dict(BLOCK_SIZE_N=128)),
+    4: (dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, num_warps=4, num_stages=4), dict(BLOCK_SIZE_N=128)),
+    5: (dict(BLOCK_SIZE_M=256, BLOCK_SIZE_N=64, num_warps=8, num_stages=3), dict(BLOCK_SIZE_N=128)),
+}
+
+
+def fused_tiles(cfg: dict, value: int, *lookup) -> dict:
+    # every value a Gluon entry with FUSE_GATE_UP and 64-wide K tiles, the entry's GROUP_SIZE_M
+    if not value:
+        return cfg
+    top, down = FUSED_TILES[value]
+    return dict(configs.without(cfg, "DEQUANT_ONCE", "TMA", "SWAP_AB", "down"), **top, BLOCK_SIZE_K=64,
+                GLUON=1, FUSE_GATE_UP=1, down=down)
 
 
 def mma_v2(cfg: dict, value: int, *lookup) -> dict:
@@ -248,7 +271,8 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
-            "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5))}
+            "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
+            "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5))}
 
 
 def main() -> None:
@@ -272,7 +296,8 @@ def main() -> None:
     ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
 
     launches = []  # Gluon gate_up launches while the current variant is timed (eager warm-up included)
-    if args.variant == "gluon":
+    gluon_variant = args.variant in ("gluon", "fused_tiles")
+    if gluon_variant:
         real = ops.gluon_moe.invoke_gate_up
         ops.gluon_moe.invoke_gate_up = lambda *a: launches.append(1) or real(*a)
 
@@ -303,8 +328,8 @@ def main() -> None:
                 launches.clear()
                 seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
                 row[f"{args.variant}={value}_us"] = seconds * 1e6
-                if args.variant == "gluon":  # a GLUON entry the Gluon kernels cannot take runs Triton's
-                    row[f"gluon={value}_ran"] = bool(launches)
+                if gluon_variant:  # a GLUON entry the Gluon kernels cannot take runs Triton's
+                    row[f"{args.variant}={value}_ran"] = bool(launches)
             rows.append(row)
             cells = "  ".join(f"{args.variant}={v}: {row.get(f'{args.variant}={v}_us', float('nan')):8.1f} us"
                               for v in values)
