@@ -45,6 +45,9 @@ CUDA-graph timing as bench_kernel:
   fused_tiles  Gluon tiles with gate and up as one wgmma (FUSE_GATE_UP): the shipped config, then
             variant_ab.FUSED_TILES: 8 warps on 128x(2x128) with 3 and 4 stages, one warpgroup on
             128x(2x64) with 3 and 4 stages (two programs a SM), 8 warps on 256x(2x64)   (prefill sizes)
+  down_gluon  the Gluon down GEMM's own tile on GLUON entries (gate_up as shipped): the shipped config,
+            then variant_ab.DOWN_GLUON_TILES: 128 wide with 4 warps and 3 stages (two programs a SM),
+            128 wide with 8 warps, 64 wide with 4 warps, 256 wide with 8 warps and 4 stages  (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -71,6 +74,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py fp16_dot --m 1,2,4,8,16,256
     PYTHONPATH=src python3 benchmarks/variant_ab.py deep --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_tiles --m 512,1024,2048,4096,8192
+    PYTHONPATH=src python3 benchmarks/variant_ab.py down_gluon --m 512,1024,2048,4096,8192
 """
 import argparse
 import json
@@ -162,6 +166,22 @@ def fused_tiles(cfg: dict, value: int, *lookup) -> dict:
     top, down = FUSED_TILES[value]
     return dict(configs.without(cfg, "DEQUANT_ONCE", "TMA", "SWAP_AB", "down"), **top, BLOCK_SIZE_K=64,
                 GLUON=1, FUSE_GATE_UP=1, down=down)
+
+
+DOWN_GLUON_TILES = {  # the Gluon down GEMM's own tile, per value (gate_up's kept as shipped)
+    1: dict(BLOCK_SIZE_N=128, num_warps=4, num_stages=3),  # ~104 KB at 128 rows: two programs a SM
+    2: dict(BLOCK_SIZE_N=128, num_warps=8, num_stages=4),
+    3: dict(BLOCK_SIZE_N=64, num_warps=4, num_stages=4),
+    4: dict(BLOCK_SIZE_N=256, num_warps=8, num_stages=4),
+}
+
+
+def down_gluon(cfg: dict, value: int, *lookup) -> dict:
+    if not value or not cfg.get("GLUON"):
+        return cfg
+    keys = ("BLOCK_SIZE_N", "num_warps", "num_stages")
+    kept = {key: v for key, v in cfg.get("down", {}).items() if key not in keys}
+    return dict(cfg, down={**kept, **DOWN_GLUON_TILES[value]})
 
 
 def mma_v2(cfg: dict, value: int, *lookup) -> dict:
@@ -272,7 +292,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
-            "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5))}
+            "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4))}
 
 
 def main() -> None:
@@ -296,7 +316,7 @@ def main() -> None:
     ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
 
     launches = []  # Gluon gate_up launches while the current variant is timed (eager warm-up included)
-    gluon_variant = args.variant in ("gluon", "fused_tiles")
+    gluon_variant = args.variant in ("gluon", "fused_tiles", "down_gluon")
     if gluon_variant:
         real = ops.gluon_moe.invoke_gate_up
         ops.gluon_moe.invoke_gate_up = lambda *a: launches.append(1) or real(*a)
