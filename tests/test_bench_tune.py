@@ -723,19 +723,23 @@ def test_gluon_variants_at_prefill_sizes_of_int8_where_gluon_runs():
     base = dict(PINNED, BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=16, num_stages=4,
                 DEQUANT_ONCE=1)
     variants = tune_module.gluon_variants(base, 1024, 2, "int8", True, smem)
-    assert variants[0] == dict(configs.without(base, "DEQUANT_ONCE", "num_stages"), num_stages=3, GLUON=1)
-    assert [(v["BLOCK_SIZE_M"], v["num_warps"], v["num_stages"]) for v in variants[1:]] == [(128, 8, 3), (128, 8, 4)]
-    for v in variants:  # valid entries the Gluon kernels take, none of them dequantizing first
-        assert configs.check_config(v) == v and v["GLUON"] == 1 and "DEQUANT_ONCE" not in v
+    assert variants[0] == dict(configs.without(base, "DEQUANT_ONCE", "num_stages"), num_stages=3, GLUON=1,
+                               FUSE_GATE_UP=1)
+    assert [(v["BLOCK_SIZE_M"], v["BLOCK_SIZE_N"], v["num_warps"], v["num_stages"]) for v in variants[1:]] == [
+        (128, 128, 8, 3), (128, 128, 8, 4), (128, 64, 4, 3)]
+    for v in variants:  # valid entries the Gluon kernels take, gate and up as one wgmma, none dequantizing first
+        assert configs.check_config(v) == v and v["GLUON"] == 1 and v["FUSE_GATE_UP"] == 1 and "DEQUANT_ONCE" not in v
         assert ops.gluon_moe.blocks_ok(v, smem) and v["GROUP_SIZE_M"] == 16
-    # the 8-warp tiles' rings (160 and 192 KB) do not fit 128 KB of shared memory; the 64-row blocks' does
-    assert tune_module.gluon_variants(base, 1024, 2, "int8", True, 128 * 1024) == variants[:1]
+    # the 8-warp tiles' rings (160 and 192 KB) do not fit 128 KB of shared memory; the others' (80, 104 KB) do
+    assert tune_module.gluon_variants(base, 1024, 2, "int8", True, 128 * 1024) == [variants[0], variants[3]]
     assert tune_module.gluon_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
     assert tune_module.gluon_variants(base, 1024, 2, "bf16", True, smem) == []
     assert tune_module.gluon_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
     # an entry already on the Gluon kernels: the other tiles only
-    assert tune_module.gluon_variants(variants[1], 1024, 2, "int8", True, smem) == [variants[2]]
+    assert tune_module.gluon_variants(variants[1], 1024, 2, "int8", True, smem) == [variants[2], variants[3]]
     assert tune_module.gluon_variants(variants[0], 1024, 2, "int8", True, smem) == variants[1:]
+    # a swapped winner's blocks go to the Gluon kernels unswapped (they have no swapped form)
+    assert "SWAP_AB" not in tune_module.gluon_variants(dict(base, SWAP_AB=1), 1024, 2, "int8", True, smem)[0]
 
 
 def test_sum_last_variants_at_decode_sizes():

@@ -200,22 +200,27 @@ def tma_usable(device: torch.device) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-GLUON_TILES = (  # 8 warps on 128x128 blocks (gate and up: 2 x 64 accumulator registers a thread), the down GEMM
-    # 128x256: the tiles that won the H200 A/B (benchmarks/NOTES.md item 48), with 3- and 4-deep rings
-    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=3, down=dict(BLOCK_SIZE_N=256)),
-    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=4, down=dict(BLOCK_SIZE_N=256)))
+GLUON_TILES = (  # gate and up as one wgmma (FUSE_GATE_UP: 3-8% a layer on every Gluon entry, benchmarks/NOTES.md
+    # item 82): 8 warps on 128x128 blocks with the down GEMM on 128x256 (item 48), 3- and 4-deep rings; one
+    # warpgroup on 128x64 with 3 stages (~104 KB: two programs a SM), which wins where K loops are short (item 84)
+    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=3, FUSE_GATE_UP=1,
+         down=dict(BLOCK_SIZE_N=256)),
+    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, num_warps=8, num_stages=4, FUSE_GATE_UP=1,
+         down=dict(BLOCK_SIZE_N=256)),
+    dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, num_warps=4, num_stages=3, FUSE_GATE_UP=1,
+         down=dict(BLOCK_SIZE_N=128)))
 
 
 def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
     """At prefill sizes (M x k >= 512 pairs) of int8 weights on a device the Gluon kernels run on
-    (``gluon_ok``): the winner's blocks on the hand-pipelined Gluon wgmma kernels with a 3-deep ring
-    (unless it runs them already), and GLUON_TILES with the winner's GROUP_SIZE_M, where their
-    accumulators and rings fit."""
+    (``gluon_ok``): the winner's blocks on the hand-pipelined Gluon wgmma kernels with a 3-deep ring and
+    gate and up as one wgmma (unless it runs them already), and GLUON_TILES with the winner's
+    GROUP_SIZE_M, where their accumulators and rings fit."""
     if dtype != "int8" or not gluon_ok or m * top_k < 512:
         return []
     from .kernels import gluon_moe
-    own = [] if best.get("GLUON") else [dict(configs.without(best, "DEQUANT_ONCE", "num_stages"), num_stages=3,
-                                             GLUON=1)]
+    own = [] if best.get("GLUON") else [dict(configs.without(best, "DEQUANT_ONCE", "SWAP_AB", "num_stages"),
+                                             num_stages=3, GLUON=1, FUSE_GATE_UP=1)]
     tiles = [dict(tile, GROUP_SIZE_M=best["GROUP_SIZE_M"], GLUON=1) for tile in GLUON_TILES]
     return [cfg for cfg in own + tiles if cfg != best and gluon_moe.blocks_ok(cfg, smem_limit)]
 
