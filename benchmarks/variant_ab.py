@@ -10,7 +10,8 @@ CUDA-graph timing as bench_kernel:
   dedup     no align step, one program per pair, the first pair of each expert takes all its rows:
             the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
-            blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path   (M >= 1024)
+            blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path, the same with
+            TMA weight tiles in both float GEMMs                                          (M >= 1024)
   fused_decode  both GEMMs of a pair per slice of I in one launch, then one sum (FUSED_DECODE):
             the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
   sum_last  PAIRS with the down GEMM's last program per token tile adding up the split-K partials and
@@ -126,7 +127,8 @@ def dedup(cfg: dict, value: int, *lookup) -> dict:
 def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, device=None) -> dict:
     if not value or weight_dtype != torch.int8:
         return cfg
-    return dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
+    out = dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
+    return dict(out, TMA=1, down={**out.get("down", {}), "TMA": 1}) if value == 2 else out
 
 
 def fused_decode(cfg: dict, value: int, m, num_experts, inter, top_k, *rest) -> dict:
@@ -285,7 +287,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
-            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1)),
+            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
