@@ -166,7 +166,7 @@ def fused_tiles(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
     top, down = FUSED_TILES[value]
-    return dict(configs.without(cfg, "DEQUANT_ONCE", "TMA", "SWAP_AB", "down"), **top, BLOCK_SIZE_K=64,
+    return dict(configs.without(cfg, "DEQUANT_ONCE", "TMA", "SWAP_AB"), **top, BLOCK_SIZE_K=64,
                 GLUON=1, FUSE_GATE_UP=1, down=down)
 
 
