@@ -49,6 +49,9 @@ CUDA-graph timing as bench_kernel:
   down_gluon  the Gluon down GEMM's own tile on GLUON entries (gate_up as shipped): the shipped config,
             then variant_ab.DOWN_GLUON_TILES: 128 wide with 4 warps and 3 stages (two programs a SM),
             128 wide with 8 warps, 64 wide with 4 warps, 256 wide with 8 warps and 4 stages  (prefill sizes)
+  untrim    the Gluon kernels without TRIM_TAIL (an expert's last row block whose lower half is all
+            padding runs on half the rows): the shipped config (trimmed where it applies), then
+            TRIM_TAIL 0                                                                  (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -76,6 +79,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py deep --m 1,2,4 --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_tiles --m 512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py down_gluon --m 512,1024,2048,4096,8192
+    PYTHONPATH=src python3 benchmarks/variant_ab.py untrim --m 512,1024,2048,4096,8192
 """
 import argparse
 import json
@@ -186,6 +190,12 @@ def down_gluon(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, down={**kept, **DOWN_GLUON_TILES[value]})
 
 
+def untrim(cfg: dict, value: int, *lookup) -> dict:
+    if not value or not cfg.get("GLUON"):
+        return cfg
+    return dict(cfg, TRIM_TAIL=0)
+
+
 def mma_v2(cfg: dict, value: int, *lookup) -> dict:
     # The unswapped int8 wgmma is synchronous (NOTES item 13); mma.sync takes both operands from
     # registers, so the converted weight tile never goes back to shared memory.
@@ -294,7 +304,8 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
-            "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4))}
+            "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
+            "untrim": (untrim, (0, 1))}
 
 
 def main() -> None:
@@ -318,7 +329,7 @@ def main() -> None:
     ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
 
     launches = []  # Gluon gate_up launches while the current variant is timed (eager warm-up included)
-    gluon_variant = args.variant in ("gluon", "fused_tiles", "down_gluon")
+    gluon_variant = args.variant in ("gluon", "fused_tiles", "down_gluon", "untrim")
     if gluon_variant:
         real = ops.gluon_moe.invoke_gate_up
         ops.gluon_moe.invoke_gate_up = lambda *a: launches.append(1) or real(*a)

@@ -44,6 +44,18 @@ def test_blocks_ok(change, ok):
     assert gluon_moe.blocks_ok(dict(PREFILL, **change)) is ok
 
 
+@pytest.mark.parametrize("config, cols, trimmed", [
+    (PREFILL, 64, True),  # 128 rows on one warpgroup: the half block is 64 rows on the same warps
+    (dict(PREFILL, TRIM_TAIL=0), 64, False),
+    (dict(PREFILL, BLOCK_SIZE_M=64), 64, False),  # 32 rows: not a warpgroup's wgmma
+    (dict(PREFILL, BLOCK_SIZE_M=128, num_warps=8), 128, True),  # 64 rows on 8 warps: 2 x 64 columns
+    (dict(PREFILL, BLOCK_SIZE_M=128, num_warps=8), 24, False),  # ... 2 x 12 columns: not a wgmma width
+    (dict(PREFILL, BLOCK_SIZE_M=256, num_warps=8), 8, True),  # 128 rows on 8 warps: stacked along M
+])
+def test_trim_tail_rule(config, cols, trimmed):
+    assert gluon_moe.trim_tail(config, cols) is trimmed
+
+
 def test_shared_memory_count():
     # gate_up, 128x64x64, 4 stages: 4 x (16 KB of x + 8 KB of gate and up int8) + 2 x 16 KB converted
     assert gluon_moe.smem_bytes(PREFILL, 2) == 4 * (128 * 64 * 2 + 2 * 64 * 64) + 2 * 2 * 64 * 64 * 2 == 131072
@@ -71,7 +83,8 @@ def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monk
 
 WIDE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
 COMPILED = [("gate_up", PREFILL, "bfloat16", 2), ("down", PREFILL, "bfloat16", 1), ("gate_up", WIDE, "float16", 2),
-            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1)]
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1),
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -110,3 +123,15 @@ def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(sm90_ptx, case):
     wait = _first(lines, f"wgmma.wait_group.sync.aligned {in_flight}")
     refill = _first(lines, "cp.async.cg", wait)
     assert any("bar.sync" in line for line in lines[wait:refill]), "ring slot refilled without a barrier"
+
+
+def test_half_blocks_compile_beside_the_full_ones(sm90_ptx):
+    """TRIM_TAIL (on unless turned off): the 128x(2x128) fused gate_up on 8 warps holds a second K loop
+    for an expert's half-empty last block, 64 rows on two warpgroups of 128 columns each, in the same
+    shared memory; with TRIM_TAIL 0 only the full block's loop."""
+    def shapes(ptx):
+        return sorted({line.split()[0].split(".")[4] for line in ptx.splitlines() if "wgmma.mma_async" in line})
+
+    trimmed, untrimmed = sm90_ptx[3], sm90_ptx[4]
+    assert shapes(trimmed) == ["m64n128k16", "m64n256k16"]
+    assert shapes(untrimmed) == ["m64n256k16"]

@@ -292,6 +292,9 @@ GLUON_CONFIGS = {  # the Gluon (wgmma) kernels of kernels/gluon_moe.py over the 
                         num_stages=3, FUSE_GATE_UP=1, down=dict(BLOCK_SIZE_N=64)),
     "w4_s4_fused_fp16_dot": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
                                  num_stages=4, FUSE_GATE_UP=1, FP16_DOT=1),
+    # every 128-row block runs whole (the others run an expert's half-empty last block on 64 rows)
+    "w8_s3_fused_untrimmed": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
+                                  num_stages=3, FUSE_GATE_UP=1, TRIM_TAIL=0, down=dict(BLOCK_SIZE_N=64)),
 }
 
 
@@ -352,6 +355,21 @@ def test_gluon_kernels_every_tile_shape(variant, dtype, h, i, m):
     for _ in range(3):  # a race shows on some runs only
         out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, topk_weights=w, topk_ids=ids)
         assert_close_rows(out, ref, triton_out)
+
+
+@pytest.mark.parametrize("variant", ["w8_s3", "w8_s3_fused", "w4_s4_fused_fp16_dot", "w8_bm256", "w8_s3_fused_untrimmed"])
+def test_gluon_kernels_on_expert_blocks_around_half_full(variant):
+    """Experts with 64, 65, 138, 1, 0, 127, 128 and 192 rows: last blocks with exactly half their rows
+    (the half block), one more (the whole block), a few, none, all; every row against the oracle."""
+    counts = [64, 65, 138, 1, 0, 127, 128, 192]
+    ids = torch.repeat_interleave(torch.arange(8), torch.tensor(counts))
+    ids = ids[torch.randperm(ids.numel())].to("cuda", torch.int32)[:, None]
+    m = ids.shape[0]
+    w = 0.25 + torch.rand(m, 1, device="cuda")
+    ex = layer(h=528, i=400)
+    x = torch.randn(m, 528, device="cuda", dtype=torch.bfloat16)
+    out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, topk_weights=w, topk_ids=ids)
+    assert_close_rows(out, oracle(x, ex, w, ids), triton_out)
 
 
 @pytest.mark.parametrize("variant", ["w4_s3", "w8_s3"])

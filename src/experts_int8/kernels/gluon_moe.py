@@ -188,18 +188,42 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
     return acc0, acc1
 
 
+@triton.constexpr_function
+def _acc_layout(block_m, n, num_warps):
+    """wgmma's accumulator layout for block_m x n: warpgroups stacked along M while each gets 64 rows,
+    side by side along N past that (a 64-row tile on 8 warps: two warpgroups of n/2 columns)."""
+    warps_m = min(num_warps, block_m // 16)
+    warps_n = num_warps // warps_m
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[warps_m, warps_n],
+                                     instr_shape=[16, n // warps_n, 16])
+
+
+def trim_tail(config: dict, n_cols: int) -> bool:
+    """Whether a row block whose lower half is all padding (an expert's last block) may run as a block
+    of BLOCK_SIZE_M / 2 rows: half the tensor-core work and activation reads for the same weight tiles.
+    Needs the half block to be whole warpgroups (>= 64 rows) and, on 8 warps with 64 rows, ``n_cols``
+    (the accumulator's columns) to split into two wgmma widths (multiples of 8). TRIM_TAIL: 0 turns it
+    off."""
+    bm, warps = config["BLOCK_SIZE_M"], config["num_warps"]
+    if not config.get("TRIM_TAIL", 1) or bm // 2 < 64:
+        return False
+    warps_n = warps // min(warps, bm // 2 // 16)
+    return n_cols % (8 * warps_n) == 0
+
+
 @gluon.jit
-def _block(pid_m, n0, N, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+def _block(first_row, block, n0, N, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, out_ptr, stride_om,
            acc_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Row block ``pid_m``'s rows (flat pair ids, padding ``>= num_valid``) and mask, its output columns
-    from ``n0``, output pointers and mask, and its expert (-1: not on this rank)."""
-    rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)))
+    """The rows from sorted row ``first_row`` (flat pair ids, padding ``>= num_valid``) and mask, the
+    output columns from ``n0``, output pointers and mask, and row block ``block``'s expert (-1: not on
+    this rank)."""
+    rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)))
     rows = rows.to(gl.int64)
     row_mask = rows < num_valid
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     out_mask = row_mask[:, None] & (offs_n[None, :] < N)
-    return rows, row_mask, offs_n, out_ptrs, out_mask, gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    return rows, row_mask, offs_n, out_ptrs, out_mask, gl.load(block_expert_ids_ptr + block).to(gl.int64)
 
 
 @gluon.jit
@@ -208,118 +232,159 @@ def _sigmoid(v):
 
 
 @gluon.jit
-def moe_gate_up_wgmma_kernel(
-    x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-    num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
-    x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
+def _gate_up_tile(
+    first_row, block, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+    block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om, x_inv_scale_ptr,
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
     FUSE_GATE_UP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-    GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
+    STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T)."""
-    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
-    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
-        return
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
-    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(pid_m, n0, I, sorted_token_ids_ptr,
+    """GEMM1's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``."""
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
+    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(first_row, block, n0, I, sorted_token_ids_ptr,
                                                                 block_expert_ids_ptr, num_valid, out_ptr, stride_om,
                                                                 acc_layout, BLOCK_M, BLOCK_N)
     if expert < 0:  # not on this rank: zeros, as the Triton kernel writes
         gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
                  mask=out_mask)
-        return
-
-    if FUSE_GATE_UP:
-        # gate and up as one wgmma of 2*BLOCK_N columns: the activation tile is read from shared memory
-        # once per K step, not once per half. Weight rows in groups of 8, gate's and up's in turn, so
-        # that each thread's accumulator pairs split into gate and up without moving data
-        acc2_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                              instr_shape=[16, 2 * BLOCK_N, 16])
-        r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc2_layout))
-        w_rows = (n0 + (r // 16) * 8 + r % 8) % I + ((r // 8) % 2) * I  # (wrapped: no N mask)
-        acc, _ = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
-                           stride_wn, A_SMEM, W_SMEM, B_SMEM, acc2_layout, BLOCK_M, 2 * BLOCK_N, BLOCK_K, STAGES,
-                           1, num_warps)
-        acc = gl.permute(gl.reshape(acc, [BLOCK_M, BLOCK_N // 8, 2, 8]), (0, 1, 3, 2))
-        acc_g, acc_u = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
-        acc_g = gl.convert_layout(acc_g, acc_layout, assert_trivial=True)
-        acc_u = gl.convert_layout(acc_u, acc_layout, assert_trivial=True)
     else:
-        r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))  # gate rows, then up rows (wrapped)
-        w_rows = gl.where(r < BLOCK_N, (n0 + r) % I, I + (n0 + r - BLOCK_N) % I)
-        acc_g, acc_u = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
-                                 stride_wn, A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 2,
-                                 num_warps)
+        if FUSE_GATE_UP:
+            # gate and up as one wgmma of 2*BLOCK_N columns: the activation tile is read from shared
+            # memory once per K step, not once per half. Weight rows in groups of 8, gate's and up's in
+            # turn, so that each thread's accumulator pairs split into gate and up without moving data
+            acc2_layout: gl.constexpr = _acc_layout(BLOCK_M, 2 * BLOCK_N, num_warps)
+            r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc2_layout))
+            w_rows = (n0 + (r // 16) * 8 + r % 8) % I + ((r // 8) % 2) * I  # (wrapped: no N mask)
+            acc, _ = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
+                               stride_wn, A_SMEM, W_SMEM, B_SMEM, acc2_layout, BLOCK_M, 2 * BLOCK_N, BLOCK_K, STAGES,
+                               1, num_warps)
+            acc = gl.permute(gl.reshape(acc, [BLOCK_M, BLOCK_N // 8, 2, 8]), (0, 1, 3, 2))
+            acc_g, acc_u = gl.split(gl.reshape(acc, [BLOCK_M, BLOCK_N, 2]))
+            acc_g = gl.convert_layout(acc_g, acc_layout, assert_trivial=True)
+            acc_u = gl.convert_layout(acc_u, acc_layout, assert_trivial=True)
+        else:
+            r = gl.arange(0, 2 * BLOCK_N, layout=gl.SliceLayout(1, acc_layout))  # gate rows, then up rows (wrapped)
+            w_rows = gl.where(r < BLOCK_N, (n0 + r) % I, I + (n0 + r - BLOCK_N) % I)
+            acc_g, acc_u = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H,
+                                     stride_xm, stride_wn, A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N,
+                                     BLOCK_K, STAGES, 2, num_warps)
 
-    offs_wn = offs_n % I
-    s_ptrs = scale_ptr + expert * stride_se + offs_wn
-    acc_g = acc_g * gl.load(s_ptrs)[None, :]
-    acc_u = acc_u * gl.load(s_ptrs + I)[None, :]
-    if ROW_SCALE:
-        inv = gl.load(x_inv_scale_ptr + rows // TOP_K, mask=row_mask, other=0.0)[:, None]
-        acc_g = acc_g * inv
-        acc_u = acc_u * inv
-    if MUL_ROUTED_WEIGHT:
-        rw = gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)
-        acc_g = acc_g * rw[:, None]
-        acc_u = acc_u * rw[:, None]
-    if ACTIVATION == 0:  # silu
-        gate = acc_g * _sigmoid(acc_g)
-    elif ACTIVATION == 1:  # gelu (erf)
-        gate = 0.5 * acc_g * (1.0 + gl.erf(acc_g * 0.7071067811865476))
-    elif ACTIVATION == 2:  # gelu, tanh approximation: g * sigmoid(2z)
-        gate = acc_g * _sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
-    else:  # swiglu_oai: clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
-        g = gl.minimum(acc_g, SWIGLU_LIMIT)
-        gate = g * _sigmoid(SWIGLU_ALPHA * g)
-        acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
-    gl.store(out_ptrs, (gate * acc_u).to(out_ptr.dtype.element_ty), mask=out_mask)
+        offs_wn = offs_n % I
+        s_ptrs = scale_ptr + expert * stride_se + offs_wn
+        acc_g = acc_g * gl.load(s_ptrs)[None, :]
+        acc_u = acc_u * gl.load(s_ptrs + I)[None, :]
+        if ROW_SCALE:
+            inv = gl.load(x_inv_scale_ptr + rows // TOP_K, mask=row_mask, other=0.0)[:, None]
+            acc_g = acc_g * inv
+            acc_u = acc_u * inv
+        if MUL_ROUTED_WEIGHT:
+            rw = gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)
+            acc_g = acc_g * rw[:, None]
+            acc_u = acc_u * rw[:, None]
+        if ACTIVATION == 0:  # silu
+            gate = acc_g * _sigmoid(acc_g)
+        elif ACTIVATION == 1:  # gelu (erf)
+            gate = 0.5 * acc_g * (1.0 + gl.erf(acc_g * 0.7071067811865476))
+        elif ACTIVATION == 2:  # gelu, tanh approximation: g * sigmoid(2z)
+            gate = acc_g * _sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
+        else:  # swiglu_oai: clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
+            g = gl.minimum(acc_g, SWIGLU_LIMIT)
+            gate = g * _sigmoid(SWIGLU_ALPHA * g)
+            acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
+        gl.store(out_ptrs, (gate * acc_u).to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@gluon.jit
+def moe_gate_up_wgmma_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+    num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
+    x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
+    TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
+    FUSE_GATE_UP: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
+    SWIGLU_LIMIT: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
+    HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
+):
+    """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T)."""
+    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    first_row = pid_m * BLOCK_M
+    # TRIM_TAIL: an expert's last block whose lower half is all padding (padding ends each expert's
+    # rows) runs as a block of BLOCK_M / 2 rows
+    if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:
+        _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                      block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
+                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, BLOCK_M // 2,
+                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
+    else:
+        _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                      block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
+                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, BLOCK_M,
+                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, A_SMEM, W_SMEM, B_SMEM, num_warps)
+
+
+@gluon.jit
+def _down_tile(first_row, block, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+               block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
+               MUL_ROUTED_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               BLOCK_K: gl.constexpr, STAGES: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
+               B_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """GEMM2's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``."""
+    acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
+    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(first_row, block, n0, H, sorted_token_ids_ptr,
+                                                                block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+                                                                acc_layout, BLOCK_M, BLOCK_N)
+    if expert < 0:
+        gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
+                 mask=out_mask)
+    else:
+        w_rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))) % H
+        acc, _ = _mainloop(a_ptr, w_ptr + expert * stride_we, rows, row_mask, w_rows, I, stride_am, stride_wn,
+                           A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, num_warps)
+        acc = acc * gl.load(scale_ptr + expert * stride_se + offs_n % H)[None, :]
+        if MUL_ROUTED_WEIGHT:
+            acc = acc * gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)[:, None]
+        gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @gluon.jit
 def moe_down_wgmma_kernel(
     a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
     num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-    MUL_ROUTED_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-    GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-    A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
+    MUL_ROUTED_WEIGHT: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SMEM: gl.constexpr,
+    W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """GEMM2 (* routing weight): out[M*k, H] = a[rows] @ w2[e]^T."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
-    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(pid_m, n0, H, sorted_token_ids_ptr,
-                                                                block_expert_ids_ptr, num_valid, out_ptr, stride_om,
-                                                                acc_layout, BLOCK_M, BLOCK_N)
-    if expert < 0:
-        gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
-                 mask=out_mask)
-        return
-
-    w_rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))) % H
-    acc, _ = _mainloop(a_ptr, w_ptr + expert * stride_we, rows, row_mask, w_rows, I, stride_am, stride_wn,
-                       A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, num_warps)
-    acc = acc * gl.load(scale_ptr + expert * stride_se + offs_n % H)[None, :]
-    if MUL_ROUTED_WEIGHT:
-        acc = acc * gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)[:, None]
-    gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    first_row = pid_m * BLOCK_M
+    if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:  # as in GEMM1
+        _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                   block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
+                   MUL_ROUTED_WEIGHT, BLOCK_M // 2, BLOCK_N, BLOCK_K, STAGES, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
+    else:
+        _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                   block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
+                   MUL_ROUTED_WEIGHT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, A_SMEM, W_SMEM, B_SMEM, num_warps)
 
 
 def _smem_layouts(config: dict, act_dtype: torch.dtype, num_b: int) -> dict:
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     gl_dtype = _GL_DTYPES[act_dtype]
     return dict(A_SMEM=gl.NVMMASharedLayout.get_default_for([bm, bk], gl_dtype),
+                HALF_A_SMEM=gl.NVMMASharedLayout.get_default_for([max(bm // 2, 8), bk], gl_dtype),
                 W_SMEM=gl.NVMMASharedLayout.get_default_for([num_b * bn, bk], gl.int8),
                 B_SMEM=gl.NVMMASharedLayout.get_default_for([num_b * bn, bk], gl_dtype))
 
 
-def _meta(config: dict) -> dict:
+def _meta(config: dict, trim_cols: int) -> dict:
     return dict(BLOCK_M=config["BLOCK_SIZE_M"], BLOCK_N=config["BLOCK_SIZE_N"], BLOCK_K=config["BLOCK_SIZE_K"],
-                GROUP_M=config["GROUP_SIZE_M"], STAGES=config["num_stages"], num_warps=config["num_warps"])
+                GROUP_M=config["GROUP_SIZE_M"], STAGES=config["num_stages"], num_warps=config["num_warps"],
+                TRIM_TAIL=trim_tail(config, trim_cols))
 
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
@@ -335,7 +400,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         w13_scale.stride(0), out.stride(0), x_inv_scale, ROW_SCALE=x_inv_scale is not None,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")), SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-        **_meta(config), **_smem_layouts(config, x.dtype, 2),
+        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, x.dtype, 2),
     )
 
 
@@ -349,7 +414,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter, a.stride(0), w2.stride(0), w2.stride(1),
         w2_scale.stride(0), out.stride(0),
-        MUL_ROUTED_WEIGHT=mul_routed_weight, **_meta(config), **_smem_layouts(config, a.dtype, 1),
+        MUL_ROUTED_WEIGHT=mul_routed_weight, **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
     )
 
 
@@ -368,7 +433,7 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16) 
     else:
         kernel, num_b = moe_down_wgmma_kernel, 1
         constexprs = dict(MUL_ROUTED_WEIGHT=True)
-    constexprs.update(_meta(config), **_smem_layouts(config, act_dtype, num_b))
+    constexprs.update(_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, act_dtype, num_b))
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "x_inv_scale_ptr": "*fp32",
                  "sorted_token_ids_ptr": "*i32",
