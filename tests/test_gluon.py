@@ -56,17 +56,6 @@ def test_trim_tail_rule(config, cols, trimmed):
     assert gluon_moe.trim_tail(config, cols) is trimmed
 
 
-@pytest.mark.parametrize("change, num_b, cap", [
-    (dict(num_warps=8, num_stages=3, BLOCK_SIZE_N=128), 1, 128),  # 64 accumulator registers, ~104 KB: two a SM
-    (dict(num_warps=8, num_stages=3), 2, 128),  # gate and up, 2 x 64 columns
-    (dict(num_warps=8, num_stages=4, BLOCK_SIZE_N=128), 1, None),  # 128 KB: one a SM anyway
-    (dict(num_warps=8, num_stages=3, BLOCK_SIZE_N=128), 2, None),  # 128 accumulator registers
-    (dict(num_stages=3, BLOCK_SIZE_N=32), 1, None),  # 4 warps: 256 registers, no cap
-])
-def test_register_cap(change, num_b, cap):
-    assert gluon_moe.register_cap(dict(PREFILL, **change), num_b).get("maxnreg") == cap
-
-
 def test_shared_memory_count():
     # gate_up, 128x64x64, 4 stages: 4 x (16 KB of x + 8 KB of gate and up int8) + 2 x 16 KB converted
     assert gluon_moe.smem_bytes(PREFILL, 2) == 4 * (128 * 64 * 2 + 2 * 64 * 64) + 2 * 2 * 64 * 64 * 2 == 131072
@@ -95,8 +84,7 @@ def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monk
 WIDE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
 COMPILED = [("gate_up", PREFILL, "bfloat16", 2), ("down", PREFILL, "bfloat16", 1), ("gate_up", WIDE, "float16", 2),
             ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1),
-            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1),
-            ("down", dict(WIDE, num_stages=3), "bfloat16", 1)]  # 8 warps, 64 accumulator registers: capped
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1)]
 
 
 @pytest.fixture(scope="module")
@@ -147,10 +135,3 @@ def test_half_blocks_compile_beside_the_full_ones(sm90_ptx):
     trimmed, untrimmed = sm90_ptx[3], sm90_ptx[4]
     assert shapes(trimmed) == ["m64n128k16", "m64n256k16"]
     assert shapes(untrimmed) == ["m64n256k16"]
-
-
-def test_register_cap_reaches_ptxas(sm90_ptx):
-    """The 8-warp 128x128 down GEMM at 3 stages is compiled with 128 registers a thread at most (two
-    programs a SM), the 8-warp gate_up with 128 accumulator registers without a cap."""
-    assert ".maxnreg 128" in sm90_ptx[5]
-    assert ".maxnreg" not in sm90_ptx[3]

@@ -1,5 +1,6 @@
 #!/bin/bash
-# NOTES item 92: two 8-warp programs a SM with registers capped, down GEMM alone (down_gluon 5), folded,
+# NOTES item 92 (ran at bd2803f; register_cap and the variants down_gluon 5 and fused_tiles 7 were reverted after
+# it, since nothing won): two 8-warp programs a SM with registers capped, down GEMM alone (down_gluon 5), folded,
 # then both GEMMs (fused_tiles 7) on top, folded (configs.tgz); the bench; the Gluon GPU tests.
 source benchmarks/gpu_session/common.sh "$1"
 S="mixtral-8x7b jamba-1.5-mini mixtral-8x22b qwen3-30b-a3b deepseek-v2-lite"

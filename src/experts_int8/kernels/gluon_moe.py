@@ -71,17 +71,6 @@ def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
     return config["num_stages"] * (bm * bk * act_bytes + num_b * bn * bk) + 2 * num_b * bn * bk * act_bytes
 
 
-def register_cap(config: dict, num_b: int, act_bytes: int = 2) -> dict:
-    """``maxnreg`` for a program whose accumulators take at most 64 registers a thread and whose shared
-    memory leaves room for a second program on the SM: 65536 / (2 x threads), so that two 8-warp
-    programs are resident (ptxas would otherwise take ~150 and leave one); else nothing (its choice)."""
-    cap = 65536 // (2 * 32 * config["num_warps"])  # (4 warps: 256, past ptxas' 255: no cap needed)
-    acc = num_b * _acc_regs(config)
-    if cap > 255 or acc > 64 or 2 * (smem_bytes(config, num_b, act_bytes) + 1024) > 228 * 1024:
-        return {}
-    return dict(maxnreg=cap)
-
-
 def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
     """wgmma tiling: 16 rows per warp along M, N a multiple of 8 up to 256 (gate and up: 2 x BLOCK_N
     columns of weights, two accumulators, or one wgmma with FUSE_GATE_UP: at most 256 wide, which the
@@ -411,7 +400,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         w13_scale.stride(0), out.stride(0), x_inv_scale, ROW_SCALE=x_inv_scale is not None,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
         FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")), SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, x.dtype, 2), **register_cap(config, 2),
+        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, x.dtype, 2),
     )
 
 
@@ -426,7 +415,6 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         topk_weights.numel(), num_sorted, hidden, inter, a.stride(0), w2.stride(0), w2.stride(1),
         w2_scale.stride(0), out.stride(0),
         MUL_ROUTED_WEIGHT=mul_routed_weight, **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
-        **register_cap(config, 1),
     )
 
 
@@ -455,5 +443,5 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16) 
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name] != "constexpr"}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=config["num_warps"], **register_cap(config, num_b)))
+                              options=dict(num_warps=config["num_warps"]))
     return compiled.asm["ptx"]
