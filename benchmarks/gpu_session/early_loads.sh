@@ -3,7 +3,8 @@
 # before the activation rows' (this tree) against the kernels before that change (old_gluon_moe.py,
 # untracked, carried for this run: git show 66a72e7:src/experts_int8/kernels/gluon_moe.py), the shipped
 # entries alternating old/new in one process each (value 1 of "fuse" is the same entry again), after the
-# Gluon GPU tests on the new kernels.
+# Gluon GPU tests on the new kernels. As run: the new kernels at 0c47350 (reverted in the next commit:
+# no gain, NOTES 93).
 source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests (gluon)"; timeout 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k gluon -p no:cacheprovider 2>&1 | tail -3
 rm -rf /tmp/old && mkdir -p /tmp/old && cp -r src benchmarks /tmp/old/ \

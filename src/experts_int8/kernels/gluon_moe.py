@@ -117,22 +117,12 @@ def _convert(w, dtype: gl.constexpr):
 
 
 @gluon.jit
-def _issue_a(a_ptrs, a_row_mask, offs_ak, a_slot, k0, K):
-    """cp.async of one K tile of the activation rows into its ring slot (rows past the batch and
-    columns past K read as zeros)."""
-    _async_load(a_slot, a_ptrs + k0, mask=a_row_mask[:, None] & (offs_ak[None, :] + k0 < K))
-
-
-@gluon.jit
-def _issue_w(w_ptrs, offs_wk, w_slot, k0, K):
-    """cp.async of one K tile of the weight rows into its ring slot (columns past K read as zeros)."""
-    _async_load(w_slot, w_ptrs + k0, mask=offs_wk[None, :] + k0 < K)
-
-
-@gluon.jit
 def _issue_tile(a_ptrs, a_row_mask, offs_ak, w_ptrs, offs_wk, a_slot, w_slot, k0, K):
-    _issue_a(a_ptrs, a_row_mask, offs_ak, a_slot, k0, K)
-    _issue_w(w_ptrs, offs_wk, w_slot, k0, K)
+    """cp.async of one K tile of the activation rows and the weight rows into their ring slots (rows
+    past the batch and columns past K read as zeros)."""
+    a_mask = a_row_mask[:, None] & (offs_ak[None, :] + k0 < K)
+    _async_load(a_slot, a_ptrs + k0, mask=a_mask)
+    _async_load(w_slot, w_ptrs + k0, mask=offs_wk[None, :] + k0 < K)
 
 
 @gluon.jit
@@ -146,6 +136,8 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
     w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [num_warps, 1], [1, 0])
     offs_ak = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, a_load))
     offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    a_ptrs = a_ptr + gl.convert_layout(a_rows, gl.SliceLayout(1, a_load))[:, None] * stride_am + offs_ak[None, :]
+    a_mask = gl.convert_layout(a_row_mask, gl.SliceLayout(1, a_load))
     w_ptrs = w_ptr + gl.convert_layout(w_rows, gl.SliceLayout(1, w_load))[:, None] * stride_wn + offs_wk[None, :]
     act_dtype: gl.constexpr = a_ptr.dtype.element_ty
 
@@ -155,15 +147,9 @@ def _mainloop(a_ptr, w_ptr, a_rows, a_row_mask, w_rows, K, stride_am, stride_wn,
 
     num_k = gl.cdiv(K, BLOCK_K)
     # prologue: the first STAGES-1 tiles in flight (past K the masks make them empty copies; a branch
-    # here would make ptxas serialize the wgmmas, C7515). The weight tiles go first: they need only the
-    # expert, while the activation rows' addresses wait for the row ids' load. Group s holds activation
-    # tile s, group 0 all the weight tiles too, so "group s landed" still covers both of tile s
+    # here would make ptxas serialize the wgmmas, C7515)
     for s in gl.static_range(STAGES - 1):
-        _issue_w(w_ptrs, offs_wk, w_ring.index(s), s * BLOCK_K, K)
-    a_ptrs = a_ptr + gl.convert_layout(a_rows, gl.SliceLayout(1, a_load))[:, None] * stride_am + offs_ak[None, :]
-    a_mask = gl.convert_layout(a_row_mask, gl.SliceLayout(1, a_load))
-    for s in gl.static_range(STAGES - 1):
-        _issue_a(a_ptrs, a_mask, offs_ak, a_ring.index(s), s * BLOCK_K, K)
+        _issue_tile(a_ptrs, a_mask, offs_ak, w_ptrs, offs_wk, a_ring.index(s), w_ring.index(s), s * BLOCK_K, K)
         async_copy.commit_group()
 
     acc0 = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout)
@@ -226,17 +212,18 @@ def trim_tail(config: dict, n_cols: int) -> bool:
 
 
 @gluon.jit
-def _block(first_row, n0, N, sorted_token_ids_ptr, num_valid, out_ptr, stride_om,
+def _block(first_row, block, n0, N, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, out_ptr, stride_om,
            acc_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """The rows from sorted row ``first_row`` (flat pair ids, padding ``>= num_valid``) and mask, the
-    output columns from ``n0``, output pointers and mask."""
+    output columns from ``n0``, output pointers and mask, and row block ``block``'s expert (-1: not on
+    this rank)."""
     rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout)))
     rows = rows.to(gl.int64)
     row_mask = rows < num_valid
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
     out_mask = row_mask[:, None] & (offs_n[None, :] < N)
-    return rows, row_mask, offs_n, out_ptrs, out_mask
+    return rows, row_mask, offs_n, out_ptrs, out_mask, gl.load(block_expert_ids_ptr + block).to(gl.int64)
 
 
 @gluon.jit
@@ -246,18 +233,18 @@ def _sigmoid(v):
 
 @gluon.jit
 def _gate_up_tile(
-    first_row, expert, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-    num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om, x_inv_scale_ptr,
+    first_row, block, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+    block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om, x_inv_scale_ptr,
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
     FUSE_GATE_UP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """GEMM1's BLOCK_M rows from sorted row ``first_row`` (of ``expert``, -1: not on this rank), columns
-    from ``n0``."""
+    """GEMM1's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``."""
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
-    rows, row_mask, offs_n, out_ptrs, out_mask = _block(first_row, n0, I, sorted_token_ids_ptr, num_valid, out_ptr,
-                                                        stride_om, acc_layout, BLOCK_M, BLOCK_N)
+    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(first_row, block, n0, I, sorted_token_ids_ptr,
+                                                                block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+                                                                acc_layout, BLOCK_M, BLOCK_N)
     if expert < 0:  # not on this rank: zeros, as the Triton kernel writes
         gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
                  mask=out_mask)
@@ -321,37 +308,34 @@ def moe_gate_up_wgmma_kernel(
 ):
     """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T)."""
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
-    first_row = pid_m * BLOCK_M
-    # the loads every program waits for, issued together (each block index is within the arrays):
-    # where the blocks end, the block's expert, and its middle row. TRIM_TAIL: an expert's last block
-    # whose lower half is all padding (padding ends each expert's rows) runs as a block of BLOCK_M / 2
-    end = gl.load(num_tokens_post_padded_ptr)
-    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
-    mid = gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2)
-    if first_row >= end:
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
-    if TRIM_TAIL and mid >= num_valid:
-        _gate_up_tile(first_row, expert, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr,
-                      sorted_token_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
+    first_row = pid_m * BLOCK_M
+    # TRIM_TAIL: an expert's last block whose lower half is all padding (padding ends each expert's
+    # rows) runs as a block of BLOCK_M / 2 rows
+    if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:
+        _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                      block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
                       x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, BLOCK_M // 2,
                       BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
     else:
-        _gate_up_tile(first_row, expert, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr,
-                      sorted_token_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
+        _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                      block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
                       x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, BLOCK_M,
                       BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, A_SMEM, W_SMEM, B_SMEM, num_warps)
 
 
 @gluon.jit
-def _down_tile(first_row, expert, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-               num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
+def _down_tile(first_row, block, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+               block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
                MUL_ROUTED_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                BLOCK_K: gl.constexpr, STAGES: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
                B_SMEM: gl.constexpr, num_warps: gl.constexpr):
-    """GEMM2's BLOCK_M rows from sorted row ``first_row`` (of ``expert``), columns from ``n0``."""
+    """GEMM2's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``."""
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
-    rows, row_mask, offs_n, out_ptrs, out_mask = _block(first_row, n0, H, sorted_token_ids_ptr, num_valid, out_ptr,
-                                                        stride_om, acc_layout, BLOCK_M, BLOCK_N)
+    rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(first_row, block, n0, H, sorted_token_ids_ptr,
+                                                                block_expert_ids_ptr, num_valid, out_ptr, stride_om,
+                                                                acc_layout, BLOCK_M, BLOCK_N)
     if expert < 0:
         gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
                  mask=out_mask)
@@ -375,19 +359,16 @@ def moe_down_wgmma_kernel(
 ):
     """GEMM2 (* routing weight): out[M*k, H] = a[rows] @ w2[e]^T."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
-    first_row = pid_m * BLOCK_M
-    end = gl.load(num_tokens_post_padded_ptr)  # as in GEMM1
-    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
-    mid = gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2)
-    if first_row >= end:
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
-    if TRIM_TAIL and mid >= num_valid:
-        _down_tile(first_row, expert, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-                   num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
+    first_row = pid_m * BLOCK_M
+    if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:  # as in GEMM1
+        _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                   block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
                    MUL_ROUTED_WEIGHT, BLOCK_M // 2, BLOCK_N, BLOCK_K, STAGES, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
     else:
-        _down_tile(first_row, expert, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-                   num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
+        _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                   block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
                    MUL_ROUTED_WEIGHT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, A_SMEM, W_SMEM, B_SMEM, num_warps)
 
 
