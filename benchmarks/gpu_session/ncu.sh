@@ -16,10 +16,12 @@ prof() {  # name shape M dtype
         python3 benchmarks/ncu_layer.py --shape "$2" --m "$3" --dtype "$4" >"$R/ncu_$1.csv" 2>"$R/ncu_$1.err"
     echo "rc $?; $(wc -l <"$R/ncu_$1.csv") lines"; grep -v "^\"" "$R/ncu_$1.csv" | tail -3; tail -3 "$R/ncu_$1.err"
 }
-prof 8x7b_m1_int8 mixtral-8x7b 1 int8
-prof 8x7b_m1_bf16 mixtral-8x7b 1 bf16
-prof qwen3_m1_int8 qwen3-30b-a3b 1 int8
-prof 8x7b_m8_int8 mixtral-8x7b 8 int8
-prof 8x7b_m2048_int8 mixtral-8x7b 2048 int8
-prof 8x7b_m2048_bf16 mixtral-8x7b 2048 bf16
+# the cases, one "name shape M dtype" a line: $NCU_CASES where a caller (ncu_small.sh) sets it
+: "${NCU_CASES:=8x7b_m1_int8 mixtral-8x7b 1 int8
+8x7b_m1_bf16 mixtral-8x7b 1 bf16
+qwen3_m1_int8 qwen3-30b-a3b 1 int8
+8x7b_m8_int8 mixtral-8x7b 8 int8
+8x7b_m2048_int8 mixtral-8x7b 2048 int8
+8x7b_m2048_bf16 mixtral-8x7b 2048 bf16}"
+while read -r name shape m dtype; do prof "$name" "$shape" "$m" "$dtype"; done <<<"$NCU_CASES"
 step "done"; echo CHAIN_DONE

@@ -1,22 +1,4 @@
 #!/bin/bash
-# Nsight Compute on the small-expert prefill GEMMs, int8 (Gluon) against bf16 (NOTES item 91; the
-# sections as ncu.sh, benchmarks/NOTES.md item 74): per kernel, the
-# speed-of-light, memory, warp-state (stall reasons), scheduler, occupancy, launch, compute and
-# instruction sections, as CSV under the results folder. The second call's kernels (the first
-# compiles); ncu flushes the caches before each replay, so weights come from HBM.
-source benchmarks/gpu_session/common.sh "$1"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-echo "ncu: $NCU"; "$NCU" --version | tail -1
-prof() {  # name shape M dtype
-    step "ncu $1"
-    timeout 150 "$NCU" --clock-control none -k "regex:moe_(gate_up|down)" --launch-skip 2 --launch-count 2 \
-        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
-        --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats \
-        --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-        --print-details all --csv --page details \
-        python3 benchmarks/ncu_layer.py --shape "$2" --m "$3" --dtype "$4" >"$R/ncu_$1.csv" 2>"$R/ncu_$1.err"
-    echo "rc $?; $(wc -l <"$R/ncu_$1.csv") lines"; grep -v "^\"" "$R/ncu_$1.csv" | tail -3; tail -3 "$R/ncu_$1.err"
-}
-prof qwen3_m4096_int8 qwen3-30b-a3b 4096 int8
-prof qwen3_m4096_bf16 qwen3-30b-a3b 4096 bf16
-step "done"; echo CHAIN_DONE
+# NOTES item 91: ncu.sh's sections on the small-expert prefill GEMMs, int8 (Gluon) against bf16.
+NCU_CASES="qwen3_m4096_int8 qwen3-30b-a3b 4096 int8
+qwen3_m4096_bf16 qwen3-30b-a3b 4096 bf16" source benchmarks/gpu_session/ncu.sh "$1"
