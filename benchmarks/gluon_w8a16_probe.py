@@ -345,6 +345,110 @@ def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
              mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
 
 
+# Register form, warp-specialized ("wsrr", benchmarks/NOTES.md item 94): rr2's register operands, but
+# the repacked int8 weight tiles and the X tiles both arrive through a shared-memory ring filled by a
+# loader partition, so the consumer warpgroups hold no weight tile in flight (what limited rr and rr2,
+# item 57): each reads its fragment (16 contiguous bytes a row) just before converting it. The int8
+# tile is written and read once in shared memory (2 bytes a weight against 6 for db), and the
+# consumers take the registers the loader gives up (warp_specialize's register budgets: setmaxnreg).
+# Per ring slot: `loaded` (a loader thread's copies landed, one arrival each), `free` (the consumers
+# have retired the wgmma that read the slot's X, after reading its W). Tile j uses slot j % STAGES in
+# phase (j // STAGES) & 1; the loader's waits on `free` start at phase 1 (a fresh barrier's).
+RR_LOADER_WARPS = gl.constexpr(4)
+
+
+@gluon.jit
+def _wsrr_loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn):
+    STAGES: gl.constexpr = x_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
+    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
+    BLOCK_N: gl.constexpr = w_ring.type.shape[1]
+    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [RR_LOADER_WARPS, 1], [1, 0])
+    w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [RR_LOADER_WARPS, 1],
+                                            [1, 0])
+    offs_xm = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
+    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
+    offs_wn = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
+    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    for j in range(gl.cdiv(K, BLOCK_K)):
+        slot = j % STAGES
+        mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)
+        _issue_tile(x_ptr, w_ptr, x_ring.index(slot), w_ring.index(slot), offs_xm, offs_wn, offs_xk, offs_wk,
+                    j * BLOCK_K, M, N, K, stride_xm, stride_wn)
+        async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, when its copies land
+
+
+@gluon.jit
+def _wsrr_operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                  BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    """Tile j's weight fragment, once its slot has landed: 16-byte shared loads in repacked order,
+    converted and relabelled as the bf16 register operand (register renaming, as in _rr_mma)."""
+    slot = j % STAGES
+    mbarrier.wait(loaded.index(slot), (j // STAGES) & 1)
+    w = w_ring.index(slot).load(w_layout)
+    w6 = gl.reshape(w.to(gl.bfloat16), [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
+    return gl.convert_layout(gl.reshape(gl.permute(w6, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K]), a_layout)
+
+
+@gluon.jit
+def _wsrr_mma(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, a_layout: gl.constexpr,
+              w_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+              STAGES: gl.constexpr):
+    """Two register operands in turn (rr2's unrolled pair): tile j's wgmma in flight while tile j+1 is
+    read and converted into the other operand; each operand a dependency of the wait that retires its
+    wgmma, so nothing rewrites it earlier; a slot is freed once its wgmma has retired in every warpgroup."""
+    acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    a_odd = gl.zeros((BLOCK_N, BLOCK_K), dtype=gl.bfloat16, layout=a_layout)
+    num_k = gl.cdiv(K, BLOCK_K)  # (even: the wrapper checks)
+    for i in range(num_k // 2):
+        j = 2 * i
+        a_even = _wsrr_operand(w_ring, loaded, j, w_layout, a_layout, BLOCK_N, BLOCK_K, STAGES)
+        fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma (async proxy)
+        acc = warpgroup_mma(a_even, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # tile j-1 retired
+        _cta_barrier()  # ... in both warpgroups
+        mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        a_odd = _wsrr_operand(w_ring, loaded, j + 1, w_layout, a_layout, BLOCK_N, BLOCK_K, STAGES)
+        fence_async_shared()
+        acc = warpgroup_mma(a_odd, x_ring.index((j + 1) % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # tile j retired
+        _cta_barrier()
+        mbarrier.arrive(free.index(j % STAGES))
+    acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
+    return (acc, )  # warp_specialize returns a tuple
+
+
+@gluon.jit
+def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
+                           LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
+                           num_warps: gl.constexpr):
+    # accumulator rows: weight rows (wgmma's M, 64 per warpgroup); columns: tokens (wgmma's N)
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(s), count=32 * RR_LOADER_WARPS)  # one async arrival per loader thread
+        mbarrier.init(free.index(s), count=1)
+    acc, = gl.warp_specialize([
+        (_wsrr_mma, (x_ring, w_ring, loaded, free, K, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
+                     STAGES)),
+        (_wsrr_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
+    ], [RR_LOADER_WARPS], [LOADER_REGS])
+
+    offs_n = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    offs_m = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
+    scale = gl.load(scale_ptr + offs_n, mask=offs_n < N, other=0.0)
+    y = (acc * scale[:, None]).to(gl.bfloat16)
+    gl.store(y_ptr + offs_m[None, :] * stride_ym + offs_n[:, None], y,
+             mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+
+
 def w8a16_gemm(x, w, scale=None, *, block_m=128, block_n=128, block_k=64, stages=4, num_warps=4):
     """``x @ (w * scale[:, None])^T`` for int8 ``w`` with fp32 ``scale``, or ``x @ w^T`` for bf16 ``w``."""
     m, k = x.shape
@@ -393,6 +497,24 @@ def w8a16_gemm_rr(x, w_repacked, scale, *, block_m=128, block_n=128, block_k=64,
     return y
 
 
+def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=64, stages=4, num_warps=8,
+                    loader_regs=72):
+    """The warp-specialized register form on ``repack_rows(w)``: ``block_m`` tokens (wgmma's N), ``block_n``
+    weight rows (wgmma's M, 64 a warpgroup of the ``num_warps`` consumer warps), a loader partition of
+    RR_LOADER_WARPS warps with ``loader_regs`` registers a thread; the consumers get the rest."""
+    m, k = x.shape
+    n = w_repacked.shape[0]
+    if k % (2 * block_k) or block_k % 64:
+        raise ValueError("the repacked layout works in 64-wide K blocks, and the loop in pairs of K tiles")
+    y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    w_smem = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # plain rows: a thread's 16 repacked bytes together
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    w8a16_gemm_wsrr_kernel[grid](x, w_repacked, scale, y, m, n, k, x.stride(0), w_repacked.stride(0), y.stride(0),
+                                 block_m, block_n, block_k, stages, loader_regs, x_smem, w_smem, num_warps=num_warps)
+    return y
+
+
 def bench_us(fn, reps=50):
     fn()
     graph = torch.cuda.CUDAGraph()
@@ -419,14 +541,15 @@ def main():
                     help="BMxBNxBKxSTAGESxWARPS, comma-separated (WARPS: the MMA partition's in the ws form)")
     ap.add_argument("--kernels", default="db,rr,rr2",
                     help="db (double-buffered), ws (warp-specialized), rr (register form, repacked), rr2 (rr with "
-                         "the next tile's conversion overlapping the wgmma), comma-separated")
+                         "the next tile's conversion overlapping the wgmma), wsrr (rr2 fed by a loader partition "
+                         "through shared memory), comma-separated")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     kernels = args.kernels.split(",")
     torch.manual_seed(0)
     rows = []
     names = [f"{kernel} {dtype}" for kernel, dtype in (("db", "int8"), ("db", "bf16"), ("ws", "int8"), ("rr", "int8"),
-                                                       ("rr2", "int8")) if kernel in kernels]
+                                                       ("rr2", "int8"), ("wsrr", "int8")) if kernel in kernels]
     print(f"{'M':>5} {'N':>6} {'K':>6} {'config':>14} | " + " | ".join(f"{n:>16}" for n in names)
           + f" | {'torch bf16':>16} | ok")
     for shape in args.shapes.split(","):
@@ -449,7 +572,8 @@ def main():
                     "db_bf16": ("db", lambda: w8a16_gemm(x, wf, **kw)),
                     "ws_int8": ("ws", lambda: w8a16_gemm_ws(x, wq, scale, **kw)),
                     "rr_int8": ("rr", lambda: w8a16_gemm_rr(x, wr, scale, **kw)),  # rr, rr2: not yet on a GPU
-                    "rr2_int8": ("rr2", lambda: w8a16_gemm_rr(x, wr, scale, overlap=True, **kw))}
+                    "rr2_int8": ("rr2", lambda: w8a16_gemm_rr(x, wr, scale, overlap=True, **kw)),
+                    "wsrr_int8": ("wsrr", lambda: w8a16_gemm_wsrr(x, wr, scale, **kw))}
             runs = {name: run for name, run in runs.items() if run[0] in kernels}
             for name, (kernel, fn) in runs.items():
                 try:
