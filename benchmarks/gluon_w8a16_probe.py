@@ -126,11 +126,10 @@ LOADER_WARPS = gl.constexpr(4)
 CONVERTER_WARPS = gl.constexpr(4)
 
 
-# (the two workers take the same arguments, as warp_specialize asks; block sizes come from the rings'
-# types, since constexpr arguments do not survive the trip into a worker partition)
+# (block sizes come from the rings' types, since constexpr arguments do not survive the trip into a
+# worker partition; the loader also feeds the wsrr form below)
 @gluon.jit
-def _ws_loader(x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free, consumed, M, N, K, stride_xm,
-               stride_wn):
+def _ws_loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn):
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -212,13 +211,13 @@ def w8a16_gemm_ws_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
         mbarrier.init(free.index(s), count=2)  # converter (int8 tile read) + MMA (wgmma done)
         mbarrier.init(consumed.index(s), count=1)
 
-    worker_args = (x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free, consumed, M, N, K, stride_xm,
-                   stride_wn)
+    converter_args = (x_ptr, w_ptr, x_ring, w_ring, b_ring, loaded, converted, free, consumed, M, N, K, stride_xm,
+                      stride_wn)
     acc, = gl.warp_specialize([
         (_ws_mma, (x_ring, b_ring, loaded, converted, free, consumed, K, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K,
                    STAGES)),
-        (_ws_loader, worker_args),
-        (_ws_converter, worker_args),
+        (_ws_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
+        (_ws_converter, converter_args),
     ], [LOADER_WARPS, CONVERTER_WARPS], [80, 96])
 
     offs_m = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
@@ -346,38 +345,14 @@ def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
 
 
 # Register form, warp-specialized ("wsrr", benchmarks/NOTES.md item 94): rr2's register operands, but
-# the repacked int8 weight tiles and the X tiles both arrive through a shared-memory ring filled by a
-# loader partition, so the consumer warpgroups hold no weight tile in flight (what limited rr and rr2,
+# the repacked int8 weight tiles and the X tiles both arrive through a shared-memory ring filled by the
+# ws form's loader partition (_ws_loader), so the consumer warpgroups hold no weight tile in flight (what limited rr and rr2,
 # item 57): each reads its fragment (16 contiguous bytes a row) just before converting it. The int8
 # tile is written and read once in shared memory (2 bytes a weight against 6 for db), and the
 # consumers take the registers the loader gives up (warp_specialize's register budgets: setmaxnreg).
 # Per ring slot: `loaded` (a loader thread's copies landed, one arrival each), `free` (the consumers
 # have retired the wgmma that read the slot's X, after reading its W). Tile j uses slot j % STAGES in
 # phase (j // STAGES) & 1; the loader's waits on `free` start at phase 1 (a fresh barrier's).
-RR_LOADER_WARPS = gl.constexpr(4)
-
-
-@gluon.jit
-def _wsrr_loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn):
-    STAGES: gl.constexpr = x_ring.type.shape[0]
-    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
-    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
-    BLOCK_N: gl.constexpr = w_ring.type.shape[1]
-    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [RR_LOADER_WARPS, 1], [1, 0])
-    w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [RR_LOADER_WARPS, 1],
-                                            [1, 0])
-    offs_xm = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
-    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
-    offs_wn = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_load))
-    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
-    for j in range(gl.cdiv(K, BLOCK_K)):
-        slot = j % STAGES
-        mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)
-        _issue_tile(x_ptr, w_ptr, x_ring.index(slot), w_ring.index(slot), offs_xm, offs_wn, offs_xk, offs_wk,
-                    j * BLOCK_K, M, N, K, stride_xm, stride_wn)
-        async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, when its copies land
-
-
 @gluon.jit
 def _wsrr_operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
                   BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
@@ -433,13 +408,13 @@ def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, s
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(s), count=32 * RR_LOADER_WARPS)  # one async arrival per loader thread
+        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
         mbarrier.init(free.index(s), count=1)
     acc, = gl.warp_specialize([
         (_wsrr_mma, (x_ring, w_ring, loaded, free, K, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
                      STAGES)),
-        (_wsrr_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
-    ], [RR_LOADER_WARPS], [LOADER_REGS])
+        (_ws_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
+    ], [LOADER_WARPS], [LOADER_REGS])
 
     offs_n = gl.program_id(1) * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     offs_m = gl.program_id(0) * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout))
@@ -500,8 +475,8 @@ def w8a16_gemm_rr(x, w_repacked, scale, *, block_m=128, block_n=128, block_k=64,
 def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=64, stages=4, num_warps=8,
                     loader_regs=72):
     """The warp-specialized register form on ``repack_rows(w)``: ``block_m`` tokens (wgmma's N), ``block_n``
-    weight rows (wgmma's M, 64 a warpgroup of the ``num_warps`` consumer warps), a loader partition of
-    RR_LOADER_WARPS warps with ``loader_regs`` registers a thread; the consumers get the rest."""
+    weight rows (wgmma's M, 64 a warpgroup of the ``num_warps`` consumer warps), the ws form's loader
+    partition (LOADER_WARPS warps) with ``loader_regs`` registers a thread; the consumers get the rest."""
     m, k = x.shape
     n = w_repacked.shape[0]
     if k % (2 * block_k) or block_k % 64:
