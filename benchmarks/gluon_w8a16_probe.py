@@ -479,8 +479,12 @@ def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=6
     partition (LOADER_WARPS warps) with ``loader_regs`` registers a thread; the consumers get the rest."""
     m, k = x.shape
     n = w_repacked.shape[0]
-    if k % (2 * block_k) or block_k % 64:
+    if k % (2 * block_k) or block_k % 64:  # (an odd tile count would drop the last tile)
         raise ValueError("the repacked layout works in 64-wide K blocks, and the loop in pairs of K tiles")
+    if stages < 2:  # one slot: the loader would wait for a slot the consumers free only after the next tile
+        raise ValueError("wsrr needs at least two ring stages")
+    if block_n != 16 * num_warps or w_repacked.dtype != torch.int8 or x.stride(1) != 1 or w_repacked.stride(1) != 1:
+        raise ValueError("wsrr: 64 weight rows a warpgroup (block_n = 16 x num_warps), int8 weights, unit-stride rows")
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     w_smem = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # plain rows: a thread's 16 repacked bytes together
