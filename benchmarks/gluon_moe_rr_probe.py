@@ -8,6 +8,11 @@ and issues two wgmmas with the weights as the register operand (the product tran
 wgmma's N), then applies the scales and SiLU(gate) * up and writes its tile of h. No converted weight
 tile ever goes through shared memory.
 
+A tile with the suffix w runs the warp-specialized form instead ("wsrr", NOTES item 95): a loader
+partition brings the token rows and the repacked weight rows into a shared-memory ring, the consumer
+warpgroups read each weight fragment from it just before converting it (no weight tile held in
+registers in flight), two pairs of register operands in turn.
+
 Prints, per shape and M: the library's int8 gate/up (the shipped config: Triton or Gluon), the
 library's bf16 gate/up (the shipped bf16 config), the register form, and whether it matches the
 library's int8 output.
@@ -30,10 +35,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import torch  # noqa: E402
 import triton  # noqa: E402
-from gluon_w8a16_probe import _async_load, _cta_barrier, _repacked_layout, bench_us, repack_rows  # noqa: E402
+from gluon_w8a16_probe import (LOADER_WARPS, _async_load, _cta_barrier, _repacked_layout, bench_us,  # noqa: E402
+                               repack_rows)
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
-from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared,  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,  # noqa: E402
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from experts_int8 import bench, quantize_weights, select_experts  # noqa: E402
@@ -160,6 +166,139 @@ def gate_up_rr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k, o
     return out
 
 
+# The warp-specialized register form ("wsrr", benchmarks/NOTES.md item 95), gluon_w8a16_probe's wsrr in
+# the MoE layout: a loader partition gathers the block's token rows of x and brings the expert's
+# repacked gate and up weight rows (one ring slot: BLOCK_N gate rows, then BLOCK_N up rows) by cp.async;
+# the consumer warpgroups read each fragment from shared memory just before converting it, and keep
+# one K tile's two wgmmas in flight with two pairs of register operands in turn. Same barriers as the
+# dense form: `loaded` (128 loader arrivals a slot), `free` (one arrival, once both warpgroups have
+# retired the wgmmas that read the slot's x tile, after reading its weights).
+@gluon.jit
+def _moe_wsrr_loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert,
+                     num_valid, top_k, I, H, stride_xm, stride_we, stride_wn):
+    STAGES: gl.constexpr = x_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
+    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
+    BLOCK_N2: gl.constexpr = w_ring.type.shape[1]  # gate's rows, then up's
+    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
+    w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [LOADER_WARPS, 1], [1, 0])
+    rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
+    row_mask = rows < num_valid
+    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
+    x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
+    r = gl.arange(0, BLOCK_N2, layout=gl.SliceLayout(1, w_load))
+    w_rows = gl.where(r < BLOCK_N2 // 2, n0 + r, I + n0 + r - BLOCK_N2 // 2)
+    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + offs_wk[None, :]
+    for j in range(gl.cdiv(H, BLOCK_K)):
+        slot = j % STAGES
+        mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)
+        _async_load(x_ring.index(slot), x_ptrs + j * BLOCK_K,
+                    mask=row_mask[:, None] & (offs_xk[None, :] + j * BLOCK_K < H))
+        _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K)  # (whole tiles: H and I checked by the wrapper)
+        async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)
+
+
+@gluon.jit
+def _moe_wsrr_operands(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+                       BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
+    """Tile j's gate and up fragments, once its slot has landed, as bf16 register operands."""
+    slot = j % STAGES
+    mbarrier.wait(loaded.index(slot), (j // STAGES) & 1)
+    w_slot = w_ring.index(slot)
+    g = _relabel(w_slot.slice(0, BLOCK_N).load(w_layout), a_layout, BLOCK_N, BLOCK_K, False)
+    u = _relabel(w_slot.slice(BLOCK_N, BLOCK_N).load(w_layout), a_layout, BLOCK_N, BLOCK_K, False)
+    return g, u
+
+
+@gluon.jit
+def _moe_wsrr_mma(x_ring, w_ring, loaded, free, H, acc_layout: gl.constexpr, a_layout: gl.constexpr,
+                  w_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                  STAGES: gl.constexpr):
+    acc_g = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    acc_u = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    g_odd = gl.zeros((BLOCK_N, BLOCK_K), dtype=gl.bfloat16, layout=a_layout)
+    u_odd = gl.zeros((BLOCK_N, BLOCK_K), dtype=gl.bfloat16, layout=a_layout)
+    num_k = gl.cdiv(H, BLOCK_K)  # (even: the wrapper checks)
+    for i in range(num_k // 2):
+        j = 2 * i
+        g_even, u_even = _moe_wsrr_operands(w_ring, loaded, j, w_layout, a_layout, BLOCK_N, BLOCK_K, STAGES)
+        fence_async_shared()  # x landed by cp.async (generic proxy), read by the wgmmas (async proxy)
+        x_t = x_ring.index(j % STAGES).permute((1, 0))
+        acc_g = warpgroup_mma(g_even, x_t, acc_g, is_async=True)
+        acc_u = warpgroup_mma(u_even, x_t, acc_u, is_async=True)
+        acc_g, acc_u, g_odd, u_odd = warpgroup_mma_wait(num_outstanding=2, deps=(acc_g, acc_u, g_odd, u_odd))
+        _cta_barrier()  # tile j-1's wgmmas retired in both warpgroups
+        mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        g_odd, u_odd = _moe_wsrr_operands(w_ring, loaded, j + 1, w_layout, a_layout, BLOCK_N, BLOCK_K, STAGES)
+        fence_async_shared()
+        x_t = x_ring.index((j + 1) % STAGES).permute((1, 0))
+        acc_g = warpgroup_mma(g_odd, x_t, acc_g, is_async=True)
+        acc_u = warpgroup_mma(u_odd, x_t, acc_u, is_async=True)
+        acc_g, acc_u, g_even, u_even = warpgroup_mma_wait(num_outstanding=2, deps=(acc_g, acc_u, g_even, u_even))
+        _cta_barrier()  # tile j's
+        mbarrier.arrive(free.index(j % STAGES))
+    acc_g, acc_u, g_odd, u_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc_g, acc_u, g_odd, u_odd))
+    return acc_g, acc_u
+
+
+@gluon.jit
+def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+                            num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
+                            stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
+                            num_warps: gl.constexpr):
+    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * BLOCK_N, BLOCK_K], W_SMEM)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
+        mbarrier.init(free.index(s), count=1)
+    acc_g, acc_u = gl.warp_specialize([
+        (_moe_wsrr_mma, (x_ring, w_ring, loaded, free, H, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
+                         STAGES)),
+        (_moe_wsrr_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0,
+                            expert, num_valid, top_k, I, H, stride_xm, stride_we, stride_wn)),
+    ], [LOADER_WARPS], [LOADER_REGS])
+
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    out_rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout)))
+    g = acc_g * gl.load(scale_ptr + expert * stride_se + offs_n)[:, None]
+    u = acc_u * gl.load(scale_ptr + expert * stride_se + I + offs_n)[:, None]
+    h = g / (1.0 + gl.exp(-g)) * u
+    gl.store(out_ptr + out_rows.to(gl.int64)[None, :] * stride_om + offs_n[:, None], h.to(gl.bfloat16),
+             mask=out_rows[None, :] < num_valid)
+
+
+def gate_up_wsrr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k, out, *, block_m, block_n=128,
+                 block_k=64, group_m=8, stages=4, num_warps=8, loader_regs=56):
+    """bf16 ``x``; ``block_m`` tokens (wgmma's N), ``block_n`` columns of I (64 a consumer warpgroup)."""
+    num_experts, two_i, hidden = w13r.shape
+    inter = two_i // 2
+    if hidden % (2 * block_k) or block_k % 64 or inter % block_n:
+        raise ValueError("the repacked layout works in 64-wide K blocks (the loop in pairs), on whole tiles of I")
+    if stages < 2 or block_n != 16 * num_warps or x.dtype != torch.bfloat16:
+        raise ValueError("wsrr: two or more stages, 64 columns of I a warpgroup, bf16 x")
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    w_smem = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # plain rows: a thread's 16 repacked bytes together
+    grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(inter, block_n),)
+    moe_gate_up_wsrr_kernel[grid](x, w13r, w13_scale, out, sorted_ids, block_experts, num_post, top_k * x.shape[0],
+                                  sorted_ids.numel(), inter, hidden, x.stride(0), w13r.stride(0), w13r.stride(1),
+                                  w13_scale.stride(0), out.stride(0), top_k, block_m, block_n, block_k, group_m,
+                                  stages, loader_regs, x_smem, w_smem, num_warps=num_warps)
+    return out
+
+
 def library_gate_up(x, w13, w13_scale, weights, ids, top_k, dtype):
     """The library's gate/up launch with the shipped config for this M (aligned outside the timing)."""
     m = x.shape[0]
@@ -182,8 +321,9 @@ def main():
     ap.add_argument("--shapes", nargs="+", default=["mixtral-8x7b", "qwen3-30b-a3b"])
     ap.add_argument("--m", default="1024,4096")
     ap.add_argument("--tiles", default="128x64x3x4,128x128x3x8,64x64x3x4",
-                    help="BLOCK_M(tokens)xBLOCK_N(columns of I)xSTAGESxWARPS[dDEPTH][h], comma-separated; "
-                         "dDEPTH: weight tiles in flight in registers (1, 2), h: fp16 rows and conversion")
+                    help="BLOCK_M(tokens)xBLOCK_N(columns of I)xSTAGESxWARPS[dDEPTH][h][w], comma-separated; "
+                         "dDEPTH: weight tiles in flight in registers (1, 2), h: fp16 rows and conversion, "
+                         "w: the warp-specialized form (wsrr; WARPS: its consumer warps)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -201,15 +341,20 @@ def main():
             run8()
             row = dict(shape=name, M=m, int8_config=cfg8, int8_us=bench_us(run8), bf16_us=bench_us(run16))
             for tile in args.tiles.split(","):
-                bm, bn, st, nw, depth, half = re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)(?:d(\d))?(h)?", tile).groups()
+                bm, bn, st, nw, depth, half, ws = re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)(?:d(\d))?(h)?(w)?",
+                                                              tile).groups()
                 bm, bn, st, nw, depth = int(bm), int(bn), int(st), int(nw), int(depth or 1)
                 xk, inv = invoke_fp16_rows(x) if half else (x, None)
                 try:
                     sorted_ids, blocks, num_post = align_block_size(ids, bm, e, None)
                     out = torch.empty(m * k, i, dtype=torch.bfloat16, device="cuda")
-                    fn = lambda: gate_up_rr(xk, w13r, s13, sorted_ids, blocks, num_post, k, out,  # noqa: E731
-                                            block_m=bm, block_n=bn, stages=st, num_warps=nw, x_inv_scale=inv,
-                                            depth=depth)
+                    if ws:
+                        fn = lambda: gate_up_wsrr(x, w13r, s13, sorted_ids, blocks, num_post, k, out,  # noqa: E731
+                                                  block_m=bm, block_n=bn, stages=st, num_warps=nw)
+                    else:
+                        fn = lambda: gate_up_rr(xk, w13r, s13, sorted_ids, blocks, num_post, k, out,  # noqa: E731
+                                                block_m=bm, block_n=bn, stages=st, num_warps=nw, x_inv_scale=inv,
+                                                depth=depth)
                     fn()
                     err = ((out.float() - out8.float()).norm() / out8.float().norm()).item()
                     row[f"rr_{tile}_us"], row[f"rr_{tile}_err"] = bench_us(fn), err
