@@ -243,6 +243,15 @@ def _moe_wsrr_mma(x_ring, w_ring, loaded, free, H, acc_layout: gl.constexpr, a_l
 
 
 @gluon.jit
+def _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout: gl.constexpr,
+                  BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The block's pair rows and the addresses of its transposed output tile (columns of I x rows)."""
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout)))
+    return rows, out_ptr + rows.to(gl.int64)[None, :] * stride_om + offs_n[:, None]
+
+
+@gluon.jit
 def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
                             stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -257,6 +266,12 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:  # not on this rank: zeros, as the library's kernels write
+        out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout,
+                                           BLOCK_M, BLOCK_N)
+        gl.store(out_ptrs, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.bfloat16, layout=acc_layout),
+                 mask=out_rows[None, :] < num_valid)
+        return
     x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
     w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * BLOCK_N, BLOCK_K], W_SMEM)
     loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -271,13 +286,14 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             expert, num_valid, top_k, I, H, stride_xm, stride_we, stride_wn)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
+    # (the output's addresses only now: computed before the K loop they would hold registers through it)
+    out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout, BLOCK_M,
+                                       BLOCK_N)
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
-    out_rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(0, acc_layout)))
     g = acc_g * gl.load(scale_ptr + expert * stride_se + offs_n)[:, None]
     u = acc_u * gl.load(scale_ptr + expert * stride_se + I + offs_n)[:, None]
     h = g / (1.0 + gl.exp(-g)) * u
-    gl.store(out_ptr + out_rows.to(gl.int64)[None, :] * stride_om + offs_n[:, None], h.to(gl.bfloat16),
-             mask=out_rows[None, :] < num_valid)
+    gl.store(out_ptrs, h.to(gl.bfloat16), mask=out_rows[None, :] < num_valid)
 
 
 def gate_up_wsrr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k, out, *, block_m, block_n=128,
@@ -287,8 +303,10 @@ def gate_up_wsrr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k,
     inter = two_i // 2
     if hidden % (2 * block_k) or block_k % 64 or inter % block_n:
         raise ValueError("the repacked layout works in 64-wide K blocks (the loop in pairs), on whole tiles of I")
-    if stages < 2 or block_n != 16 * num_warps or x.dtype != torch.bfloat16:
-        raise ValueError("wsrr: two or more stages, 64 columns of I a warpgroup, bf16 x")
+    if stages < 2 or block_n != 16 * num_warps or x.dtype != torch.bfloat16 or w13r.dtype != torch.int8:
+        raise ValueError("wsrr: two or more stages, 64 columns of I a warpgroup, bf16 x, int8 weights")
+    if any(t.stride(-1) != 1 for t in (x, w13r, w13_scale, out)):
+        raise ValueError("wsrr: unit-stride rows")
     x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     w_smem = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # plain rows: a thread's 16 repacked bytes together
     grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(inter, block_n),)
