@@ -11,7 +11,9 @@ tile ever goes through shared memory.
 A tile with the suffix w runs the warp-specialized form instead ("wsrr", NOTES item 95): a loader
 partition brings the token rows and the repacked weight rows into a shared-memory ring, the consumer
 warpgroups read each weight fragment from it just before converting it (no weight tile held in
-registers in flight), two pairs of register operands in turn.
+registers in flight), two pairs of register operands in turn. ``--gemm down`` times the down GEMM in
+that form (``moe_down_wsrr_kernel``; tiles with the suffix w: pair rows x columns of H) against the
+library's down launch.
 
 Prints, per shape and M: the library's int8 gate/up (the shipped config: Triton or Gluon), the
 library's bf16 gate/up (the shipped bf16 config), the register form, and whether it matches the
@@ -35,8 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 import torch  # noqa: E402
 import triton  # noqa: E402
-from gluon_w8a16_probe import (LOADER_WARPS, _async_load, _cta_barrier, _repacked_layout, bench_us,  # noqa: E402
-                               repack_rows)
+from gluon_w8a16_probe import (LOADER_WARPS, _async_load, _cta_barrier, _repacked_layout, _wsrr_mma,  # noqa: E402
+                               bench_us, repack_rows)
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,  # noqa: E402
@@ -175,11 +177,14 @@ def gate_up_rr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k, o
 # retired the wgmmas that read the slot's x tile, after reading its weights).
 @gluon.jit
 def _moe_wsrr_loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert,
-                     num_valid, top_k, I, H, stride_xm, stride_we, stride_wn):
+                     num_valid, top_k, first_rows, second_offset, H, stride_xm, stride_we, stride_wn):
+    """Token rows sorted_token_ids // top_k of x; weight rows n0 + r for the slot's first ``first_rows``
+    rows, n0 + second_offset + r - first_rows after them (gate_up: BLOCK_N gate rows, then the up rows
+    I further on; down: all rows of one block, first_rows = the slot's rows); K = H here."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
-    BLOCK_N2: gl.constexpr = w_ring.type.shape[1]  # gate's rows, then up's
+    BLOCK_N2: gl.constexpr = w_ring.type.shape[1]
     x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
     w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [LOADER_WARPS, 1], [1, 0])
     rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
@@ -187,7 +192,7 @@ def _moe_wsrr_loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_id
     offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
     x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, BLOCK_N2, layout=gl.SliceLayout(1, w_load))
-    w_rows = gl.where(r < BLOCK_N2 // 2, n0 + r, I + n0 + r - BLOCK_N2 // 2)
+    w_rows = gl.where(r < first_rows, n0 + r, n0 + second_offset + r - first_rows)
     offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
     w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + offs_wk[None, :]
     for j in range(gl.cdiv(H, BLOCK_K)):
@@ -283,7 +288,7 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
         (_moe_wsrr_mma, (x_ring, w_ring, loaded, free, H, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
                          STAGES)),
         (_moe_wsrr_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0,
-                            expert, num_valid, top_k, I, H, stride_xm, stride_we, stride_wn)),
+                            expert, num_valid, top_k, BLOCK_N, I, H, stride_xm, stride_we, stride_wn)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
     # (the output's addresses only now: computed before the K loop they would hold registers through it)
@@ -317,6 +322,74 @@ def gate_up_wsrr(x, w13r, w13_scale, sorted_ids, block_experts, num_post, top_k,
     return out
 
 
+@gluon.jit
+def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                         block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
+                         stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
+                         num_warps: gl.constexpr):
+    """The down GEMM in the same form: out[pair, H] = (h[pair] @ w2[e]^T) * routing weight; the K loop is
+    gluon_w8a16_probe's dense wsrr consumer (one register operand pair in turn), the loader the one above
+    (rows of h are pair rows: top_k 1)."""
+    pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:  # not on this rank: zeros, as the library's kernels write
+        out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout,
+                                           BLOCK_M, BLOCK_N)
+        gl.store(out_ptrs, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.bfloat16, layout=acc_layout),
+                 mask=out_rows[None, :] < num_valid)
+        return
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
+        mbarrier.init(free.index(s), count=1)
+    acc, = gl.warp_specialize([
+        (_wsrr_mma, (x_ring, w_ring, loaded, free, I, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
+                     STAGES)),
+        (_moe_wsrr_loader, (a_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0,
+                            expert, num_valid, 1, BLOCK_N, 0, I, stride_am, stride_we, stride_wn)),
+    ], [LOADER_WARPS], [LOADER_REGS])
+
+    out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout, BLOCK_M,
+                                       BLOCK_N)
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    row_mask = out_rows < num_valid
+    rw = gl.load(topk_weights_ptr + out_rows, mask=row_mask, other=0.0).to(gl.float32)
+    y = acc * gl.load(scale_ptr + expert * stride_se + offs_n)[:, None] * rw[None, :]
+    gl.store(out_ptrs, y.to(gl.bfloat16), mask=row_mask[None, :])
+
+
+def down_wsrr(a, w2r, w2_scale, topk_weights, sorted_ids, block_experts, num_post, out, *, block_m, block_n=128,
+              block_k=64, group_m=8, stages=4, num_warps=8, loader_regs=56):
+    """bf16 ``a`` (the gate/up output, pair rows); ``block_m`` pair rows (wgmma's N), ``block_n`` columns of
+    H (64 a consumer warpgroup); ``out [pairs, H]`` times the flat routing weights."""
+    num_experts, hidden, inter = w2r.shape
+    if inter % (2 * block_k) or block_k % 64 or hidden % block_n:
+        raise ValueError("the repacked layout works in 64-wide K blocks (the loop in pairs), on whole tiles of H")
+    if stages < 2 or block_n != 16 * num_warps or a.dtype != torch.bfloat16 or w2r.dtype != torch.int8:
+        raise ValueError("wsrr: two or more stages, 64 columns of H a warpgroup, bf16 a, int8 weights")
+    if any(t.stride(-1) != 1 for t in (a, w2r, w2_scale, out)):
+        raise ValueError("wsrr: unit-stride rows")
+    x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    w_smem = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    grid = (triton.cdiv(sorted_ids.numel(), block_m) * triton.cdiv(hidden, block_n),)
+    moe_down_wsrr_kernel[grid](a, w2r, w2_scale, out, topk_weights, sorted_ids, block_experts, num_post,
+                               topk_weights.numel(), sorted_ids.numel(), hidden, inter, a.stride(0), w2r.stride(0),
+                               w2r.stride(1), w2_scale.stride(0), out.stride(0), block_m, block_n, block_k, group_m,
+                               stages, loader_regs, x_smem, w_smem, num_warps=num_warps)
+    return out
+
+
 def library_gate_up(x, w13, w13_scale, weights, ids, top_k, dtype):
     """The library's gate/up launch with the shipped config for this M (aligned outside the timing)."""
     m = x.shape[0]
@@ -334,6 +407,71 @@ def library_gate_up(x, w13, w13_scale, weights, ids, top_k, dtype):
                                             "silu", False, gate_up_cfg), out, cfg
 
 
+def library_down(a, w2, w2_scale, weights, ids, top_k, dtype):
+    """The library's down launch (times the routing weight) with the shipped config for this M."""
+    m = ids.shape[0]
+    num_experts, inter = w2.shape[0], w2.shape[2]
+    cfg = configs.get_config(m, num_experts, inter, top_k, dtype)
+    cfg = configs.without(cfg, "DEQUANT_ONCE", "PAIRS", "DEDUP_PAIRS", "SUM_TOPK", "SUM_LAST", "FUSED_DECODE",
+                          "SPLIT_K")
+    gate_up_cfg, down_cfg = configs.split_config(cfg)
+    sorted_ids, blocks, num_post = align_block_size(ids, gate_up_cfg["BLOCK_SIZE_M"], num_experts, None)
+    out = torch.empty(m * top_k, w2.shape[1], dtype=a.dtype, device=a.device)
+    flat = weights.reshape(-1).contiguous()
+    if cfg.get("GLUON") and w2.dtype == torch.int8:
+        return lambda: gluon_moe.invoke_down(a, w2, w2_scale, out, flat, sorted_ids, blocks, num_post, True,
+                                             down_cfg), out, cfg
+    return lambda: fused_moe.invoke_down(a, w2, w2_scale, out, flat, sorted_ids, blocks, num_post, True,
+                                         down_cfg), out, cfg
+
+
+def run_down(args):
+    """--gemm down: the down GEMM in the wsrr form (tiles with the suffix w only) against the library's."""
+    torch.manual_seed(0)
+    rows = []
+    for name in args.shapes:
+        _, (e, h, i, k) = bench.parse_shape(name)
+        w2f = torch.randn(e, h, i, device="cuda", dtype=torch.bfloat16) / i ** 0.5
+        w2, s2 = quantize_weights(w2f)
+        w2r = repack_rows(w2.reshape(e * h, i)).reshape(e, h, i)
+        for m in (int(v) for v in args.m.split(",")):
+            a = torch.randn(m * k, i, device="cuda", dtype=torch.bfloat16)
+            weights, ids = select_experts(torch.randn(m, e, device="cuda"), k)
+            run8, out8, cfg8 = library_down(a, w2, s2, weights, ids, k, torch.int8)
+            run16, _, _ = library_down(a, w2f, None, weights, ids, k, torch.bfloat16)
+            run8()
+            row = dict(shape=name, M=m, gemm="down", int8_config=cfg8, int8_us=bench_us(run8), bf16_us=bench_us(run16))
+            flat = weights.reshape(-1).contiguous()
+            for tile in args.tiles.split(","):
+                bm, bn, st, nw = (int(v) for v in re.fullmatch(r"(\d+)x(\d+)x(\d+)x(\d+)w", tile).groups())
+                try:
+                    sorted_ids, blocks, num_post = align_block_size(ids, bm, e, None)
+                    out = torch.empty(m * k, h, dtype=torch.bfloat16, device="cuda")
+                    fn = lambda: down_wsrr(a, w2r, s2, flat, sorted_ids, blocks, num_post, out,  # noqa: E731
+                                           block_m=bm, block_n=bn, stages=st, num_warps=nw)
+                    fn()
+                    err = ((out.float() - out8.float()).norm() / out8.float().norm()).item()
+                    row[f"rr_{tile}_us"], row[f"rr_{tile}_err"] = bench_us(fn), err
+                except Exception as exc:
+                    row[f"rr_{tile}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            rows.append(row)
+            _report(args, name, m, row, rows)
+        torch.cuda.empty_cache()
+
+
+def _report(args, name, m, row, rows):
+    cells = "  ".join(f"rr {t}: {row[f'rr_{t}_us']:8.1f} us (err {row[f'rr_{t}_err']:.1e}"
+                      f"{'' if row[f'rr_{t}_err'] <= 2e-2 else ' WRONG'})"  # (NaN: WRONG too)
+                      if f"rr_{t}_us" in row else f"rr {t}: failed" for t in args.tiles.split(","))
+    print(f"{name:16s} M={m:<5d} int8 {row['int8_us']:8.1f} us  bf16 {row['bf16_us']:8.1f} us  {cells}", flush=True)
+    if args.out:
+        with open(os.path.join(args.out, f"gluon_moe_rr_probe{'_down' if args.gemm == 'down' else ''}.json"),
+                  "w") as f:
+            json.dump(dict(benchmark="gluon_moe_rr_probe", gpu=torch.cuda.get_device_name(),
+                           commit=bench.library_commit()[0], triton=triton.__version__, command=" ".join(sys.argv),
+                           rows=rows), f, indent=1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=["mixtral-8x7b", "qwen3-30b-a3b"])
@@ -342,8 +480,12 @@ def main():
                     help="BLOCK_M(tokens)xBLOCK_N(columns of I)xSTAGESxWARPS[dDEPTH][h][w], comma-separated; "
                          "dDEPTH: weight tiles in flight in registers (1, 2), h: fp16 rows and conversion, "
                          "w: the warp-specialized form (wsrr; WARPS: its consumer warps)")
+    ap.add_argument("--gemm", default="gate_up", choices=["gate_up", "down"],
+                    help="down: the down GEMM, wsrr tiles (suffix w) only")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.gemm == "down":
+        return run_down(args)
     torch.manual_seed(0)
     rows = []
     for name in args.shapes:
@@ -379,16 +521,7 @@ def main():
                 except Exception as exc:  # a tile this kernel cannot compile: recorded, the rest still runs
                     row[f"rr_{tile}_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             rows.append(row)
-            cells = "  ".join(f"rr {t}: {row[f'rr_{t}_us']:8.1f} us (err {row[f'rr_{t}_err']:.1e}"
-                              f"{'' if row[f'rr_{t}_err'] <= 2e-2 else ' WRONG'})"  # (NaN: WRONG too)
-                              if f"rr_{t}_us" in row else f"rr {t}: failed" for t in args.tiles.split(","))
-            print(f"{name:16s} M={m:<5d} int8 {row['int8_us']:8.1f} us  bf16 {row['bf16_us']:8.1f} us  {cells}",
-                  flush=True)
-            if args.out:
-                with open(os.path.join(args.out, "gluon_moe_rr_probe.json"), "w") as f:
-                    json.dump(dict(benchmark="gluon_moe_rr_probe", gpu=torch.cuda.get_device_name(),
-                                   commit=bench.library_commit()[0], triton=triton.__version__,
-                                   command=" ".join(sys.argv), rows=rows), f, indent=1)
+            _report(args, name, m, row, rows)
         torch.cuda.empty_cache()
 
 
