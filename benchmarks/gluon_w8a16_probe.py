@@ -494,6 +494,24 @@ def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=6
     return y
 
 
+def sm90_cubin(kernel, constexprs: dict, pointer_types: dict, num_warps: int) -> bytes:
+    """``kernel`` (a Gluon kernel of this file or gluon_moe_rr_probe.py) compiled for sm_90 without a GPU:
+    arguments named in ``pointer_types`` are pointers of those types, the others not in ``constexprs``
+    int32; pointers, strides and the GEMM's K (K, H or I) taken as multiples of 16, as Triton's launcher
+    specializes them at run time. For benchmarks/wgmma_operand_check.py (its SASS by
+    cuobjdump). Run without TRITON_INTERPRET, whose patches of Triton's language break compilation."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32")
+                 for name in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if name in pointer_types or name.startswith("stride") or name in ("K", "H", "I")}
+    compiled = triton.compile(GluonASTSource(kernel, signature, dict(constexprs, num_warps=num_warps), aligned),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
+    return compiled.asm["cubin"]
+
+
 def bench_us(fn, reps=50):
     fn()
     graph = torch.cuda.CUDAGraph()

@@ -15,31 +15,54 @@ loop's shape, not a proof: run it on every tile after any change to a kernel, to
 import re
 import sys
 
-def parse(path):
+# instructions without a register destination (stores, barriers, branches, fences, the HGMMA itself,
+# predicate and uniform-register writers)
+NO_DESTINATION = ('HGMMA', 'ST', 'BAR', 'SYNCS', 'WARPGROUP', 'BRA', 'MEMBAR', 'FENCE', 'NOP', 'ARRIVES', 'LDGSTS',
+                  'RED', 'EXIT', 'ATOM ', 'CCTL', 'ERRBAR', 'DEPBAR', 'ISETP', 'FSETP', 'PLOP', 'HSETP', 'DSETP',
+                  'VOTE', 'U')
+
+
+def parse(sass: str) -> list:
+    """(address, instruction) pairs of cuobjdump -sass text."""
     ins = []
-    for l in open(path):
-        m = re.match(r"\s+/\*([0-9a-f]{4,5})\*/\s+(.*?)\s*;", l)
-        if m: ins.append((int(m.group(1), 16), m.group(2)))
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,5})\*/\s+(.*?)\s*;", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2)))
     return ins
-def width(op):
-    return 4 if '.128' in op else 2 if ('.64' in op or op.startswith('CS2R') or '.WIDE' in op or op.startswith('DADD') or op.startswith('DMUL')) else 1
-NODST = ('HGMMA', 'ST', 'BAR', 'SYNCS', 'WARPGROUP', 'BRA', 'MEMBAR', 'FENCE', 'NOP', 'ARRIVES', 'LDGSTS', 'RED', 'EXIT', 'ATOM ', 'CCTL', 'ERRBAR', 'DEPBAR')
-def regs(t):
-    t = re.sub(r"^@!?U?P\w+\s+", "", t); op = t.split()[0]; rest = t[len(op):]
-    ops = [o.strip() for o in rest.split(',')]
-    dst = set(); src = set()
-    has_dst = not op.startswith(NODST) and not op.startswith(('ISETP', 'FSETP', 'PLOP', 'HSETP', 'DSETP', 'VOTE', 'U'))
+
+
+def width(op: str) -> int:
+    """Registers a destination operand spans."""
+    if '.128' in op:
+        return 4
+    wide = '.64' in op or '.WIDE' in op or op.startswith(('CS2R', 'DADD', 'DMUL'))
+    return 2 if wide else 1
+
+
+def regs(t: str) -> tuple:
+    """(opcode, registers written, registers read) of one instruction (its predicate dropped)."""
+    t = re.sub(r"^@!?U?P\w+\s+", "", t)
+    op = t.split()[0]
+    ops = [o.strip() for o in t[len(op):].split(',')]
+    dst, src = set(), set()
+    has_dst = not op.startswith(NO_DESTINATION)
     w = width(op)
     for k, o in enumerate(ops):
         for m in re.finditer(r"(?<![A-Za-z_])R(\d+)", o):
-            r = int(m.group(1)); n = w if (k == 0 or op.startswith(('ST', 'LDS', 'LDG'))) else 1
-            rr = set(range(r, r + n))
-            if k == 0 and has_dst and o.startswith('R'): dst |= rr
-            else: src |= rr
-    # STS/STG: first operand is an address -> src
+            r = int(m.group(1))
+            n = w if (k == 0 or op.startswith(('ST', 'LDS', 'LDG'))) else 1
+            if k == 0 and has_dst and o.startswith('R'):
+                dst |= set(range(r, r + n))
+            else:  # (a store's first operand is its address)
+                src |= set(range(r, r + n))
     return op, dst, src
-def check(path):
-    ins = parse(path)
+
+
+def analyze(sass: str) -> dict:
+    """The K loop's HGMMA groups (first address, A registers, accumulator registers), whether their A
+    register sets are pairwise disjoint, the loop's DEPBARs, and the hazards found (empty: none)."""
+    ins = parse(sass)
     addr = {a: i for i, (a, t) in enumerate(ins)}
     hg = [i for i, (a, t) in enumerate(ins) if t.startswith('HGMMA') or re.match(r"@!?P\w+ HGMMA", t)]
     # loop: backward branch whose target precedes the first HGMMA and which lies after the last HGMMA
@@ -48,49 +71,68 @@ def check(path):
         m = re.search(r'BRA (0x[0-9a-f]+)', t)
         if m:
             tgt = int(m.group(1), 16)
-            if tgt < a and tgt <= ins[hg[0]][0] and a >= ins[hg[-1]][0]: loops.append((addr[tgt], i))
+            if tgt < a and tgt <= ins[hg[0]][0] and a >= ins[hg[-1]][0]:
+                loops.append((addr[tgt], i))
     lo, hi = loops[0]
     exit_dep = next(i for i in range(hi + 1, len(ins)) if 'DEPBAR' in ins[i][1])
     end = next(i for i in range(exit_dep, len(ins)) if 'EXIT' in ins[i][1])
     trace = list(range(lo, hi + 1)) * 3 + list(range(hi + 1, end + 1))
-    inflight = []   # list of groups: dict(A=set, acc=set, first=idx)
+    inflight = []  # groups: dict(A=set, acc=set, first=address)
     cur = None
-    bad = []; groups_seen = []
-    for step, i in enumerate(trace):
+    bad, groups_seen = [], []
+    for i in trace:
         a, t = ins[i]
         op, dst, src = regs(t)
         body = re.sub(r"^@!?U?P\w+\s+", "", t)
         if body.startswith('HGMMA'):
             m = re.match(r"HGMMA\.(\d+)x(\d+)x16\.\S+ R(\d+), (R(\d+)|gdesc\[\w+\]), gdesc\[\w+\], (R\d+|RZ)", body)
-            n = int(m.group(2)); acc0 = int(m.group(3))
+            n = int(m.group(2))
+            acc0 = int(m.group(3))
             acc = set(range(acc0, acc0 + n // 2))
             A = set(range(int(m.group(5)), int(m.group(5)) + 4)) if m.group(5) else set()
             # an HGMMA into an accumulator other than an in-flight chain's must not overlap its A or acc
             for g in inflight + ([cur] if cur else []):
-                if (acc & g['A']) or (A and A & g['acc']): bad.append(('HGMMA overlaps in-flight', hex(a), t))
-            if cur is None: cur = dict(A=set(), acc=set(), first=a)
-            cur['A'] |= A; cur['acc'] |= acc
+                if (acc & g['A']) or (A and A & g['acc']):
+                    bad.append(('HGMMA overlaps in-flight', hex(a), t))
+            if cur is None:
+                cur = dict(A=set(), acc=set(), first=a)
+            cur['A'] |= A
+            cur['acc'] |= acc
             if 'gsb0' in body:
-                inflight.append(cur); groups_seen.append((hex(cur['first']), min(cur['A']), max(cur['A']), min(cur['acc']), max(cur['acc']), tuple(sorted(cur['A'])))); cur = None
+                inflight.append(cur)
+                groups_seen.append((hex(cur['first']), tuple(sorted(cur['A'])), tuple(sorted(cur['acc']))))
+                cur = None
             continue
         m = re.match(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)", body)
         if m:
             n = int(m.group(1), 16)
-            while len(inflight) > n: inflight.pop(0)
+            while len(inflight) > n:
+                inflight.pop(0)
             continue
-        live = inflight + ([cur] if cur else [])
-        for g in live:
-            if dst & g['A']: bad.append(('writes A', hex(a), t, hex(g['first'])))
-            if (dst | src) & g['acc']: bad.append(('touches acc', hex(a), t, hex(g['first'])))
-    uniq = sorted(set(groups_seen), key=lambda x: x[0])
-    print(path, 'loop', hex(ins[lo][0]), hex(ins[hi][0]), 'groups:')
-    for g in uniq: print('   HGMMA group @', g[0], 'A R%d..R%d' % (g[1], g[2]), 'count', len(g[5]), 'acc R%d..R%d' % (g[3], g[4]))
-    As = [set(g[5]) for g in uniq]
-    print('   A sets pairwise disjoint:', all(not (As[x] & As[y]) for x in range(len(As)) for y in range(x + 1, len(As))))
-    print('   DEPBARs in loop:', [ins[i][1] for i in range(lo, hi + 1) if 'DEPBAR' in ins[i][1]], 'exit:', ins[exit_dep][1])
-    print('   hazards:', sorted(set(bad)) if bad else 'none')
+        for g in inflight + ([cur] if cur else []):
+            if dst & g['A']:
+                bad.append(('writes A', hex(a), t, hex(g['first'])))
+            if (dst | src) & g['acc']:
+                bad.append(('touches acc', hex(a), t, hex(g['first'])))
+    groups = sorted(set(groups_seen))
+    a_sets = [set(g[1]) for g in groups]
+    return dict(loop=(hex(ins[lo][0]), hex(ins[hi][0])), groups=groups,
+                disjoint=all(not (a_sets[x] & a_sets[y]) for x in range(len(a_sets)) for y in range(x + 1, len(a_sets))),
+                depbars=[ins[i][1] for i in range(lo, hi + 1) if 'DEPBAR' in ins[i][1]], exit_depbar=ins[exit_dep][1],
+                hazards=sorted(set(bad)))
+
+
+def main() -> None:
+    for path in sys.argv[1:]:
+        with open(path) as f:
+            r = analyze(f.read())
+        print(path, 'loop', *r['loop'], 'groups:')
+        for first, a, acc in r['groups']:
+            print('   HGMMA group @', first, 'A R%d..R%d' % (a[0], a[-1]), 'count', len(a), 'acc R%d..R%d' % (acc[0], acc[-1]))
+        print('   A sets pairwise disjoint:', r['disjoint'])
+        print('   DEPBARs in loop:', r['depbars'], 'exit:', r['exit_depbar'])
+        print('   hazards:', r['hazards'] or 'none')
 
 
 if __name__ == "__main__":
-    for path in sys.argv[1:]:
-        check(path)
+    main()
