@@ -8,6 +8,9 @@ stored into one of two bf16/fp16 slots, and its wgmma is issued asynchronously w
 tile's left in flight, so converting tile j+1 overlaps tile j's tensor-core work (Triton keeps the
 int8 wgmma synchronous: benchmarks/NOTES.md items 13, 41).
 
+An expert's last row block whose lower half is all padding runs the same loop compiled for half the
+rows (``TRIM_TAIL``, on unless a config sets it to 0; :func:`trim_tail` says where it applies).
+
 A config selects it with ``GLUON: 1`` (:mod:`.configs`); :func:`supported` says when it applies
 (sm_90, int8 weights with scales, 16-bit activations, no bias, block sizes wgmma can tile), and
 elsewhere the same config runs the Triton kernels. Gluon kernels do not run under Triton's
