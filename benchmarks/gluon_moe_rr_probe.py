@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 import triton  # noqa: E402
 from gluon_w8a16_probe import (LOADER_WARPS, _async_load, _cta_barrier, _repacked_layout, _wsrr_mma,  # noqa: E402
-                               bench_us, repack_rows)
+                               _wsrr_ring, bench_us, repack_rows)
 from triton.experimental import gluon  # noqa: E402
 from triton.experimental.gluon import language as gl  # noqa: E402
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,  # noqa: E402
@@ -257,6 +257,16 @@ def _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layou
 
 
 @gluon.jit
+def _moe_wsrr_zeros(out_ptr, sorted_token_ids_ptr, pid_m, n0, num_valid, stride_om, acc_layout: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Zeros into the block's output tile (an expert not on this rank)."""
+    out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout, BLOCK_M,
+                                       BLOCK_N)
+    gl.store(out_ptrs, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.bfloat16, layout=acc_layout),
+             mask=out_rows[None, :] < num_valid)
+
+
+@gluon.jit
 def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
                             stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -272,18 +282,9 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
     w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:  # not on this rank: zeros, as the library's kernels write
-        out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout,
-                                           BLOCK_M, BLOCK_N)
-        gl.store(out_ptrs, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.bfloat16, layout=acc_layout),
-                 mask=out_rows[None, :] < num_valid)
+        _moe_wsrr_zeros(out_ptr, sorted_token_ids_ptr, pid_m, n0, num_valid, stride_om, acc_layout, BLOCK_M, BLOCK_N)
         return
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, 2 * BLOCK_N, BLOCK_K], W_SMEM)
-    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
-        mbarrier.init(free.index(s), count=1)
+    x_ring, w_ring, loaded, free = _wsrr_ring(STAGES, BLOCK_M, 2 * BLOCK_N, BLOCK_K, X_SMEM, W_SMEM)
     acc_g, acc_u = gl.warp_specialize([
         (_moe_wsrr_mma, (x_ring, w_ring, loaded, free, H, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
                          STAGES)),
@@ -341,18 +342,9 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
     w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:  # not on this rank: zeros, as the library's kernels write
-        out_rows, out_ptrs = _moe_wsrr_out(out_ptr, sorted_token_ids_ptr, pid_m, n0, stride_om, acc_layout,
-                                           BLOCK_M, BLOCK_N)
-        gl.store(out_ptrs, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.bfloat16, layout=acc_layout),
-                 mask=out_rows[None, :] < num_valid)
+        _moe_wsrr_zeros(out_ptr, sorted_token_ids_ptr, pid_m, n0, num_valid, stride_om, acc_layout, BLOCK_M, BLOCK_N)
         return
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
-    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
-        mbarrier.init(free.index(s), count=1)
+    x_ring, w_ring, loaded, free = _wsrr_ring(STAGES, BLOCK_M, BLOCK_N, BLOCK_K, X_SMEM, W_SMEM)
     acc, = gl.warp_specialize([
         (_wsrr_mma, (x_ring, w_ring, loaded, free, I, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
                      STAGES)),

@@ -394,6 +394,21 @@ def _wsrr_mma(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, a_layou
 
 
 @gluon.jit
+def _wsrr_ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_K: gl.constexpr,
+               X_SMEM: gl.constexpr, W_SMEM: gl.constexpr):
+    """The wsrr forms' ring: x tiles, int8 weight tiles of W_ROWS rows, and their `loaded` (one async
+    arrival per loader thread) and `free` (one arrival) barriers."""
+    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, W_ROWS, BLOCK_K], W_SMEM)
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)
+        mbarrier.init(free.index(s), count=1)
+    return x_ring, w_ring, loaded, free
+
+
+@gluon.jit
 def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
@@ -403,13 +418,7 @@ def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, s
                                                          instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
     w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, BLOCK_N, BLOCK_K], W_SMEM)
-    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)  # one async arrival per loader thread
-        mbarrier.init(free.index(s), count=1)
+    x_ring, w_ring, loaded, free = _wsrr_ring(STAGES, BLOCK_M, BLOCK_N, BLOCK_K, X_SMEM, W_SMEM)
     acc, = gl.warp_specialize([
         (_wsrr_mma, (x_ring, w_ring, loaded, free, K, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
                      STAGES)),
