@@ -240,6 +240,15 @@ def repack_rows(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(n, k // 64, 4, 2, 4, 2).permute(0, 1, 4, 2, 3, 5).reshape(n, k).contiguous()
 
 
+def permute_k(x: torch.Tensor) -> torch.Tensor:
+    """``[M, K]`` activations in the order that lets the register form read weights as quantized, not
+    repacked: a K permutation applied to both operands leaves the product unchanged, so instead of the
+    weights' bytes moving to where the fragments expect them, the activations' K columns move to where
+    the unmoved bytes are read (the inverse of repack_rows's permutation: repack_rows(permute_k(x)) == x)."""
+    m, k = x.shape
+    return x.reshape(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
+
+
 @gluon.constexpr_function
 def _repacked_layout(lin):
     """The A-operand layout with K coordinates moved to their repacked memory positions, and the

@@ -21,6 +21,7 @@ CASES = {
     "dense": ("w8a16_gemm_wsrr_kernel", "gluon_w8a16_probe", (256, 128, 64, 4, 8), 72),
     "moe_gate_up": ("moe_gate_up_wsrr_kernel", "gluon_moe_rr_probe", (128, 128, 64, 4, 8), 56),
     "moe_down": ("moe_down_wsrr_kernel", "gluon_moe_rr_probe", (128, 128, 64, 3, 8), 56),
+    "moe_gate_up_one_acc": ("moe_gate_up_wsrr1_kernel", "gluon_moe_rr_probe", (256, 64, 64, 4, 8), 56),
 }
 POINTERS = {"x_ptr": "*bf16", "a_ptr": "*bf16", "w_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": "*bf16",
             "out_ptr": "*bf16", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
@@ -42,6 +43,8 @@ for name, (kernel, module, (bm, bn, bk, stages, warps), loader_regs) in {cases!r
               W_SMEM=gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     if "GROUP_M" in k.arg_names:
         cx["GROUP_M"] = 8
+    if "PERMUTE_OUT" in k.arg_names:
+        cx["PERMUTE_OUT"] = True
     path = os.path.join({tmp!r}, name + ".cubin")
     with open(path, "wb") as f:
         f.write(sm90_cubin(k, cx, {{n: t for n, t in {pointers!r}.items() if n in k.arg_names}}, warps))
