@@ -22,9 +22,9 @@ from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_
                                  invoke_fused_decode, invoke_gate_up, invoke_sum, sum_last_counts)
 
 try:
-    from .kernels import gluon_moe
-except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON entries run the Triton kernels
-    gluon_moe = None
+    from .kernels import gluon_moe, gluon_wsrr
+except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON/WSRR entries run the Triton kernels
+    gluon_moe = gluon_wsrr = None
 from .reference import ACTIVATIONS
 from .routing import select_experts
 
@@ -208,6 +208,12 @@ def _fused_experts_triton(
     if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
+    # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
+    if (config.get("WSRR") and gluon_wsrr is not None
+            and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
+                                     w13_bias is not None or w2_bias is not None)):
+        y = gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, topk_ids, expert_map)
+        return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
         partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),
                                        top_k, activation, apply_router_weight_on_input, config, w13_bias, w2_bias)

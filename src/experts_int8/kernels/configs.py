@@ -35,17 +35,19 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # FUSED_DECODE (with PAIRS) computes each pair's gate/up and down per slice of I in one launch;
 # TMA (sm_90+, the Triton GEMMs) loads weight tiles by tensor-descriptor copies (also a "down" override);
 # FP16_DOT (int8 weights, bf16 x) runs gate_up's dot in fp16 on x's rows scaled by powers of two;
-# TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows.
+# TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
+# WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
+# kernels (fixed tiles), where they apply; elsewhere the entry's other keys.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "down")
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL
-    and "down",
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
+    WSRR and "down",
     whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -60,7 +62,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         if key == "down":
             out[key] = check_config(value, _nested=True)
         elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
-                     "SUM_TOPK", "SUM_LAST", "TMA", "FP16_DOT", "TRIM_TAIL"):
+                     "SUM_TOPK", "SUM_LAST", "TMA", "FP16_DOT", "TRIM_TAIL", "WSRR"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)
@@ -79,6 +81,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: FUSED_DECODE is a PAIRS mode without DEDUP_PAIRS, SUM_TOPK, GLUON or DEQUANT_ONCE")
     if out.get("GLUON") and out.get("DEQUANT_ONCE"):
         raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
+    if out.get("WSRR") and (out.get("PAIRS") or out.get("FUSED_DECODE")):
+        raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode modes PAIRS and "
+                         "FUSED_DECODE")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

@@ -1,0 +1,362 @@
+"""Hopper (sm_90) prefill GEMMs of a W8A16 MoE layer in the warp-specialized register form ("WSRR").
+
+Where :mod:`.gluon_moe` converts each int8 weight tile into a bf16/fp16 tile in shared memory for
+wgmma to read (a round trip that holds its int8 GEMMs at the shared-memory ceiling, 0.67-0.8 of the
+tensor rate: benchmarks/NOTES.md items 54, 91), here the product is computed transposed (tokens are
+wgmma's N) so the weights are wgmma's *register* operand and never go back to shared memory:
+
+* a loader partition (4 warps, few registers) gathers the block's token rows and the expert's int8
+  weight rows into a shared-memory ring by cp.async (mbarriers ``loaded``/``free`` per slot);
+* the consumer warpgroups (8 warps, the registers the loader gives up) read each weight fragment with
+  16-byte shared loads, convert it, and issue its wgmma, two register operands in turn so one K tile's
+  wgmma runs while the next is converted (NOTES items 94-96).
+
+A thread's fragment of a 64-wide K block holds k = 2c, 2c+1, 2c+8, 2c+9, ... (c: its lane in the
+quad): 16 bytes that are not contiguous in a weight row. Instead of repacking the weights, the
+activations are K-permuted (:func:`permute_k`): a permutation applied to both operands of a dot
+product leaves it unchanged, so each thread reads 16 contiguous bytes and the weights stay exactly as
+quantized (checkpoints, the Triton kernels and the decode path are untouched).
+
+Gate/up: gate and up rows are gathered 8 apart, so one m64 wgmma per warpgroup covers 32 columns of I
+and each thread holds a column's gate (accumulator row r) and up (row r + 8): SiLU(gate) * up in
+registers, one accumulator of 256 tokens x 128 weight rows. The columns are chosen so that h comes
+out already K-permuted for the down GEMM, with contiguous stores. Down: 256 pair rows x 128 columns of
+H over K = I, times the routing weight, stored in quarters of the rows (the whole tile's addresses
+would spill).
+
+:func:`supported` says when it applies; a config selects it with ``WSRR: 1`` (:mod:`.configs`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+
+from .align import align_block_size
+from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _device_facts, _row_block
+
+BLOCK_M = 256  # tokens (pair rows) a program: wgmma's N
+GATE_UP_COLS = 64  # columns of I a gate/up program (128 weight rows: 16 a consumer warp)
+DOWN_COLS = 128  # columns of H a down program
+BLOCK_K = 64  # the fragment's K block
+STAGES = 4
+GROUP_M = 8
+CONSUMER_WARPS = 8
+LOADER_WARPS = gl.constexpr(4)
+LOADER_REGS = 72  # (56 spills 8 bytes at 256 tokens; the consumers get 216-240)
+SMEM_BYTES = STAGES * (BLOCK_M * BLOCK_K * 2 + 2 * GATE_UP_COLS * BLOCK_K) + 1024  # ring and its barriers
+
+
+def permute_k(x: torch.Tensor) -> torch.Tensor:
+    """``[M, K]`` activations (K a multiple of 64) with each 64-wide K block in the order the register
+    fragments read unrepacked weight bytes: column j holds x's column :func:`memory_position` (j)."""
+    m, k = x.shape
+    return x.reshape(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
+
+
+@gluon.constexpr_function  # (callable from host code too)
+def memory_position(k: int) -> int:
+    """The byte of a weight row that a fragment holds as logical k (within each 64-wide block: a thread
+    c of a quad holds k = 16s + 8e1 + 2c + e0 at its 16 contiguous bytes 16c + 4s + 2e1 + e0)."""
+    b = k & 63
+    return (k & ~63) | (b & 1) | ((b >> 3) & 1) << 1 | ((b >> 4) & 3) << 2 | ((b >> 1) & 3) << 4
+
+
+def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, activation: str,
+              mul_routed_weight_first: bool, biased: bool) -> bool:
+    """Whether this layer can run here: sm_90 with room for the ring, int8 weights with scales, bf16 or
+    fp16 activations, SiLU, no expert bias, routing weights on the output, H and I multiples of 128,
+    16-byte aligned unit-stride rows."""
+    if x.device.type != "cuda" or torch.version.hip is not None:
+        return False
+    major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
+    if (major != 9 or smem_limit < SMEM_BYTES or w13_scale is None or biased or activation != "silu"
+            or mul_routed_weight_first or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8):
+        return False
+    hidden, inter = w2.shape[1], w2.shape[2]
+    strides = (x.stride(0), w13.stride(0), w13.stride(1), w2.stride(0), w2.stride(1))
+    return (hidden % 128 == 0 and inter % 128 == 0 and all(s % 16 == 0 for s in strides)
+            and all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 for t in (x, w13, w2)))
+
+
+@gluon.constexpr_function
+def _fragment_layout(lin):
+    """The A-operand layout with each K coordinate moved to the byte it is read from
+    (:func:`memory_position`), registers ordered so a thread's 16 contiguous bytes come first."""
+    def to_memory(basis):
+        n, k = basis
+        return [n, memory_position(k)]
+    regs = sorted((to_memory(b) for b in lin.reg_bases), key=lambda b: (b[0] != 0, b[1] if b[0] == 0 else 0))
+    return gl.DistributedLinearLayout(regs, [to_memory(b) for b in lin.lane_bases],
+                                      [to_memory(b) for b in lin.warp_bases], lin.block_bases, lin.shape)
+
+
+@gluon.jit
+def _memory_position(k):
+    b = k & 63
+    return (k & ~63) | (b & 1) | ((b >> 3) & 1) << 1 | ((b >> 4) & 3) << 2 | ((b >> 1) & 3) << 4
+
+
+@gluon.jit
+def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_K: gl.constexpr,
+          dtype: gl.constexpr, X_SMEM: gl.constexpr):
+    """Activation tiles, int8 weight tiles (plain rows: a thread's 16 bytes together), and per slot its
+    `loaded` (one async arrival per loader thread) and `free` (one arrival) barriers."""
+    x_ring = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
+    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, W_ROWS, BLOCK_K], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(STAGES):
+        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)
+        mbarrier.init(free.index(s), count=1)
+    return x_ring, w_ring, loaded, free
+
+
+@gluon.jit
+def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
+            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr):
+    """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
+    expert's weight rows; for GATE_UP slot row r is column n0 + memory_position(8 (r // 16) + r % 8) of
+    gate (r % 16 < 8) or of up (up_offset rows further), else row n0 + r."""
+    STAGES: gl.constexpr = x_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
+    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
+    W_ROWS: gl.constexpr = w_ring.type.shape[1]
+    x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
+    w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [LOADER_WARPS, 1], [1, 0])
+    rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
+    row_mask = rows < num_valid
+    offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
+    x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
+    r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
+    if GATE_UP:
+        w_rows = n0 + _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * up_offset
+    else:
+        w_rows = n0 + r
+    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + offs_wk[None, :]
+    for j in range(gl.cdiv(K, BLOCK_K)):
+        slot = j % STAGES
+        mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)  # (a fresh barrier passes phase 1)
+        _async_load(x_ring.index(slot), x_ptrs + j * BLOCK_K, mask=row_mask[:, None])
+        _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K)  # (whole tiles: supported() checks H and I)
+        async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, when its copies land
+
+
+@gluon.jit
+def _operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr):
+    """Tile j's weight fragment, once its slot has landed: 16-byte shared loads, converted, and relabelled
+    as the register operand (bytes [c, s, e1, e0] as logical k [s, e1, c, e0]: register renaming)."""
+    STAGES: gl.constexpr = w_ring.type.shape[0]
+    W_ROWS: gl.constexpr = w_ring.type.shape[1]
+    BLOCK_K: gl.constexpr = w_ring.type.shape[2]
+    slot = j % STAGES
+    mbarrier.wait(loaded.index(slot), (j // STAGES) & 1)
+    w = gl.reshape(w_ring.index(slot).load(w_layout).to(dtype), [W_ROWS, BLOCK_K // 64, 4, 4, 2, 2])
+    return gl.convert_layout(gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [W_ROWS, BLOCK_K]), a_layout)
+
+
+@gluon.jit
+def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr):
+    """The K loop: two register operands in turn, tile j's wgmma in flight while tile j+1 is read and
+    converted; each operand a dependency of the wait that retires its wgmma, so nothing rewrites it
+    earlier; a slot freed once its wgmma has retired in both warpgroups."""
+    STAGES: gl.constexpr = x_ring.type.shape[0]
+    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
+    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
+    W_ROWS: gl.constexpr = w_ring.type.shape[1]
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    w_layout: gl.constexpr = _fragment_layout(gl.to_linear_layout(a_layout, [W_ROWS, BLOCK_K]))
+    acc = gl.zeros((W_ROWS, BLOCK_M), dtype=gl.float32, layout=acc_layout)
+    a_odd = gl.zeros((W_ROWS, BLOCK_K), dtype=dtype, layout=a_layout)
+    for i in range(gl.cdiv(K, BLOCK_K) // 2):  # (an even number of tiles: supported() checks)
+        j = 2 * i
+        a_even = _operand(w_ring, loaded, j, w_layout, a_layout, dtype)
+        fence_async_shared()  # x landed by cp.async (generic proxy), read by the wgmma (async proxy)
+        acc = warpgroup_mma(a_even, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # tile j-1 retired
+        _cta_barrier()  # ... in both warpgroups (a barrier of the consumer warps only)
+        mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        a_odd = _operand(w_ring, loaded, j + 1, w_layout, a_layout, dtype)
+        fence_async_shared()
+        acc = warpgroup_mma(a_odd, x_ring.index((j + 1) % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # tile j retired
+        _cta_barrier()
+        mbarrier.arrive(free.index(j % STAGES))
+    acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
+    return (acc, )  # (warp_specialize returns a tuple)
+
+
+@gluon.jit
+def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
+          stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
+          GATE_UP: gl.constexpr):
+    """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions."""
+    dtype: gl.constexpr = x_ptr.dtype.element_ty
+    x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
+    acc, = gl.warp_specialize([
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype)),
+        (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
+                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP)),
+    ], [LOADER_WARPS], [LOADER_REGS])
+    return acc
+
+
+@gluon.jit
+def _store_rows(out_ptr, tile, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr,
+                MUL_WEIGHT: gl.constexpr):
+    """A transposed tile (columns n0.. x pair rows from sorted position ``first``), times the routing
+    weights with MUL_WEIGHT, into its rows of ``out`` (padding rows skipped)."""
+    layout: gl.constexpr = tile.type.layout
+    rows = gl.load(sorted_token_ids_ptr + first + gl.arange(0, tile.type.shape[1], layout=gl.SliceLayout(0, layout)))
+    row_mask = rows < num_valid
+    if MUL_WEIGHT:
+        tile = tile * gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)[None, :]
+    cols = n0 + gl.arange(0, tile.type.shape[0], layout=gl.SliceLayout(1, layout))
+    gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + cols[:, None], tile.to(out_ptr.dtype.element_ty),
+             mask=row_mask[None, :])
+
+
+@gluon.jit
+def _column_halves(t):
+    """A tile's left and right columns (register renaming: the top column bit is a register's)."""
+    return gl.split(gl.permute(gl.reshape(t, [t.type.shape[0], 2, t.type.shape[1] // 2]), [0, 2, 1]))
+
+
+@gluon.jit
+def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+                            num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
+                            stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
+    K-permuted (h's column n0 + j holds column n0 + memory_position(j)): what the down kernel reads."""
+    W_ROWS: gl.constexpr = 2 * BLOCK_N
+    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:  # an expert on another rank: zeros, as the other kernels write
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
+                    sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
+        return
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
+                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True)
+    # accumulator row r: gate (r % 16 < 8) or up of column n0 + memory_position(8 (r // 16) + r % 8);
+    # a thread holds rows r and r + 8: the split below pairs them without moving data
+    r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
+    scale_rows = n0 + _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * I
+    acc = acc * gl.load(scale_ptr + expert * stride_se + scale_rows)[:, None]
+    gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
+    h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
+    _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
+
+
+@gluon.jit
+def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                         block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
+                         stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
+    kernel writes it)."""
+    pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    first = pid_m * BLOCK_M
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
+                    sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, False)
+        return
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
+                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False)
+    cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    y = acc * gl.load(scale_ptr + expert * stride_se + cols)[:, None]
+    # in quarters of the pair rows: the whole tile's 64-bit addresses would spill
+    y0, y1 = _column_halves(y)
+    y00, y01 = _column_halves(y0)
+    _store_rows(out_ptr, y00, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
+    _store_rows(out_ptr, y01, sorted_token_ids_ptr, first + BLOCK_M // 4, n0, num_valid, stride_om,
+                topk_weights_ptr, True)
+    y10, y11 = _column_halves(y1)
+    _store_rows(out_ptr, y10, sorted_token_ids_ptr, first + BLOCK_M // 2, n0, num_valid, stride_om,
+                topk_weights_ptr, True)
+    _store_rows(out_ptr, y11, sorted_token_ids_ptr, first + 3 * BLOCK_M // 4, n0, num_valid, stride_om,
+                topk_weights_ptr, True)
+
+
+def _meta(dtype: torch.dtype, block_n: int) -> dict:
+    return dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=STAGES,
+                LOADER_REGS=LOADER_REGS, num_warps=CONSUMER_WARPS,
+                X_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], _GL_DTYPES[dtype]))
+
+
+def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k):
+    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of BLOCK_M."""
+    inter = w13.shape[1] // 2
+    num_sorted = sorted_token_ids.numel()
+    grid = (triton.cdiv(num_sorted, BLOCK_M) * (inter // GATE_UP_COLS),)
+    moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+                                  top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
+                                  w13.stride(1), w13_scale.stride(0), h.stride(0), top_k,
+                                  **_meta(xp.dtype, GATE_UP_COLS))
+
+
+def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded):
+    """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
+    hidden, inter = w2.shape[1], w2.shape[2]
+    num_sorted = sorted_token_ids.numel()
+    grid = (triton.cdiv(num_sorted, BLOCK_M) * (hidden // DOWN_COLS),)
+    moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
+                               num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
+                               w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
+                               **_meta(h.dtype, DOWN_COLS))
+
+
+def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map):
+    """Both GEMMs of the layer: ``[M * top_k, H]``, each (token, slot) pair's expert output times its
+    routing weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up."""
+    m, top_k = topk_ids.shape
+    num_experts, hidden, inter = w2.shape
+    sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(topk_ids, BLOCK_M, num_experts,
+                                                                           expert_map)
+    h = x.new_empty((m * top_k, inter))
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_post_padded, top_k)
+    y = x.new_empty((m * top_k, hidden))
+    invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_post_padded)
+    return y
+
+
+def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16) -> bytes:
+    """The ``"gate_up"`` or ``"down"`` kernel compiled for sm_90 without a GPU (Triton ships ptxas): to
+    check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS).
+    Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    kernel, block_n = (moe_gate_up_wsrr_kernel, GATE_UP_COLS) if which == "gate_up" else (moe_down_wsrr_kernel,
+                                                                                         DOWN_COLS)
+    constexprs = _meta(dtype, block_n)
+    act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
+    ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
+                 "block_expert_ids_ptr": "*i32", "num_tokens_post_padded_ptr": "*i32"}
+    signature = {name: "constexpr" if name in constexprs else ptr_types.get(name, act) if name.endswith("_ptr")
+                 else "i32" for name in kernel.arg_names}
+    # pointers, strides and K as multiples of 16, as Triton's launcher specializes them at run time
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if name.endswith("_ptr") or name.startswith("stride") or name in ("H", "I")}
+    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=CONSUMER_WARPS))
+    return compiled.asm["cubin"]

@@ -1,0 +1,105 @@
+"""The register-form prefill kernels (kernels/gluon_wsrr.py) without a GPU: the K permutation that lets
+them read weights as quantized, the WSRR config key, and what ptxas made of their K loops. (They run on
+a GPU in tests/test_gpu.py.)"""
+
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
+
+from experts_int8.kernels import gluon_wsrr  # noqa: E402
+from experts_int8.kernels.configs import check_config  # noqa: E402
+
+ENTRY = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
+
+
+def test_a_thread_fragment_is_sixteen_contiguous_weight_bytes():
+    """wgmma's A fragment gives quad lane c, in each k16 step s, the k pairs 2c, 2c+1 and 2c+8, 2c+9: the
+    bytes memory_position puts those 16 logical k at are 16c .. 16c+15 (one 16-byte shared load), and
+    over the four lanes every byte of the 64-wide block once."""
+    seen = []
+    for c in range(4):
+        ks = [16 * s + 8 * e1 + 2 * c + e0 for s in range(4) for e1 in range(2) for e0 in range(2)]
+        got = sorted(gluon_wsrr.memory_position(k) for k in ks)
+        assert got == list(range(16 * c, 16 * c + 16))
+        seen += got
+    assert sorted(seen) == list(range(64))
+    assert gluon_wsrr.memory_position(64 * 3 + 9) == 64 * 3 + gluon_wsrr.memory_position(9)  # per 64 block
+
+
+def test_permute_k_moves_column_j_from_its_memory_position_and_keeps_the_product():
+    x = torch.randn(5, 192, dtype=torch.float64)
+    w = torch.randn(7, 192, dtype=torch.float64)
+    xp = gluon_wsrr.permute_k(x)
+    for j in range(192):
+        assert torch.equal(xp[:, j], x[:, gluon_wsrr.memory_position(j)])
+    # the kernel pairs xp's column j with the weight byte at memory_position(j): the same product
+    order = torch.tensor([gluon_wsrr.memory_position(j) for j in range(192)])
+    torch.testing.assert_close(xp @ w[:, order].T, x @ w.T)
+
+
+def test_wsrr_config_key():
+    assert check_config(dict(ENTRY, WSRR=1))["WSRR"] == 1
+    assert check_config(dict(ENTRY, WSRR=1, DEQUANT_ONCE=1))["DEQUANT_ONCE"] == 1  # (where WSRR does not apply)
+    for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1), dict(ENTRY, WSRR=1, PAIRS=1, FUSED_DECODE=1)):
+        with pytest.raises(ValueError):
+            check_config(bad)
+
+
+def test_not_supported_off_the_gpu():
+    x = torch.randn(4, 256, dtype=torch.bfloat16)
+    w13 = torch.zeros(8, 256, 256, dtype=torch.int8)
+    w2 = torch.zeros(8, 256, 128, dtype=torch.int8)
+    assert not gluon_wsrr.supported(x, w13, torch.ones(8, 256), w2, "silu", False, False)
+
+
+COMPILE = """
+import json, os, subprocess, sys, tempfile, torch
+import triton.backends.nvidia as nv
+from experts_int8.kernels import gluon_wsrr
+cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
+out = {}
+for which in ("gate_up", "down"):
+    for dtype in (torch.bfloat16, torch.float16):
+        path = os.path.join(sys.argv[1], f"{which}_{dtype}.cubin")
+        with open(path, "wb") as f:
+            f.write(gluon_wsrr.sm90_cubin(which, dtype))
+        out[f"{which} {dtype}"] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True,
+                                                  check=True).stdout for flag in ("-sass", "-res-usage")]
+sys.stdout.write(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """SASS and resource usage of both kernels in bf16 and fp16, compiled for sm_90 in a fresh process
+    without TRITON_INTERPRET."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent.parent / "src"), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", COMPILE, str(tmp_path_factory.mktemp("cubin"))], env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+@pytest.mark.parametrize("kernel", ["gate_up torch.bfloat16", "gate_up torch.float16", "down torch.bfloat16",
+                                    "down torch.float16"])
+def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
+    check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
+    sass, usage = compiled[kernel]
+    assert re.search(r"STACK:0\b", usage) and re.search(r"LOCAL:0\b", usage)  # nothing spilled
+    result = check(sass)
+    assert len(result["groups"]) == 2  # two register operands in turn
+    assert all(len(a) == 16 for _, a, _ in result["groups"])  # 64 weight rows x 64 K: 16 registers a thread
+    assert result["disjoint"] and result["hazards"] == []
+    assert {d.split()[-1] for d in result["depbars"]} == {"0x1"}  # one K tile's wgmma in flight
+    assert result["exit_depbar"].endswith("0x0")
+    assert "HGMMA.64x256x16.F32" in sass.replace(" ", "")  # 256 tokens: wgmma's widest N
