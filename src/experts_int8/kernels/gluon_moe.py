@@ -101,18 +101,12 @@ def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
 @gluon.jit
 def _row_block(num_sorted, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
     """This program's row block and first output column (grouped ordering, as fused_moe's)."""
-    return grouped_tile(gl.program_id(0), gl.cdiv(num_sorted, BLOCK_M), N, BLOCK_N, GROUP_M)
-
-
-@gluon.jit
-def grouped_tile(t, num_row_blocks, N, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr):
-    """Tile t's row block and first output column: GROUP_M row blocks walk the output columns together,
-    so neighbouring tiles share weight tiles in L2."""
     num_pid_n = gl.cdiv(N, BLOCK_N)
-    first_m = (t // (GROUP_M * num_pid_n)) * GROUP_M
-    group_m = gl.minimum(num_row_blocks - first_m, GROUP_M)
-    pid_m = first_m + (t % (GROUP_M * num_pid_n)) % group_m
-    pid_n = (t % (GROUP_M * num_pid_n)) // group_m
+    pid = gl.program_id(0)
+    first_m = (pid // (GROUP_M * num_pid_n)) * GROUP_M
+    group_m = gl.minimum(gl.cdiv(num_sorted, BLOCK_M) - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
     return pid_m, pid_n * BLOCK_N
 
 

@@ -9,10 +9,7 @@ wgmma's N) so the weights are wgmma's *register* operand and never go back to sh
   weight rows into a shared-memory ring by cp.async (mbarriers ``loaded``/``free`` per slot);
 * the consumer warpgroups (8 warps, the registers the loader gives up) read each weight fragment with
   16-byte shared loads, convert it, and issue its wgmma, two register operands in turn so one K tile's
-  wgmma runs while the next is converted (NOTES items 94-96);
-* programs are persistent (one a SM, tiles in grouped order): the loader runs on into the next tile
-  while the consumers finish one, so short K loops (small experts) do not pay the ring's fill and the
-  epilogue anew each tile (item 98).
+  wgmma runs while the next is converted (NOTES items 94-96).
 
 A thread's fragment of a 64-wide K block holds k = 2c, 2c+1, 2c+8, 2c+9, ... (c: its lane in the
 quad): 16 bytes that are not contiguous in a weight row. Instead of repacking the weights, the
@@ -32,8 +29,6 @@ would spill).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -42,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from .align import align_block_size
-from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _device_facts, grouped_tile
+from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _device_facts, _row_block
 
 BLOCK_M = 256  # tokens (pair rows) a program: wgmma's N
 GATE_UP_COLS = 64  # columns of I a gate/up program (128 weight rows: 16 a consumer warp)
@@ -52,7 +47,7 @@ STAGES = 4
 GROUP_M = 8
 CONSUMER_WARPS = 8
 LOADER_WARPS = gl.constexpr(4)
-LOADER_REGS = 80  # (72 spills 24 bytes in the tile loop; the consumers get 208-240)
+LOADER_REGS = 72  # (56 spills 8 bytes at 256 tokens; the consumers get 216-240)
 SMEM_BYTES = STAGES * (BLOCK_M * BLOCK_K * 2 + 2 * GATE_UP_COLS * BLOCK_K) + 1024  # ring and its barriers
 
 
@@ -122,75 +117,54 @@ def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLO
 
 
 @gluon.jit
-def _tiles(num_tokens_post_padded_ptr, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Row blocks in use and tiles (row block x BLOCK_N output columns) of this launch."""
-    num_row_blocks = gl.cdiv(gl.load(num_tokens_post_padded_ptr), BLOCK_M)
-    return num_row_blocks, num_row_blocks * (N // BLOCK_N)
-
-
-@gluon.jit
-def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, block_expert_ids_ptr,
-            num_tokens_post_padded_ptr, num_valid, top_k, N, up_offset, K, stride_xm, stride_we, stride_wn,
-            BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, GATE_UP: gl.constexpr):
-    """Fills the ring for this program's tiles in turn (running ahead into the next tile while the
-    consumers finish one): token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
+def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
+            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr):
+    """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
     expert's weight rows; for GATE_UP slot row r is column n0 + memory_position(8 (r // 16) + r % 8) of
-    gate (r % 16 < 8) or of up (up_offset rows further), else row n0 + r. K step c of the program uses
-    slot c % STAGES in phase (c // STAGES) & 1."""
+    gate (r % 16 < 8) or of up (up_offset rows further), else row n0 + r."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
     W_ROWS: gl.constexpr = w_ring.type.shape[1]
     x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
     w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [LOADER_WARPS, 1], [1, 0])
+    rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
+    row_mask = rows < num_valid
     offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
-    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
     if GATE_UP:
-        w_rows = _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * up_offset
+        w_rows = n0 + _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * up_offset
     else:
-        w_rows = r
-    num_row_blocks, num_tiles = _tiles(num_tokens_post_padded_ptr, N, BLOCK_M, BLOCK_N)
-    num_k = gl.cdiv(K, BLOCK_K)
-    c = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, n0 = grouped_tile(t, num_row_blocks, N, BLOCK_N, GROUP_M)
-        expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
-        if expert >= 0:  # (an absent expert's tile: zeros from the consumers, nothing to load)
-            rows = gl.load(sorted_token_ids_ptr + pid_m * BLOCK_M
-                           + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
-            row_mask = rows < num_valid
-            x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
-            w_ptrs = (w_ptr + expert * stride_we + (n0 + w_rows).to(gl.int64)[:, None] * stride_wn
-                      + offs_wk[None, :])
-            for j in range(num_k):
-                slot = c % STAGES
-                mbarrier.wait(free.index(slot), ((c // STAGES) & 1) ^ 1)  # (a fresh barrier passes phase 1)
-                _async_load(x_ring.index(slot), x_ptrs + j * BLOCK_K, mask=row_mask[:, None])
-                _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K)  # (whole tiles: supported() checks H, I)
-                async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, on landing
-                c += 1
+        w_rows = n0 + r
+    offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
+    w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + offs_wk[None, :]
+    for j in range(gl.cdiv(K, BLOCK_K)):
+        slot = j % STAGES
+        mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)  # (a fresh barrier passes phase 1)
+        _async_load(x_ring.index(slot), x_ptrs + j * BLOCK_K, mask=row_mask[:, None])
+        _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K)  # (whole tiles: supported() checks H and I)
+        async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, when its copies land
 
 
 @gluon.jit
-def _operand(w_ring, loaded, c, w_layout: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr):
-    """K step c's weight fragment, once its slot has landed: 16-byte shared loads, converted, and
-    relabelled as the register operand (bytes [c, s, e1, e0] as logical k [s, e1, c, e0]: renaming)."""
+def _operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, dtype: gl.constexpr):
+    """Tile j's weight fragment, once its slot has landed: 16-byte shared loads, converted, and relabelled
+    as the register operand (bytes [c, s, e1, e0] as logical k [s, e1, c, e0]: register renaming)."""
     STAGES: gl.constexpr = w_ring.type.shape[0]
     W_ROWS: gl.constexpr = w_ring.type.shape[1]
     BLOCK_K: gl.constexpr = w_ring.type.shape[2]
-    slot = c % STAGES
-    mbarrier.wait(loaded.index(slot), (c // STAGES) & 1)
+    slot = j % STAGES
+    mbarrier.wait(loaded.index(slot), (j // STAGES) & 1)
     w = gl.reshape(w_ring.index(slot).load(w_layout).to(dtype), [W_ROWS, BLOCK_K // 64, 4, 4, 2, 2])
     return gl.convert_layout(gl.reshape(gl.permute(w, [0, 1, 3, 4, 2, 5]), [W_ROWS, BLOCK_K]), a_layout)
 
 
 @gluon.jit
-def _k_loop(x_ring, w_ring, loaded, free, c0, num_k, acc_layout: gl.constexpr, dtype: gl.constexpr):
-    """One tile's product over K steps c0 .. c0 + num_k - 1 (num_k even): two register operands in turn,
-    step c's wgmma in flight while step c+1 is read and converted; each operand a dependency of the wait
-    that retires its wgmma, so nothing rewrites it earlier; a slot freed once its wgmma has retired in
-    both warpgroups (the last one too: the loader is already on the next tile)."""
+def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr):
+    """The K loop: two register operands in turn, tile j's wgmma in flight while tile j+1 is read and
+    converted; each operand a dependency of the wait that retires its wgmma, so nothing rewrites it
+    earlier; a slot freed once its wgmma has retired in both warpgroups."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -199,23 +173,37 @@ def _k_loop(x_ring, w_ring, loaded, free, c0, num_k, acc_layout: gl.constexpr, d
     w_layout: gl.constexpr = _fragment_layout(gl.to_linear_layout(a_layout, [W_ROWS, BLOCK_K]))
     acc = gl.zeros((W_ROWS, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     a_odd = gl.zeros((W_ROWS, BLOCK_K), dtype=dtype, layout=a_layout)
-    for i in range(num_k // 2):
-        c = c0 + 2 * i
-        a_even = _operand(w_ring, loaded, c, w_layout, a_layout, dtype)
+    for i in range(gl.cdiv(K, BLOCK_K) // 2):  # (an even number of tiles: supported() checks)
+        j = 2 * i
+        a_even = _operand(w_ring, loaded, j, w_layout, a_layout, dtype)
         fence_async_shared()  # x landed by cp.async (generic proxy), read by the wgmma (async proxy)
-        acc = warpgroup_mma(a_even, x_ring.index(c % STAGES).permute((1, 0)), acc, is_async=True)
-        acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # step c-1 retired
+        acc = warpgroup_mma(a_even, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # tile j-1 retired
         _cta_barrier()  # ... in both warpgroups (a barrier of the consumer warps only)
-        mbarrier.arrive(free.index((c + STAGES - 1) % STAGES), pred=i > 0)
-        a_odd = _operand(w_ring, loaded, c + 1, w_layout, a_layout, dtype)
+        mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
+        a_odd = _operand(w_ring, loaded, j + 1, w_layout, a_layout, dtype)
         fence_async_shared()
-        acc = warpgroup_mma(a_odd, x_ring.index((c + 1) % STAGES).permute((1, 0)), acc, is_async=True)
-        acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # step c retired
+        acc = warpgroup_mma(a_odd, x_ring.index((j + 1) % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # tile j retired
         _cta_barrier()
-        mbarrier.arrive(free.index(c % STAGES))
+        mbarrier.arrive(free.index(j % STAGES))
     acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
-    _cta_barrier()
-    mbarrier.arrive(free.index((c0 + num_k - 1) % STAGES))
+    return (acc, )  # (warp_specialize returns a tuple)
+
+
+@gluon.jit
+def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
+          stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
+          BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
+          GATE_UP: gl.constexpr):
+    """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions."""
+    dtype: gl.constexpr = x_ptr.dtype.element_ty
+    x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
+    acc, = gl.warp_specialize([
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype)),
+        (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
+                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP)),
+    ], [LOADER_WARPS], [LOADER_REGS])
     return acc
 
 
@@ -241,29 +229,62 @@ def _column_halves(t):
 
 
 @gluon.jit
-def _gate_up_epilogue(acc, out_ptr, scale_ptr, sorted_token_ids_ptr, first, n0, expert, num_valid, I, stride_se,
-                      stride_om):
-    """h = SiLU(gate) * up, scaled, written K-permuted: accumulator row r is gate (r % 16 < 8) or up of
-    column n0 + memory_position(8 (r // 16) + r % 8), which h's permuted order puts at n0 + 8 (r // 16)
-    + r % 8; a thread holds rows r and r + 8, so the split pairs them without moving data."""
-    W_ROWS: gl.constexpr = acc.type.shape[0]
-    BLOCK_M: gl.constexpr = acc.type.shape[1]
-    r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc.type.layout))
+def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+                            num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
+                            stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
+    K-permuted (h's column n0 + j holds column n0 + memory_position(j)): what the down kernel reads."""
+    W_ROWS: gl.constexpr = 2 * BLOCK_N
+    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:  # an expert on another rank: zeros, as the other kernels write
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
+                    sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
+        return
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
+                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True)
+    # accumulator row r: gate (r % 16 < 8) or up of column n0 + memory_position(8 (r // 16) + r % 8);
+    # a thread holds rows r and r + 8: the split below pairs them without moving data
+    r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
     scale_rows = n0 + _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * I
     acc = acc * gl.load(scale_ptr + expert * stride_se + scale_rows)[:, None]
     gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
-    h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [W_ROWS // 2, BLOCK_M])  # row j: h's column n0 + j
-    _store_rows(out_ptr, h, sorted_token_ids_ptr, first, n0, num_valid, stride_om, scale_ptr, False)
+    h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
+    _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
 
 
 @gluon.jit
-def _down_epilogue(acc, out_ptr, scale_ptr, topk_weights_ptr, sorted_token_ids_ptr, first, n0, expert, num_valid,
-                   stride_se, stride_om):
-    """y = acc * row scale * routing weight, in quarters of the pair rows (the whole tile's 64-bit
-    addresses would spill)."""
-    BLOCK_M: gl.constexpr = acc.type.shape[1]
-    cols = n0 + gl.arange(0, acc.type.shape[0], layout=gl.SliceLayout(1, acc.type.layout))
+def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+                         block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
+                         stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+    """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
+    kernel writes it)."""
+    pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
+        return
+    first = pid_m * BLOCK_M
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    if expert < 0:
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
+                    sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, False)
+        return
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
+                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False)
+    cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     y = acc * gl.load(scale_ptr + expert * stride_se + cols)[:, None]
+    # in quarters of the pair rows: the whole tile's 64-bit addresses would spill
     y0, y1 = _column_halves(y)
     y00, y01 = _column_halves(y0)
     _store_rows(out_ptr, y00, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
@@ -276,118 +297,32 @@ def _down_epilogue(acc, out_ptr, scale_ptr, topk_weights_ptr, sorted_token_ids_p
                 topk_weights_ptr, True)
 
 
-@gluon.jit
-def _consumer(x_ring, w_ring, loaded, free, out_ptr, scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, N, I, K, stride_se, stride_om,
-              acc_layout: gl.constexpr, dtype: gl.constexpr, BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr,
-              GATE_UP: gl.constexpr):
-    """This program's tiles in the loader's order: each tile's K loop, then its epilogue (while the
-    loader already fills the ring for the next)."""
-    BLOCK_M: gl.constexpr = x_ring.type.shape[1]
-    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
-    num_warps: gl.constexpr = gl.num_warps()
-    zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
-    num_row_blocks, num_tiles = _tiles(num_tokens_post_padded_ptr, N, BLOCK_M, BLOCK_N)
-    num_k = gl.cdiv(K, BLOCK_K)
-    c = 0
-    for t in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, n0 = grouped_tile(t, num_row_blocks, N, BLOCK_N, GROUP_M)
-        expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
-        if expert < 0:  # an expert on another rank: zeros, as the other kernels write
-            _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
-                        sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
-        else:
-            acc = _k_loop(x_ring, w_ring, loaded, free, c, num_k, acc_layout, dtype)
-            c += num_k
-            if GATE_UP:
-                _gate_up_epilogue(acc, out_ptr, scale_ptr, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
-                                  num_valid, I, stride_se, stride_om)
-            else:
-                _down_epilogue(acc, out_ptr, scale_ptr, topk_weights_ptr, sorted_token_ids_ptr, pid_m * BLOCK_M,
-                               n0, expert, num_valid, stride_se, stride_om)
-
-
-@gluon.jit
-def _persistent(x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-                num_tokens_post_padded_ptr, num_valid, top_k, N, I, K, stride_xm, stride_we, stride_wn, stride_se,
-                stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr,
-                GATE_UP: gl.constexpr, num_warps: gl.constexpr):
-    """A persistent program of either GEMM: the ring, then the loader and consumer partitions over the
-    program's tiles (t = program id, + number of programs, ...)."""
-    W_ROWS: gl.constexpr = 2 * BLOCK_N if GATE_UP else BLOCK_N  # 16 a consumer warp
-    dtype: gl.constexpr = x_ptr.dtype.element_ty
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, BLOCK_M, 16])
-    x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
-    gl.warp_specialize([
-        (_consumer, (x_ring, w_ring, loaded, free, out_ptr, scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-                     block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, N, I, K, stride_se, stride_om,
-                     acc_layout, dtype, BLOCK_N, GROUP_M, GATE_UP)),
-        (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, block_expert_ids_ptr,
-                   num_tokens_post_padded_ptr, num_valid, top_k, N, I, K, stride_xm, stride_we, stride_wn, BLOCK_N,
-                   GROUP_M, GATE_UP)),
-    ], [LOADER_WARPS], [LOADER_REGS])
-
-
-@gluon.jit
-def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-                            num_tokens_post_padded_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se,
-                            stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-                            GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
-                            X_SMEM: gl.constexpr, num_warps: gl.constexpr):
-    """h = SiLU(x W_gate^T) * (x W_up^T) in tiles of BLOCK_M pair rows and BLOCK_N columns of I, written
-    K-permuted (h's column j holds column memory_position(j)): what the down kernel reads."""
-    _persistent(x_ptr, w_ptr, scale_ptr, out_ptr, scale_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-                num_tokens_post_padded_ptr, num_valid, top_k, I, I, H, stride_xm, stride_we, stride_wn, stride_se,
-                stride_om, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, LOADER_REGS, X_SMEM, True, num_warps)
-
-
-@gluon.jit
-def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-                         block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, H, I, stride_am, stride_we,
-                         stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
-    """out[pair, H] = (h[pair] @ w2[e]^T) * routing weight, from the K-permuted h the gate/up kernel writes."""
-    _persistent(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-                num_tokens_post_padded_ptr, num_valid, 1, H, 0, I, stride_am, stride_we, stride_wn, stride_se,
-                stride_om, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, STAGES, LOADER_REGS, X_SMEM, False, num_warps)
-
-
 def _meta(dtype: torch.dtype, block_n: int) -> dict:
     return dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=STAGES,
                 LOADER_REGS=LOADER_REGS, num_warps=CONSUMER_WARPS,
                 X_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], _GL_DTYPES[dtype]))
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def _grid(t: torch.Tensor, num_sorted: int, n: int, block_n: int) -> tuple[int]:
-    """One persistent program a SM (the ring takes most of its shared memory), at most one a tile."""
-    index = torch.cuda.current_device() if t.device.index is None else t.device.index
-    return (min(_num_sms(index), triton.cdiv(num_sorted, BLOCK_M) * (n // block_n)),)
-
-
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k):
     """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of BLOCK_M."""
     inter = w13.shape[1] // 2
-    grid = _grid(xp, sorted_token_ids.numel(), inter, GATE_UP_COLS)
+    num_sorted = sorted_token_ids.numel()
+    grid = (triton.cdiv(num_sorted, BLOCK_M) * (inter // GATE_UP_COLS),)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                                  top_k * xp.shape[0], inter, xp.shape[1], xp.stride(0), w13.stride(0), w13.stride(1),
-                                  w13_scale.stride(0), h.stride(0), top_k, **_meta(xp.dtype, GATE_UP_COLS))
+                                  top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
+                                  w13.stride(1), w13_scale.stride(0), h.stride(0), top_k,
+                                  **_meta(xp.dtype, GATE_UP_COLS))
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded):
     """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
     hidden, inter = w2.shape[1], w2.shape[2]
-    grid = _grid(h, sorted_token_ids.numel(), hidden, DOWN_COLS)
+    num_sorted = sorted_token_ids.numel()
+    grid = (triton.cdiv(num_sorted, BLOCK_M) * (hidden // DOWN_COLS),)
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
-                               num_tokens_post_padded, topk_weights.numel(), hidden, inter, h.stride(0),
-                               w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0), **_meta(h.dtype, DOWN_COLS))
+                               num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
+                               w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
+                               **_meta(h.dtype, DOWN_COLS))
 
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map):
