@@ -867,3 +867,20 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
                     assert configs.check_config(v) == v
                     checked += 1
     assert checked > 100
+
+
+def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs():
+    from experts_int8 import ops
+    from experts_int8 import tune as tune_module
+
+    if ops.gluon_moe is None:
+        pytest.skip("this Triton has no Gluon")
+    smem = 227 * 1024
+    base = dict(PINNED, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_stages=3, GLUON=1)
+    (variant,) = tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem)
+    assert configs.check_config(variant) == variant == dict(base, WSRR=1)  # the winner's keys stay: its fallback
+    assert tune_module.wsrr_variants(variant, 1024, 2, "int8", True, smem) == []  # already on
+    assert tune_module.wsrr_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
+    assert tune_module.wsrr_variants(base, 1024, 2, "bf16", True, smem) == []  # float weights
+    assert tune_module.wsrr_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
+    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, 128 * 1024) == []  # its ring does not fit

@@ -225,6 +225,16 @@ def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, s
     return [cfg for cfg in own + tiles if cfg != best and gluon_moe.blocks_ok(cfg, smem_limit)]
 
 
+def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
+    """At prefill sizes (M x k >= 512 pairs) of int8 weights where the Gluon kernels run: the winner with
+    both GEMMs on the register-form kernels (WSRR; fixed tiles, the winner's keys where they do not apply)."""
+    from .kernels import gluon_wsrr
+    if (dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("WSRR") or best.get("PAIRS")
+            or best.get("FUSED_DECODE") or smem_limit < gluon_wsrr.SMEM_BYTES):
+        return []
+    return [dict(best, WSRR=1)]
+
+
 def gluon_usable(device: torch.device) -> bool:
     """Whether GLUON entries would run the Gluon kernels here (sm_90, and a Triton with that Gluon)."""
     from . import ops
@@ -569,7 +579,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + sum_last_variants(cfg, m, num_experts, top_k)
                                 + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
                                 + fp16_dot_variants(cfg, m, d)
-                                + gluon_variants(cfg, m, top_k, d, gluon_ok, smem),
+                                + gluon_variants(cfg, m, top_k, d, gluon_ok, smem)
+                                + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best
@@ -596,8 +607,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 
 def _short(cfg: dict) -> str:
-    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
-                         "TMA", "FP16_DOT") if cfg.get(k)]
+    flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
+                         "FUSED_DECODE", "TMA", "FP16_DOT") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)
