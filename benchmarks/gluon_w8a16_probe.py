@@ -29,6 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from experts_int8.kernels.gluon_wsrr import _consumer, _fragment_layout, _ring  # noqa: E402
+
 # Gluon names that Triton 3.7 changed (the probe ran on 3.6)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -240,28 +242,6 @@ def repack_rows(w: torch.Tensor) -> torch.Tensor:
     return w.reshape(n, k // 64, 4, 2, 4, 2).permute(0, 1, 4, 2, 3, 5).reshape(n, k).contiguous()
 
 
-def permute_k(x: torch.Tensor) -> torch.Tensor:
-    """``[M, K]`` activations in the order that lets the register form read weights as quantized, not
-    repacked: a K permutation applied to both operands leaves the product unchanged, so instead of the
-    weights' bytes moving to where the fragments expect them, the activations' K columns move to where
-    the unmoved bytes are read (the inverse of repack_rows's permutation: repack_rows(permute_k(x)) == x)."""
-    m, k = x.shape
-    return x.reshape(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
-
-
-@gluon.constexpr_function
-def _repacked_layout(lin):
-    """The A-operand layout with K coordinates moved to their repacked memory positions, and the
-    registers ordered so that a thread's contiguous bytes come first (16-byte loads)."""
-    def to_memory(basis):  # logical k (within a 64 block) -> memory position p
-        n, k = basis
-        b = [(k >> i) & 1 for i in range(6)]
-        return [n, (k & ~63) | b[0] | b[3] << 1 | b[4] << 2 | b[5] << 3 | b[1] << 4 | b[2] << 5]
-    regs = sorted((to_memory(b) for b in lin.reg_bases), key=lambda b: (b[0] != 0, b[1] if b[0] == 0 else 0))
-    return gl.DistributedLinearLayout(regs, [to_memory(b) for b in lin.lane_bases],
-                                      [to_memory(b) for b in lin.warp_bases], lin.block_bases, lin.shape)
-
-
 @gluon.jit
 def _rr_mma(w_tile, x_slot, acc, a_layout: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
             STAGES: gl.constexpr):
@@ -299,7 +279,7 @@ def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
+    w_layout: gl.constexpr = _fragment_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
 
     offs_xm = pid_m * BLOCK_M + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
     offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
@@ -353,84 +333,22 @@ def w8a16_gemm_rr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, str
              mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
 
 
-# Register form, warp-specialized ("wsrr", benchmarks/NOTES.md item 94): rr2's register operands, but
-# the repacked int8 weight tiles and the X tiles both arrive through a shared-memory ring filled by the
-# ws form's loader partition (_ws_loader), so the consumer warpgroups hold no weight tile in flight (what limited rr and rr2,
-# item 57): each reads its fragment (16 contiguous bytes a row) just before converting it. The int8
-# tile is written and read once in shared memory (2 bytes a weight against 6 for db), and the
-# consumers take the registers the loader gives up (warp_specialize's register budgets: setmaxnreg).
-# Per ring slot: `loaded` (a loader thread's copies landed, one arrival each), `free` (the consumers
-# have retired the wgmma that read the slot's X, after reading its W). Tile j uses slot j % STAGES in
-# phase (j // STAGES) & 1; the loader's waits on `free` start at phase 1 (a fresh barrier's).
-@gluon.jit
-def _wsrr_operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-                  BLOCK_K: gl.constexpr, STAGES: gl.constexpr):
-    """Tile j's weight fragment, once its slot has landed: 16-byte shared loads in repacked order,
-    converted and relabelled as the bf16 register operand (register renaming, as in _rr_mma)."""
-    slot = j % STAGES
-    mbarrier.wait(loaded.index(slot), (j // STAGES) & 1)
-    w = w_ring.index(slot).load(w_layout)
-    w6 = gl.reshape(w.to(gl.bfloat16), [BLOCK_N, BLOCK_K // 64, 4, 4, 2, 2])
-    return gl.convert_layout(gl.reshape(gl.permute(w6, [0, 1, 3, 4, 2, 5]), [BLOCK_N, BLOCK_K]), a_layout)
-
-
-@gluon.jit
-def _wsrr_mma(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, a_layout: gl.constexpr,
-              w_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-              STAGES: gl.constexpr):
-    """Two register operands in turn (rr2's unrolled pair): tile j's wgmma in flight while tile j+1 is
-    read and converted into the other operand; each operand a dependency of the wait that retires its
-    wgmma, so nothing rewrites it earlier; a slot is freed once its wgmma has retired in every warpgroup."""
-    acc = gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=acc_layout)
-    a_odd = gl.zeros((BLOCK_N, BLOCK_K), dtype=gl.bfloat16, layout=a_layout)
-    num_k = gl.cdiv(K, BLOCK_K)  # (even: the wrapper checks)
-    for i in range(num_k // 2):
-        j = 2 * i
-        a_even = _wsrr_operand(w_ring, loaded, j, w_layout, a_layout, BLOCK_N, BLOCK_K, STAGES)
-        fence_async_shared()  # X landed by cp.async (generic proxy), read by the wgmma (async proxy)
-        acc = warpgroup_mma(a_even, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
-        acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # tile j-1 retired
-        _cta_barrier()  # ... in both warpgroups
-        mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
-        a_odd = _wsrr_operand(w_ring, loaded, j + 1, w_layout, a_layout, BLOCK_N, BLOCK_K, STAGES)
-        fence_async_shared()
-        acc = warpgroup_mma(a_odd, x_ring.index((j + 1) % STAGES).permute((1, 0)), acc, is_async=True)
-        acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # tile j retired
-        _cta_barrier()
-        mbarrier.arrive(free.index(j % STAGES))
-    acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
-    return (acc, )  # warp_specialize returns a tuple
-
-
-@gluon.jit
-def _wsrr_ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_K: gl.constexpr,
-               X_SMEM: gl.constexpr, W_SMEM: gl.constexpr):
-    """The wsrr forms' ring: x tiles, int8 weight tiles of W_ROWS rows, and their `loaded` (one async
-    arrival per loader thread) and `free` (one arrival) barriers."""
-    x_ring = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, BLOCK_K], X_SMEM)
-    w_ring = gl.allocate_shared_memory(gl.int8, [STAGES, W_ROWS, BLOCK_K], W_SMEM)
-    loaded = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(loaded.index(s), count=32 * LOADER_WARPS)
-        mbarrier.init(free.index(s), count=1)
-    return x_ring, w_ring, loaded, free
-
-
+# Register form, warp-specialized ("wsrr", benchmarks/NOTES.md item 94; the library's kernels/gluon_wsrr.py
+# grew from it and now lends it its ring and consumer partition): rr2's register operands, but the
+# repacked int8 weight tiles and the X tiles both arrive through a shared-memory ring filled by the ws
+# form's loader partition (_ws_loader), so the consumer warpgroups hold no weight tile in flight (what
+# limited rr and rr2, item 57): each reads its fragment (16 contiguous bytes a row) just before
+# converting it, and they take the registers the loader gives up (setmaxnreg).
 @gluon.jit
 def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-                           LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     # accumulator rows: weight rows (wgmma's M, 64 per warpgroup); columns: tokens (wgmma's N)
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    w_layout: gl.constexpr = _repacked_layout(gl.to_linear_layout(a_layout, [BLOCK_N, BLOCK_K]))
-    x_ring, w_ring, loaded, free = _wsrr_ring(STAGES, BLOCK_M, BLOCK_N, BLOCK_K, X_SMEM, W_SMEM)
+    x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, BLOCK_N, BLOCK_K, gl.bfloat16, X_SMEM)
     acc, = gl.warp_specialize([
-        (_wsrr_mma, (x_ring, w_ring, loaded, free, K, acc_layout, a_layout, w_layout, BLOCK_M, BLOCK_N, BLOCK_K,
-                     STAGES)),
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, gl.bfloat16)),
         (_ws_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
@@ -505,10 +423,9 @@ def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=6
         raise ValueError("wsrr: 64 weight rows a warpgroup (block_n = 16 x num_warps), int8 weights, unit-stride rows")
     y = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     x_smem = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
-    w_smem = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])  # plain rows: a thread's 16 repacked bytes together
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     w8a16_gemm_wsrr_kernel[grid](x, w_repacked, scale, y, m, n, k, x.stride(0), w_repacked.stride(0), y.stride(0),
-                                 block_m, block_n, block_k, stages, loader_regs, x_smem, w_smem, num_warps=num_warps)
+                                 block_m, block_n, block_k, stages, loader_regs, x_smem, num_warps=num_warps)
     return y
 
 

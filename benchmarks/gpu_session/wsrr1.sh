@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran at ad9712e (results/wsrr1_probe/) and needs that commit: these kernels became the library's
+# kernels/gluon_wsrr.py and left the probe.
 # NOTES item 96: the MoE gate/up with one accumulator (gate and up rows interleaved 8 apart; tiles with the
 # suffix i, ip: h written K-permuted), on unrepacked weights with K-permuted activations, against the
 # library's int8 and bf16 gate/up and item 95's two-accumulator tile; then the down GEMM at 256 pair rows.

@@ -1,4 +1,6 @@
 #!/bin/bash
+# Ran at 0d6c280 (results/wsrr_probe/). Its MoE steps need that commit: the probe's MoE wsrr kernels became
+# the library's kernels/gluon_wsrr.py and left the probe.
 # NOTES items 94-95: the warp-specialized register form, dense (gluon_w8a16_probe.py --kernels wsrr, against
 # db and rr2 on mixtral-8x7b's per-expert gate_up and down; configs tokens x weight rows x K tile x stages x
 # consumer warps) and as the MoE gate/up (gluon_moe_rr_probe.py, tiles with the suffix w, against the
