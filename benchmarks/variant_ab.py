@@ -54,7 +54,7 @@ CUDA-graph timing as bench_kernel:
             padding runs on half the rows): the shipped config (trimmed where it applies), then
             TRIM_TAIL 0                                                                  (prefill sizes)
   wsrr      both GEMMs on the warp-specialized register-form kernels (kernels/gluon_wsrr.py): the shipped
-            config, with WSRR, without WSRR                                              (prefill sizes)
+            config, with WSRR (256-row tiles), without WSRR, with WSRR on 128-row tiles    (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -296,9 +296,9 @@ def deep(cfg: dict, value: int, *lookup) -> dict:
 
 
 def wsrr(cfg: dict, value: int, *lookup) -> dict:
-    if value == 1 and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
-        return dict(cfg, WSRR=1)
-    return configs.without(cfg, "WSRR") if value == 2 else cfg
+    if value in (1, 3) and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
+        return dict(configs.without(cfg, "WSRR_ROWS"), WSRR=1, **({"WSRR_ROWS": 128} if value == 3 else {}))
+    return configs.without(cfg, "WSRR", "WSRR_ROWS") if value == 2 else cfg
 
 
 def pdl(cfg: dict, value: int, *lookup) -> dict:
@@ -315,7 +315,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
-            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2))}
+            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3))}
 
 
 def main() -> None:

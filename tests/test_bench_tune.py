@@ -877,10 +877,13 @@ def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs():
         pytest.skip("this Triton has no Gluon")
     smem = 227 * 1024
     base = dict(PINNED, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_stages=3, GLUON=1)
-    (variant,) = tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem)
-    assert configs.check_config(variant) == variant == dict(base, WSRR=1)  # the winner's keys stay: its fallback
-    assert tune_module.wsrr_variants(variant, 1024, 2, "int8", True, smem) == []  # already on
+    variants = tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem)
+    # both tiles, the winner's keys kept (where WSRR does not apply they run)
+    assert variants == [dict(base, WSRR=1), dict(base, WSRR=1, WSRR_ROWS=128)]
+    assert all(configs.check_config(v) == v for v in variants)
+    assert tune_module.wsrr_variants(variants[0], 1024, 2, "int8", True, smem) == []  # already on
     assert tune_module.wsrr_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
     assert tune_module.wsrr_variants(base, 1024, 2, "bf16", True, smem) == []  # float weights
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
-    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, 128 * 1024) == []  # its ring does not fit
+    # 128 KB of shared memory: only the 128-row tile's ring (82 KB) fits, not the 256-row one's (165 KB)
+    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, 128 * 1024) == [variants[1]]

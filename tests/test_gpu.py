@@ -410,41 +410,43 @@ def test_gluon_entry_with_unaligned_rows_takes_the_triton_kernels():
 WSRR_ENTRY = dict(GLUON_CONFIGS["w8_s3"], WSRR=1)
 
 
-def run_wsrr(x, ex, **kw):
-    """fused_experts with a WSRR entry (asserting the register-form kernels ran), and with the same
-    entry's Gluon kernels (the rows to compare against)."""
+def run_wsrr(x, ex, rows=256, **kw):
+    """fused_experts with a WSRR entry on the tile of ``rows`` tokens (asserting the register-form kernels
+    ran), and with the same entry's Gluon kernels (the rows to compare against)."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
     ran = []
     real = gluon_wsrr.expert_outputs
-    gluon_wsrr.expert_outputs = lambda *a: ran.append(1) or real(*a)
+    gluon_wsrr.expert_outputs = lambda *a: ran.append(a[-1]) or real(*a)
     try:
-        with override_config(WSRR_ENTRY):
+        with override_config(dict(WSRR_ENTRY, WSRR_ROWS=rows)):
             out = fused_experts(x, **ex, **kw)
     finally:
         gluon_wsrr.expert_outputs = real
-    assert ran, "the WSRR kernels did not run"
+    assert ran == [rows], "the WSRR kernels did not run on that tile"
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):
         return out, fused_experts(x, **ex, **kw)
 
 
+@pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("h, i", [(512, 384), (256, 128), (384, 1408)])
 @pytest.mark.parametrize("m", [1, 70, 300, 1500])
-def test_wsrr_kernels(dtype, h, i, m):
-    """The register-form kernels (kernels/gluon_wsrr.py) on 1-12 row blocks of 256, K loops of 2-22 tiles
-    (fewer and more than the ring's 4 slots), against the float64 oracle and row by row against the
-    Gluon kernels."""
+def test_wsrr_kernels(rows, dtype, h, i, m):
+    """The register-form kernels (kernels/gluon_wsrr.py) on both tiles, 1-24 row blocks, K loops of 2-22
+    tiles (fewer and more than the ring's 4 slots), against the float64 oracle and row by row against
+    the Gluon kernels."""
     ex = layer(h=h, i=i)
     x = torch.randn(m, h, device="cuda", dtype=dtype)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
     for _ in range(3):  # a race shows on some runs only
-        out, gluon_out = run_wsrr(x, ex, topk_weights=w, topk_ids=ids)
+        out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
         assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
 
-def test_wsrr_kernels_on_expert_blocks_around_full():
+@pytest.mark.parametrize("rows", [256, 128])
+def test_wsrr_kernels_on_expert_blocks_around_full(rows):
     """Experts with 256, 257, 1, 0, 255, 512, 100 and 300 rows: whole blocks, one row over, a few, none."""
     counts = [256, 257, 1, 0, 255, 512, 100, 300]
     ids = torch.repeat_interleave(torch.arange(8), torch.tensor(counts))
@@ -453,11 +455,12 @@ def test_wsrr_kernels_on_expert_blocks_around_full():
     w = 0.25 + torch.rand(m, 1, device="cuda")
     ex = layer(h=512, i=384)
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
-    out, gluon_out = run_wsrr(x, ex, topk_weights=w, topk_ids=ids)
+    out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
     assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
 
-def test_wsrr_kernels_with_absent_experts_and_strided_rows():
+@pytest.mark.parametrize("rows", [256, 128])
+def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows):
     """An expert_map with experts on another rank (their blocks write zeros) and x a strided view."""
     ex = layer()
     m = 700
@@ -466,7 +469,7 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows():
     expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
     expert_map[:8] = torch.arange(8, dtype=torch.int32, device="cuda")
     kw = dict(topk_weights=w, topk_ids=ids, expert_map=expert_map, global_num_experts=16)
-    out, gluon_out = run_wsrr(x, ex, **kw)
+    out, gluon_out = run_wsrr(x, ex, rows, **kw)
     ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
     assert_close_rows(out, ref, gluon_out)

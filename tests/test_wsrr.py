@@ -49,7 +49,9 @@ def test_permute_k_moves_column_j_from_its_memory_position_and_keeps_the_product
 def test_wsrr_config_key():
     assert check_config(dict(ENTRY, WSRR=1))["WSRR"] == 1
     assert check_config(dict(ENTRY, WSRR=1, DEQUANT_ONCE=1))["DEQUANT_ONCE"] == 1  # (where WSRR does not apply)
-    for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1), dict(ENTRY, WSRR=1, PAIRS=1, FUSED_DECODE=1)):
+    assert check_config(dict(ENTRY, WSRR=1, WSRR_ROWS=128))["WSRR_ROWS"] == 128
+    for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1), dict(ENTRY, WSRR=1, PAIRS=1, FUSED_DECODE=1),
+                dict(ENTRY, WSRR=1, WSRR_ROWS=64), dict(ENTRY, WSRR_ROWS=128)):
         with pytest.raises(ValueError):
             check_config(bad)
 
@@ -67,13 +69,13 @@ import triton.backends.nvidia as nv
 from experts_int8.kernels import gluon_wsrr
 cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = {}
-for which in ("gate_up", "down"):
-    for dtype in (torch.bfloat16, torch.float16):
-        path = os.path.join(sys.argv[1], f"{which}_{dtype}.cubin")
-        with open(path, "wb") as f:
-            f.write(gluon_wsrr.sm90_cubin(which, dtype))
-        out[f"{which} {dtype}"] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True,
-                                                  check=True).stdout for flag in ("-sass", "-res-usage")]
+for which, dtype, rows in [(w, d, 256) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
+        ("gate_up", torch.bfloat16, 128), ("down", torch.bfloat16, 128)]:
+    path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}.cubin")
+    with open(path, "wb") as f:
+        f.write(gluon_wsrr.sm90_cubin(which, dtype, rows))
+    out[f"{which} {dtype} {rows}"] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True,
+                                                     check=True).stdout for flag in ("-sass", "-res-usage")]
 sys.stdout.write(json.dumps(out))
 """
 
@@ -90,8 +92,9 @@ def compiled(tmp_path_factory):
     return json.loads(run.stdout)
 
 
-@pytest.mark.parametrize("kernel", ["gate_up torch.bfloat16", "gate_up torch.float16", "down torch.bfloat16",
-                                    "down torch.float16"])
+@pytest.mark.parametrize("kernel", ["gate_up torch.bfloat16 256", "gate_up torch.float16 256",
+                                    "down torch.bfloat16 256", "down torch.float16 256",
+                                    "gate_up torch.bfloat16 128", "down torch.bfloat16 128"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
     sass, usage = compiled[kernel]
@@ -106,4 +109,7 @@ def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(co
     assert result["disjoint"] and result["hazards"] == []
     assert {d.split()[-1] for d in result["depbars"]} == {"0x1"}  # one K tile's wgmma in flight
     assert result["exit_depbar"].endswith("0x0")
-    assert "HGMMA.64x256x16.F32" in sass.replace(" ", "")  # 256 tokens: wgmma's widest N
+    rows = int(kernel.split()[-1])
+    assert f"HGMMA.64x{rows}x16.F32" in sass.replace(" ", "")  # the tile's tokens: wgmma's N
+    if rows == 128:  # two programs a SM: launched at 128 registers a thread
+        assert re.search(r"REG:128\b", usage)

@@ -209,10 +209,11 @@ def _fused_experts_triton(
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
+    rows = config.get("WSRR_ROWS", 256)
     if (config.get("WSRR") and gluon_wsrr is not None
             and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
-                                     w13_bias is not None or w2_bias is not None)):
-        y = gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, topk_ids, expert_map)
+                                     w13_bias is not None or w2_bias is not None, rows)):
+        y = gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, topk_ids, expert_map, rows)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
         partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),

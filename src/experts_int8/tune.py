@@ -227,12 +227,14 @@ def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, s
 
 def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
     """At prefill sizes (M x k >= 512 pairs) of int8 weights where the Gluon kernels run: the winner with
-    both GEMMs on the register-form kernels (WSRR; fixed tiles, the winner's keys where they do not apply)."""
+    both GEMMs on the register-form kernels (WSRR), on each of their tiles whose ring fits (the winner's
+    keys run where they do not apply)."""
     from .kernels import gluon_wsrr
     if (dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("WSRR") or best.get("PAIRS")
-            or best.get("FUSED_DECODE") or smem_limit < gluon_wsrr.SMEM_BYTES):
+            or best.get("FUSED_DECODE")):
         return []
-    return [dict(best, WSRR=1)]
+    return [dict(best, WSRR=1) if rows == 256 else dict(best, WSRR=1, WSRR_ROWS=rows)
+            for rows, tile in gluon_wsrr.TILES.items() if tile.smem_bytes <= smem_limit]
 
 
 def gluon_usable(device: torch.device) -> bool:
@@ -609,6 +611,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 def _short(cfg: dict) -> str:
     flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
                          "FUSED_DECODE", "TMA", "FP16_DOT") if cfg.get(k)]
+    if cfg.get("WSRR_ROWS"):
+        flags.append(f"WSRR_ROWS={cfg['WSRR_ROWS']}")
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)

@@ -37,9 +37,9 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # FP16_DOT (int8 weights, bf16 x) runs gate_up's dot in fp16 on x's rows scaled by powers of two;
 # TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
 # WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
-# kernels (fixed tiles), where they apply; elsewhere the entry's other keys.
+# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "WSRR", "down")
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "down")
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
@@ -47,7 +47,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR and "down",
+    WSRR, WSRR_ROWS (with WSRR) and "down",
     whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -81,6 +81,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: FUSED_DECODE is a PAIRS mode without DEDUP_PAIRS, SUM_TOPK, GLUON or DEQUANT_ONCE")
     if out.get("GLUON") and out.get("DEQUANT_ONCE"):
         raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
+    if "WSRR_ROWS" in out and (out["WSRR_ROWS"] not in (128, 256) or not out.get("WSRR")):
+        raise ValueError(f"config: WSRR_ROWS (the register-form kernels' tile) is 128 or 256, with WSRR=1; got "
+                         f"{out['WSRR_ROWS']!r}")
     if out.get("WSRR") and (out.get("PAIRS") or out.get("FUSED_DECODE")):
         raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode modes PAIRS and "
                          "FUSED_DECODE")

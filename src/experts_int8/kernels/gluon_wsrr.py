@@ -29,6 +29,9 @@ would spill).
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Optional
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -39,16 +42,38 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from .align import align_block_size
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _device_facts, _row_block
 
-BLOCK_M = 256  # tokens (pair rows) a program: wgmma's N
-GATE_UP_COLS = 64  # columns of I a gate/up program (128 weight rows: 16 a consumer warp)
-DOWN_COLS = 128  # columns of H a down program
 BLOCK_K = 64  # the fragment's K block
 STAGES = 4
 GROUP_M = 8
-CONSUMER_WARPS = 8
 LOADER_WARPS = gl.constexpr(4)
-LOADER_REGS = 72  # (56 spills 8 bytes at 256 tokens; the consumers get 216-240)
-SMEM_BYTES = STAGES * (BLOCK_M * BLOCK_K * 2 + 2 * GATE_UP_COLS * BLOCK_K) + 1024  # ring and its barriers
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A program's tile: ``rows`` tokens (pair rows: wgmma's N) and 16 weight rows a consumer warp (gate/up:
+    8 columns of I a warp, gate and up interleaved; down: 16 columns of H a warp)."""
+    rows: int
+    consumer_warps: int
+    loader_regs: int  # registers a loader thread keeps; the consumers get the rest (setmaxnreg)
+    maxnreg: Optional[int] = None  # the launch's register cap: 128 lets two programs share an SM
+
+    @property
+    def gate_up_cols(self) -> int:
+        return 8 * self.consumer_warps
+
+    @property
+    def down_cols(self) -> int:
+        return 16 * self.consumer_warps
+
+    @property
+    def smem_bytes(self) -> int:  # the ring (x and int8 weight tiles) and its barriers
+        return STAGES * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
+
+
+# 256 rows on two consumer warpgroups, one program a SM (72 loader registers: 56 spill 8 bytes; the
+# consumers get 216-240); 128 rows on one warpgroup, two programs a SM (the launch capped at 128
+# registers: consumers 200-232, loader 56), for experts of few rows (benchmarks/NOTES.md item 99)
+TILES = {256: Tile(256, 8, 72), 128: Tile(128, 4, 56, maxnreg=128)}
 
 
 def permute_k(x: torch.Tensor) -> torch.Tensor:
@@ -67,14 +92,14 @@ def memory_position(k: int) -> int:
 
 
 def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, activation: str,
-              mul_routed_weight_first: bool, biased: bool) -> bool:
-    """Whether this layer can run here: sm_90 with room for the ring, int8 weights with scales, bf16 or
-    fp16 activations, SiLU, no expert bias, routing weights on the output, H and I multiples of 128,
-    16-byte aligned unit-stride rows."""
+              mul_routed_weight_first: bool, biased: bool, rows: int = 256) -> bool:
+    """Whether this layer can run here on TILES[rows]: sm_90 with room for the ring, int8 weights with
+    scales, bf16 or fp16 activations, SiLU, no expert bias, routing weights on the output, H and I
+    multiples of 128, 16-byte aligned unit-stride rows."""
     if x.device.type != "cuda" or torch.version.hip is not None:
         return False
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
-    if (major != 9 or smem_limit < SMEM_BYTES or w13_scale is None or biased or activation != "silu"
+    if (major != 9 or smem_limit < TILES[rows].smem_bytes or w13_scale is None or biased or activation != "silu"
             or mul_routed_weight_first or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8):
         return False
     hidden, inter = w2.shape[1], w2.shape[2]
@@ -297,58 +322,64 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                 topk_weights_ptr, True)
 
 
-def _meta(dtype: torch.dtype, block_n: int) -> dict:
-    return dict(BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=STAGES,
-                LOADER_REGS=LOADER_REGS, num_warps=CONSUMER_WARPS,
-                X_SMEM=gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_K], _GL_DTYPES[dtype]))
+def _meta(dtype: torch.dtype, tile: Tile, block_n: int) -> dict:
+    meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=STAGES,
+                LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
+                X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
+    return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
 
 
-def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k):
-    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of BLOCK_M."""
+def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
+                   tile: Tile):
+    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``."""
     inter = w13.shape[1] // 2
     num_sorted = sorted_token_ids.numel()
-    grid = (triton.cdiv(num_sorted, BLOCK_M) * (inter // GATE_UP_COLS),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * (inter // tile.gate_up_cols),)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                   top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
                                   w13.stride(1), w13_scale.stride(0), h.stride(0), top_k,
-                                  **_meta(xp.dtype, GATE_UP_COLS))
+                                  **_meta(xp.dtype, tile, tile.gate_up_cols))
 
 
-def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded):
+def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+                tile: Tile):
     """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
-    grid = (triton.cdiv(num_sorted, BLOCK_M) * (hidden // DOWN_COLS),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * (hidden // tile.down_cols),)
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
-                               **_meta(h.dtype, DOWN_COLS))
+                               **_meta(h.dtype, tile, tile.down_cols))
 
 
-def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map):
-    """Both GEMMs of the layer: ``[M * top_k, H]``, each (token, slot) pair's expert output times its
-    routing weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up."""
+def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map, rows: int = 256):
+    """Both GEMMs of the layer on TILES[rows]: ``[M * top_k, H]``, each (token, slot) pair's expert output
+    times its routing weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up."""
+    tile = TILES[rows]
     m, top_k = topk_ids.shape
     num_experts, hidden, inter = w2.shape
-    sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(topk_ids, BLOCK_M, num_experts,
+    sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(topk_ids, tile.rows, num_experts,
                                                                            expert_map)
     h = x.new_empty((m * top_k, inter))
-    invoke_gate_up(permute_k(x), w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_post_padded, top_k)
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_post_padded, top_k, tile)
     y = x.new_empty((m * top_k, hidden))
-    invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_post_padded)
+    invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_post_padded, tile)
     return y
 
 
-def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16) -> bytes:
+def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256) -> bytes:
     """The ``"gate_up"`` or ``"down"`` kernel compiled for sm_90 without a GPU (Triton ships ptxas): to
     check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS).
     Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    kernel, block_n = (moe_gate_up_wsrr_kernel, GATE_UP_COLS) if which == "gate_up" else (moe_down_wsrr_kernel,
-                                                                                         DOWN_COLS)
-    constexprs = _meta(dtype, block_n)
+    tile = TILES[rows]
+    kernel, block_n = ((moe_gate_up_wsrr_kernel, tile.gate_up_cols) if which == "gate_up"
+                       else (moe_down_wsrr_kernel, tile.down_cols))
+    constexprs = _meta(dtype, tile, block_n)
+    options = dict(num_warps=constexprs.pop("num_warps"), maxnreg=constexprs.pop("maxnreg", None))
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
                  "block_expert_ids_ptr": "*i32", "num_tokens_post_padded_ptr": "*i32"}
@@ -357,6 +388,7 @@ def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16) -> bytes:
     # pointers, strides and K as multiples of 16, as Triton's launcher specializes them at run time
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if name.endswith("_ptr") or name.startswith("stride") or name in ("H", "I")}
-    compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=CONSUMER_WARPS))
+    compiled = triton.compile(GluonASTSource(kernel, signature, dict(constexprs, num_warps=options["num_warps"]),
+                                             aligned), target=GPUTarget("cuda", 90, 32),
+                              options={key: value for key, value in options.items() if value is not None})
     return compiled.asm["cubin"]
