@@ -869,7 +869,7 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
     assert checked > 100
 
 
-def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs():
+def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs(monkeypatch):
     from experts_int8 import ops
     from experts_int8 import tune as tune_module
 
@@ -877,6 +877,8 @@ def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs():
         pytest.skip("this Triton has no Gluon")
     smem = 227 * 1024
     base = dict(PINNED, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_stages=3, GLUON=1)
+    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem) == [dict(base, WSRR=1)]  # as shipped
+    monkeypatch.setattr(tune_module, "TUNED_WSRR_ROWS", (256, 128))
     variants = tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem)
     # both tiles, the winner's keys kept (where WSRR does not apply they run)
     assert variants == [dict(base, WSRR=1), dict(base, WSRR=1, WSRR_ROWS=128)]
