@@ -7,7 +7,7 @@ wgmma's N) so the weights are wgmma's *register* operand and never go back to sh
 
 * a loader partition (4 warps, few registers) gathers the block's token rows and the expert's int8
   weight rows into a shared-memory ring by cp.async (mbarriers ``loaded``/``free`` per slot);
-* the consumer warpgroups (8 warps, the registers the loader gives up) read each weight fragment with
+* the consumer warpgroups (the registers the loader gives up) read each weight fragment with
   16-byte shared loads, convert it, and issue its wgmma, two register operands in turn so one K tile's
   wgmma runs while the next is converted (NOTES items 94-96).
 
@@ -19,12 +19,13 @@ quantized (checkpoints, the Triton kernels and the decode path are untouched).
 
 Gate/up: gate and up rows are gathered 8 apart, so one m64 wgmma per warpgroup covers 32 columns of I
 and each thread holds a column's gate (accumulator row r) and up (row r + 8): SiLU(gate) * up in
-registers, one accumulator of 256 tokens x 128 weight rows. The columns are chosen so that h comes
-out already K-permuted for the down GEMM, with contiguous stores. Down: 256 pair rows x 128 columns of
-H over K = I, times the routing weight, stored in quarters of the rows (the whole tile's addresses
-would spill).
+registers, one accumulator (256 tokens x 128 weight rows on the main tile). The columns are chosen so
+that h comes out already K-permuted for the down GEMM, with contiguous stores. Down: pair rows x 16
+columns of H a consumer warp over K = I, times the routing weight, stored in quarters of the rows (the
+whole tile's addresses would spill).
 
-:func:`supported` says when it applies; a config selects it with ``WSRR: 1`` (:mod:`.configs`).
+:func:`supported` says when it applies; a config selects it with ``WSRR: 1``, on the tile of
+``WSRR_ROWS`` tokens (:data:`TILES`, 256 unless set; :mod:`.configs`).
 """
 
 from __future__ import annotations
@@ -189,7 +190,7 @@ def _operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, 
 def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr):
     """The K loop: two register operands in turn, tile j's wgmma in flight while tile j+1 is read and
     converted; each operand a dependency of the wait that retires its wgmma, so nothing rewrites it
-    earlier; a slot freed once its wgmma has retired in both warpgroups."""
+    earlier; a slot freed once its wgmma has retired in every consumer warpgroup."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -204,7 +205,7 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
         fence_async_shared()  # x landed by cp.async (generic proxy), read by the wgmma (async proxy)
         acc = warpgroup_mma(a_even, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
         acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))  # tile j-1 retired
-        _cta_barrier()  # ... in both warpgroups (a barrier of the consumer warps only)
+        _cta_barrier()  # ... in every warpgroup (a barrier of the consumer warps only)
         mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
         a_odd = _operand(w_ring, loaded, j + 1, w_layout, a_layout, dtype)
         fence_async_shared()
