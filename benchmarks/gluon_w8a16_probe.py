@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from experts_int8.kernels.gluon_wsrr import _consumer, _fragment_layout, _ring  # noqa: E402
+from experts_int8.kernels.gluon_wsrr import _consumer, _fragment_layout, _ring, sm90_compile  # noqa: E402
 
 # Gluon names that Triton 3.7 changed (the probe ran on 3.6)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -430,21 +430,9 @@ def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=6
 
 
 def sm90_cubin(kernel, constexprs: dict, pointer_types: dict, num_warps: int) -> bytes:
-    """``kernel`` (a Gluon kernel of this file or gluon_moe_rr_probe.py) compiled for sm_90 without a GPU:
-    arguments named in ``pointer_types`` are pointers of those types, the others not in ``constexprs``
-    int32; pointers, strides and the GEMM's K (K, H or I) taken as multiples of 16, as Triton's launcher
-    specializes them at run time. For benchmarks/wgmma_operand_check.py (its SASS by
-    cuobjdump). Run without TRITON_INTERPRET, whose patches of Triton's language break compilation."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32")
-                 for name in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if name in pointer_types or name.startswith("stride") or name in ("K", "H", "I")}
-    compiled = triton.compile(GluonASTSource(kernel, signature, dict(constexprs, num_warps=num_warps), aligned),
-                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps))
-    return compiled.asm["cubin"]
+    """``kernel`` (a Gluon kernel of this file) compiled for sm_90 without a GPU (gluon_wsrr.sm90_compile),
+    for benchmarks/wgmma_operand_check.py (its SASS by cuobjdump)."""
+    return sm90_compile(kernel, constexprs, pointer_types, num_warps).asm["cubin"]
 
 
 def bench_us(fn, reps=50):

@@ -1,5 +1,7 @@
 """GPU-only: bf16 numerics, CUDA-graph capture, inductor compile, every output element written."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -298,20 +300,26 @@ GLUON_CONFIGS = {  # the Gluon (wgmma) kernels of kernels/gluon_moe.py over the 
 }
 
 
+@contextlib.contextmanager
+def spy(module, name):
+    """Records the positional arguments of every call of ``module.name`` in the block."""
+    calls = []
+    real = getattr(module, name)
+    setattr(module, name, lambda *a: calls.append(a) or real(*a))
+    try:
+        yield calls
+    finally:
+        setattr(module, name, real)
+
+
 def run_gluon(config, x, ex, **kw):
     """fused_experts with ``config`` as a GLUON entry (asserting the Gluon kernels ran), and with the
     same blocks on the Triton kernels."""
     from experts_int8.kernels import gluon_moe
     from experts_int8.kernels.configs import override_config
 
-    ran = []
-    real = gluon_moe.invoke_gate_up
-    gluon_moe.invoke_gate_up = lambda *a: ran.append(1) or real(*a)
-    try:
-        with override_config(dict(config, GLUON=1)):
-            out = fused_experts(x, **ex, **kw)
-    finally:
-        gluon_moe.invoke_gate_up = real
+    with spy(gluon_moe, "invoke_gate_up") as ran, override_config(dict(config, GLUON=1)):
+        out = fused_experts(x, **ex, **kw)
     assert ran, "the Gluon kernels did not run"
     with override_config(config):
         return out, fused_experts(x, **ex, **kw)
@@ -416,15 +424,9 @@ def run_wsrr(x, ex, rows=256, **kw):
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
-    ran = []
-    real = gluon_wsrr.expert_outputs
-    gluon_wsrr.expert_outputs = lambda *a: ran.append(a[-1]) or real(*a)
-    try:
-        with override_config(dict(WSRR_ENTRY, WSRR_ROWS=rows)):
-            out = fused_experts(x, **ex, **kw)
-    finally:
-        gluon_wsrr.expert_outputs = real
-    assert ran == [rows], "the WSRR kernels did not run on that tile"
+    with spy(gluon_wsrr, "expert_outputs") as calls, override_config(dict(WSRR_ENTRY, WSRR_ROWS=rows)):
+        out = fused_experts(x, **ex, **kw)
+    assert [call[-1] for call in calls] == [rows], "the WSRR kernels did not run on that tile"
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):
         return out, fused_experts(x, **ex, **kw)
 

@@ -20,6 +20,7 @@ interpreter; on CPU the tests compile them for sm_90 and check the launch logic.
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -40,21 +41,29 @@ _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
 def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, biased: bool) -> bool:
-    """Whether the Gluon kernels can run this call with ``config``'s blocks (else: the Triton ones):
-    sm_90, int8 weights with scales, 16-bit activations, no expert bias, and rows that 16-byte copies
-    can read (H and I multiples of 16, 16-byte aligned rows)."""
+    """Whether the Gluon kernels can run this call with ``config``'s blocks (else: the Triton ones): a
+    layer they read (:func:`hopper_smem_limit`) and blocks that fit."""
+    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
+    return smem_limit is not None and blocks_ok(config, smem_limit)
+
+
+def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor,
+                      biased: bool) -> Optional[int]:
+    """The device's shared memory per block where the Hopper Gluon kernels (here and in :mod:`.gluon_wsrr`)
+    can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, no expert bias,
+    and rows that 16-byte copies can read (H and I multiples of 16, 16-byte aligned rows)."""
     if x.device.type != "cuda" or torch.version.hip is not None:
-        return False
+        return None
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
     if major != 9 or w13_scale is None or biased or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
-        return False
+        return None
     hidden, inter = w2.shape[1], w2.shape[2]
     # Triton proves 16-byte copies aligned from pointers and strides that are multiples of 16 elements
     strides = (x.stride(0), w13.stride(0), w13.stride(1), w2.stride(0), w2.stride(1))
     if hidden % 16 or inter % 16 or any(stride % 16 for stride in strides) or not all(
             t.stride(-1) == 1 and t.data_ptr() % 16 == 0 for t in (x, w13, w2)):
-        return False
-    return blocks_ok(config, smem_limit)
+        return None
+    return smem_limit
 
 
 @functools.lru_cache(maxsize=None)

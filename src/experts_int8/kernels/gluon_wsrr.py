@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from .align import align_block_size
-from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _device_facts, _row_block
+from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
 STAGES = 4
@@ -94,19 +94,12 @@ def memory_position(k: int) -> int:
 
 def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, activation: str,
               mul_routed_weight_first: bool, biased: bool, rows: int = 256) -> bool:
-    """Whether this layer can run here on TILES[rows]: sm_90 with room for the ring, int8 weights with
-    scales, bf16 or fp16 activations, SiLU, no expert bias, routing weights on the output, H and I
-    multiples of 128, 16-byte aligned unit-stride rows."""
-    if x.device.type != "cuda" or torch.version.hip is not None:
-        return False
-    major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
-    if (major != 9 or smem_limit < TILES[rows].smem_bytes or w13_scale is None or biased or activation != "silu"
-            or mul_routed_weight_first or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8):
-        return False
-    hidden, inter = w2.shape[1], w2.shape[2]
-    strides = (x.stride(0), w13.stride(0), w13.stride(1), w2.stride(0), w2.stride(1))
-    return (hidden % 128 == 0 and inter % 128 == 0 and all(s % 16 == 0 for s in strides)
-            and all(t.stride(-1) == 1 and t.data_ptr() % 16 == 0 for t in (x, w13, w2)))
+    """Whether this layer can run here on TILES[rows]: a layer the Hopper Gluon kernels read
+    (:func:`.gluon_moe.hopper_smem_limit`) with room for the ring, SiLU, routing weights on the output,
+    H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
+    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
+    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes and activation == "silu"
+            and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)
 
 
 @gluon.constexpr_function
@@ -370,26 +363,33 @@ def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expe
 
 
 def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256) -> bytes:
-    """The ``"gate_up"`` or ``"down"`` kernel compiled for sm_90 without a GPU (Triton ships ptxas): to
-    check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS).
-    Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
+    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] compiled for sm_90 without a GPU: to check
+    offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS)."""
     tile = TILES[rows]
     kernel, block_n = ((moe_gate_up_wsrr_kernel, tile.gate_up_cols) if which == "gate_up"
                        else (moe_down_wsrr_kernel, tile.down_cols))
     constexprs = _meta(dtype, tile, block_n)
-    options = dict(num_warps=constexprs.pop("num_warps"), maxnreg=constexprs.pop("maxnreg", None))
+    num_warps, maxnreg = constexprs.pop("num_warps"), constexprs.pop("maxnreg", None)
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
                  "block_expert_ids_ptr": "*i32", "num_tokens_post_padded_ptr": "*i32"}
-    signature = {name: "constexpr" if name in constexprs else ptr_types.get(name, act) if name.endswith("_ptr")
-                 else "i32" for name in kernel.arg_names}
-    # pointers, strides and K as multiples of 16, as Triton's launcher specializes them at run time
+    pointers = {name: ptr_types.get(name, act) for name in kernel.arg_names if name.endswith("_ptr")}
+    return sm90_compile(kernel, constexprs, pointers, num_warps, maxnreg).asm["cubin"]
+
+
+def sm90_compile(kernel, constexprs: dict, pointer_types: dict, num_warps: int, maxnreg: Optional[int] = None):
+    """A Gluon ``kernel`` compiled for sm_90 without a GPU (Triton ships ptxas): arguments named in
+    ``pointer_types`` are pointers of those types, the others not in ``constexprs`` int32; pointers,
+    strides and a GEMM's K (K, H or I) taken as multiples of 16, as Triton's launcher specializes them
+    at run time. Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language
+    break compilation."""
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32")
+                 for name in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if name.endswith("_ptr") or name.startswith("stride") or name in ("H", "I")}
-    compiled = triton.compile(GluonASTSource(kernel, signature, dict(constexprs, num_warps=options["num_warps"]),
-                                             aligned), target=GPUTarget("cuda", 90, 32),
-                              options={key: value for key, value in options.items() if value is not None})
-    return compiled.asm["cubin"]
+               if name in pointer_types or name.startswith("stride") or name in ("K", "H", "I")}
+    options = dict(num_warps=num_warps) if maxnreg is None else dict(num_warps=num_warps, maxnreg=maxnreg)
+    return triton.compile(GluonASTSource(kernel, signature, dict(constexprs, num_warps=num_warps), aligned),
+                          target=GPUTarget("cuda", 90, 32), options=options)
