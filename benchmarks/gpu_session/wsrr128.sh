@@ -5,6 +5,7 @@
 # wait calls.
 source benchmarks/gpu_session/common.sh "$1"
 step "wsrr tests"; timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py -k wsrr -p no:cacheprovider 2>&1 | tail -15
+[ "${PIPESTATUS[0]}" = 0 ] || { step "wsrr tests failed: stop"; echo CHAIN_DONE; exit 1; }
 step "wsrr A/B"; timeout 300 python3 benchmarks/variant_ab.py wsrr --values 0,1,3 --out "$R" --m 256,512,1024,2048,4096,8192 \
     --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b qwen3-30b-a3b deepseek-v2-lite 2>&1 | grep -v -i warn | tail -32
 step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_wsrr.json" --out-dir $D && tar czf "$R/configs.tgz" $D/*.json

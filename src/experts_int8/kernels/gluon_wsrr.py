@@ -121,6 +121,14 @@ def _memory_position(k):
 
 
 @gluon.jit
+def _gate_up_rows(n0, r, up_offset):
+    """The w13 row of a gate/up program's weight row r: column memory_position(n0 + 8 (r // 16) + r % 8) of
+    gate (r % 16 < 8) or of up (up_offset rows further). The permutation is taken of the whole column index:
+    a program of 32 columns (the 128-row tile) covers half of a 64-wide block."""
+    return _memory_position(n0 + (r // 16) * 8 + r % 8) + ((r // 8) % 2) * up_offset
+
+
+@gluon.jit
 def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_K: gl.constexpr,
           dtype: gl.constexpr, X_SMEM: gl.constexpr):
     """Activation tiles, int8 weight tiles (plain rows: a thread's 16 bytes together), and per slot its
@@ -139,8 +147,7 @@ def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLO
 def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
             top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr):
     """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
-    expert's weight rows; for GATE_UP slot row r is column n0 + memory_position(8 (r // 16) + r % 8) of
-    gate (r % 16 < 8) or of up (up_offset rows further), else row n0 + r."""
+    expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows`, else row n0 + r."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -153,7 +160,7 @@ def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, fi
     x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
     if GATE_UP:
-        w_rows = n0 + _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * up_offset
+        w_rows = _gate_up_rows(n0, r, up_offset)
     else:
         w_rows = n0 + r
     offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
@@ -254,7 +261,7 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                             LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
-    K-permuted (h's column n0 + j holds column n0 + memory_position(j)): what the down kernel reads."""
+    K-permuted (h's column n0 + j holds column memory_position(n0 + j)): what the down kernel reads."""
     W_ROWS: gl.constexpr = 2 * BLOCK_N
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
@@ -269,11 +276,10 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                                                          instr_shape=[16, BLOCK_M, 16])
     acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
                 stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True)
-    # accumulator row r: gate (r % 16 < 8) or up of column n0 + memory_position(8 (r // 16) + r % 8);
+    # accumulator row r: gate (r % 16 < 8) or up of column memory_position(n0 + 8 (r // 16) + r % 8);
     # a thread holds rows r and r + 8: the split below pairs them without moving data
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
-    scale_rows = n0 + _memory_position((r // 16) * 8 + r % 8) + ((r // 8) % 2) * I
-    acc = acc * gl.load(scale_ptr + expert * stride_se + scale_rows)[:, None]
+    acc = acc * gl.load(scale_ptr + expert * stride_se + _gate_up_rows(n0, r, I))[:, None]
     gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
     h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
     _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
