@@ -237,8 +237,8 @@ def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, sm
             for rows in TUNED_WSRR_ROWS if gluon_wsrr.TILES[rows].smem_bytes <= smem_limit]
 
 
-# the register-form tiles the tuner tries: the 128-row one joins once it has run on a GPU (NOTES item 99)
-TUNED_WSRR_ROWS = (256,)
+# the register-form tiles the tuner tries (the 128-row one won at M=256 on the Mixtral shapes: NOTES item 99)
+TUNED_WSRR_ROWS = (256, 128)
 
 
 def gluon_usable(device: torch.device) -> bool:
