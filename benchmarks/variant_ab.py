@@ -50,12 +50,11 @@ CUDA-graph timing as bench_kernel:
   down_gluon  the Gluon down GEMM's own tile on GLUON entries (gate_up as shipped): the shipped config,
             then variant_ab.DOWN_GLUON_TILES: 128 wide with 4 warps and 3 stages (two programs a SM),
             128 wide with 8 warps, 64 wide with 4 warps, 256 wide with 8 warps and 4 stages  (prefill sizes)
-  untrim    the Gluon or WSRR kernels without TRIM_TAIL (an expert's last row block whose lower half is
-            all padding runs on half the rows): the shipped config (trimmed where it applies), then
+  untrim    the Gluon kernels without TRIM_TAIL (an expert's last row block whose lower half is all
+            padding runs on half the rows): the shipped config (trimmed where it applies), then
             TRIM_TAIL 0                                                                  (prefill sizes)
   wsrr      both GEMMs on the warp-specialized register-form kernels (kernels/gluon_wsrr.py): the shipped
-            config, with WSRR (256-row tiles, half-padding tail blocks on the 128-row tile), without
-            WSRR, with WSRR on 128-row tiles, with WSRR on 256-row tiles untrimmed   (prefill sizes)
+            config, with WSRR (256-row tiles), without WSRR, with WSRR on 128-row tiles    (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -196,7 +195,7 @@ def down_gluon(cfg: dict, value: int, *lookup) -> dict:
 
 
 def untrim(cfg: dict, value: int, *lookup) -> dict:
-    if not value or not (cfg.get("GLUON") or cfg.get("WSRR")):
+    if not value or not cfg.get("GLUON"):
         return cfg
     return dict(cfg, TRIM_TAIL=0)
 
@@ -297,9 +296,8 @@ def deep(cfg: dict, value: int, *lookup) -> dict:
 
 
 def wsrr(cfg: dict, value: int, *lookup) -> dict:
-    if value in (1, 3, 4) and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
-        tile = {1: {}, 3: dict(WSRR_ROWS=128), 4: dict(TRIM_TAIL=0)}[value]  # (1: trimmed, as by default)
-        return dict(configs.without(cfg, "WSRR_ROWS", "TRIM_TAIL"), WSRR=1, **tile)
+    if value in (1, 3) and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
+        return dict(configs.without(cfg, "WSRR_ROWS"), WSRR=1, **({"WSRR_ROWS": 128} if value == 3 else {}))
     return configs.without(cfg, "WSRR", "WSRR_ROWS") if value == 2 else cfg
 
 
@@ -317,7 +315,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
-            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3, 4))}
+            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3))}
 
 
 def main() -> None:

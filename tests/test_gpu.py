@@ -418,31 +418,24 @@ def test_gluon_entry_with_unaligned_rows_takes_the_triton_kernels():
 WSRR_ENTRY = dict(GLUON_CONFIGS["w8_s3"], WSRR=1)
 
 
-# the register-form tiles: 256 rows (an expert's half-padding last block on the 128-row tile, as shipped),
-# 256 rows untrimmed (TRIM_TAIL 0), 128 rows
-WSRR_TILES = {"256": ({}, [(256, 1), (128, 2)]), "256-untrimmed": (dict(TRIM_TAIL=0), [(256, 0)]),
-              "128": (dict(WSRR_ROWS=128), [(128, 0)])}
-
-
-def run_wsrr(x, ex, tile="256", **kw):
-    """fused_experts with a WSRR entry on ``tile`` (WSRR_TILES; asserting which register-form launches ran),
-    and with the same entry's Gluon kernels (the rows to compare against)."""
+def run_wsrr(x, ex, rows=256, **kw):
+    """fused_experts with a WSRR entry on the tile of ``rows`` tokens (asserting the register-form kernels
+    ran), and with the same entry's Gluon kernels (the rows to compare against)."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
-    keys, launches = WSRR_TILES[tile]
-    with spy(gluon_wsrr, "invoke_gate_up") as calls, override_config(dict(WSRR_ENTRY, **keys)):
+    with spy(gluon_wsrr, "expert_outputs") as calls, override_config(dict(WSRR_ENTRY, WSRR_ROWS=rows)):
         out = fused_experts(x, **ex, **kw)
-    assert [(call[8].rows, call[10]) for call in calls] == launches, "the WSRR kernels did not run as asked"
+    assert [call[-1] for call in calls] == [rows], "the WSRR kernels did not run on that tile"
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):
         return out, fused_experts(x, **ex, **kw)
 
 
-@pytest.mark.parametrize("tile", list(WSRR_TILES))
+@pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("h, i", [(512, 384), (256, 128), (384, 1408)])
 @pytest.mark.parametrize("m", [1, 70, 300, 1500])
-def test_wsrr_kernels(tile, dtype, h, i, m):
+def test_wsrr_kernels(rows, dtype, h, i, m):
     """The register-form kernels (kernels/gluon_wsrr.py) on both tiles, 1-24 row blocks, K loops of 2-22
     tiles (fewer and more than the ring's 4 slots), against the float64 oracle and row by row against
     the Gluon kernels."""
@@ -450,27 +443,26 @@ def test_wsrr_kernels(tile, dtype, h, i, m):
     x = torch.randn(m, h, device="cuda", dtype=dtype)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
     for _ in range(3):  # a race shows on some runs only
-        out, gluon_out = run_wsrr(x, ex, tile, topk_weights=w, topk_ids=ids)
+        out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
         assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
 
-@pytest.mark.parametrize("tile", list(WSRR_TILES))
-def test_wsrr_kernels_on_expert_blocks_around_full(tile):
-    """Experts with 256, 257, 1, 0, 255, 512, 384 and 129 rows: whole blocks, one row over, a few, none,
-    a last block of exactly half the rows (trimmed) and one row more than half (not)."""
-    counts = [256, 257, 1, 0, 255, 512, 384, 129]
+@pytest.mark.parametrize("rows", [256, 128])
+def test_wsrr_kernels_on_expert_blocks_around_full(rows):
+    """Experts with 256, 257, 1, 0, 255, 512, 100 and 300 rows: whole blocks, one row over, a few, none."""
+    counts = [256, 257, 1, 0, 255, 512, 100, 300]
     ids = torch.repeat_interleave(torch.arange(8), torch.tensor(counts))
     ids = ids[torch.randperm(ids.numel())].to("cuda", torch.int32)[:, None]
     m = ids.shape[0]
     w = 0.25 + torch.rand(m, 1, device="cuda")
     ex = layer(h=512, i=384)
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
-    out, gluon_out = run_wsrr(x, ex, tile, topk_weights=w, topk_ids=ids)
+    out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
     assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
 
-@pytest.mark.parametrize("tile", list(WSRR_TILES))
-def test_wsrr_kernels_with_absent_experts_and_strided_rows(tile):
+@pytest.mark.parametrize("rows", [256, 128])
+def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows):
     """An expert_map with experts on another rank (their blocks write zeros) and x a strided view."""
     ex = layer()
     m = 700
@@ -479,7 +471,7 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows(tile):
     expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
     expert_map[:8] = torch.arange(8, dtype=torch.int32, device="cuda")
     kw = dict(topk_weights=w, topk_ids=ids, expert_map=expert_map, global_num_experts=16)
-    out, gluon_out = run_wsrr(x, ex, tile, **kw)
+    out, gluon_out = run_wsrr(x, ex, rows, **kw)
     ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
     assert_close_rows(out, ref, gluon_out)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# NOTES item 101: the 256-row register-form tile with an expert's half-padding last block on the 128-row tile
+# NOTES item 101 (runs at 32a531c only: measured, then reverted): the 256-row register-form tile with an expert's half-padding last block on the 128-row tile
 # (TRIM_TAIL, on by default). The wsrr GPU tests (all three tile modes), then the A/B shipped / WSRR trimmed /
 # WSRR untrimmed, folded where one wins by 2%, then the kernel bench. ~5 minutes: one wait call.
 source benchmarks/gpu_session/common.sh "$1"

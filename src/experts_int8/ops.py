@@ -213,8 +213,7 @@ def _fused_experts_triton(
     if (config.get("WSRR") and gluon_wsrr is not None
             and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
                                      w13_bias is not None or w2_bias is not None, rows)):
-        y = gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, topk_ids, expert_map, rows,
-                                      trim_tails=bool(config.get("TRIM_TAIL", 1)))
+        y = gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, topk_ids, expert_map, rows)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
         partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),

@@ -218,7 +218,7 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
 
 
 @gluon.jit
-def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, first, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
+def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
           stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
           GATE_UP: gl.constexpr):
@@ -227,7 +227,7 @@ def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, first, n0, expert, num_valid, top_
     x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
     acc, = gl.warp_specialize([
         (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype)),
-        (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first, n0, expert,
+        (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
                    num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP)),
     ], [LOADER_WARPS], [LOADER_REGS])
     return acc
@@ -249,23 +249,6 @@ def _store_rows(out_ptr, tile, sorted_token_ids_ptr, first, n0, num_valid, strid
 
 
 @gluon.jit
-def _block(sorted_token_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, N, SPAN: gl.constexpr,
-           BLOCK_N: gl.constexpr, GROUP_M: gl.constexpr, TAILS: gl.constexpr):
-    """This program's aligned block (its first sorted row), first column, and whether it runs: blocks past
-    the padded count do not; with TAILS 1 an expert's last block whose lower half is all padding (padding
-    ends each expert's rows) does not either, and with TAILS 2 only such a block runs (its upper half, on
-    the 128-row tile)."""
-    pid_m, n0 = _row_block(num_sorted, N, SPAN, BLOCK_N, GROUP_M)
-    first = pid_m * SPAN
-    runs = first < gl.load(num_tokens_post_padded_ptr)
-    if TAILS != 0:
-        # (first + SPAN // 2 < num_sorted whenever first is below the padded count)
-        tail = gl.load(sorted_token_ids_ptr + first + SPAN // 2, mask=runs, other=0) >= num_valid
-        runs = runs & (tail == (TAILS == 2))
-    return pid_m, first, n0, runs
-
-
-@gluon.jit
 def _column_halves(t):
     """A tile's left and right columns (register renaming: the top column bit is a register's)."""
     return gl.split(gl.permute(gl.reshape(t, [t.type.shape[0], 2, t.type.shape[1] // 2]), [0, 2, 1]))
@@ -276,24 +259,22 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
                             stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, SPAN: gl.constexpr,
-                            TAILS: gl.constexpr, num_warps: gl.constexpr):
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
     K-permuted (h's column n0 + j holds column memory_position(n0 + j)): what the down kernel reads."""
     W_ROWS: gl.constexpr = 2 * BLOCK_N
-    pid_m, first, n0, runs = _block(sorted_token_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, I,
-                                    SPAN, BLOCK_N, GROUP_M, TAILS)
-    if not runs:
+    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:  # an expert on another rank: zeros, as the other kernels write
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
-                    sorted_token_ids_ptr, first, n0, num_valid, stride_om, scale_ptr, False)
+                    sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
-    acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, first, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
+    acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
                 stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True)
     # accumulator row r: gate (r % 16 < 8) or up of column memory_position(n0 + 8 (r // 16) + r % 8);
     # a thread holds rows r and r + 8: the split below pairs them without moving data
@@ -301,7 +282,7 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
     acc = acc * gl.load(scale_ptr + expert * stride_se + _gate_up_rows(n0, r, I))[:, None]
     gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
     h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
-    _store_rows(out_ptr, h, sorted_token_ids_ptr, first, n0, num_valid, stride_om, scale_ptr, False)
+    _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
 
 
 @gluon.jit
@@ -309,14 +290,13 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                          block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
                          stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, SPAN: gl.constexpr, TAILS: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
     kernel writes it)."""
-    pid_m, first, n0, runs = _block(sorted_token_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H,
-                                    SPAN, BLOCK_N, GROUP_M, TAILS)
-    if not runs:
+    pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
+    if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
+    first = pid_m * BLOCK_M
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
@@ -325,7 +305,7 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
-    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, first, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
+    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
                 stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False)
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     y = acc * gl.load(scale_ptr + expert * stride_se + cols)[:, None]
@@ -342,72 +322,59 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                 topk_weights_ptr, True)
 
 
-def _meta(dtype: torch.dtype, tile: Tile, block_n: int, span: int, tails: int) -> dict:
+def _meta(dtype: torch.dtype, tile: Tile, block_n: int) -> dict:
     meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=STAGES,
-                LOADER_REGS=tile.loader_regs, SPAN=span, TAILS=tails, num_warps=tile.consumer_warps,
+                LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
                 X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
     return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
 
 
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
-                   tile: Tile, span: Optional[int] = None, tails: int = 0):
-    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``span`` (the tile's
-    rows unless given), all of them or, by ``tails`` (1, 2), all but or only the half-padding ones."""
+                   tile: Tile):
+    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``."""
     inter = w13.shape[1] // 2
     num_sorted = sorted_token_ids.numel()
-    span = span or tile.rows
-    grid = (triton.cdiv(num_sorted, span) * (inter // tile.gate_up_cols),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * (inter // tile.gate_up_cols),)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                   top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
                                   w13.stride(1), w13_scale.stride(0), h.stride(0), top_k,
-                                  **_meta(xp.dtype, tile, tile.gate_up_cols, span, tails))
+                                  **_meta(xp.dtype, tile, tile.gate_up_cols))
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                tile: Tile, span: Optional[int] = None, tails: int = 0):
-    """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``
-    (blocks as :func:`invoke_gate_up`'s)."""
+                tile: Tile):
+    """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
-    span = span or tile.rows
-    grid = (triton.cdiv(num_sorted, span) * (hidden // tile.down_cols),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * (hidden // tile.down_cols),)
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
-                               **_meta(h.dtype, tile, tile.down_cols, span, tails))
+                               **_meta(h.dtype, tile, tile.down_cols))
 
 
-def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map, rows: int = 256,
-                   trim_tails: bool = False):
+def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map, rows: int = 256):
     """Both GEMMs of the layer on TILES[rows]: ``[M * top_k, H]``, each (token, slot) pair's expert output
-    times its routing weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up. With
-    ``trim_tails`` (256-row tiles), an expert's last block whose lower half is all padding runs on the
-    128-row tile instead, in a second launch of each GEMM (NOTES item 101)."""
+    times its routing weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up."""
     tile = TILES[rows]
     m, top_k = topk_ids.shape
     num_experts, hidden, inter = w2.shape
     sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(topk_ids, tile.rows, num_experts,
                                                                            expert_map)
-    blocks = (sorted_token_ids, block_expert_ids, num_post_padded)
-    launches = [(tile, 1), (TILES[128], 2)] if trim_tails and rows == 256 else [(tile, 0)]
     h = x.new_empty((m * top_k, inter))
-    xp = permute_k(x)
-    for t, tails in launches:
-        invoke_gate_up(xp, w13, w13_scale, h, *blocks, top_k, t, tile.rows, tails)
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_post_padded, top_k, tile)
     y = x.new_empty((m * top_k, hidden))
-    for t, tails in launches:
-        invoke_down(h, w2, w2_scale, y, topk_weights, *blocks, t, tile.rows, tails)
+    invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_post_padded, tile)
     return y
 
 
-def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256, span: Optional[int] = None,
-               tails: int = 0) -> bytes:
+def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256) -> bytes:
     """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] compiled for sm_90 without a GPU: to check
     offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS)."""
     tile = TILES[rows]
     kernel, block_n = ((moe_gate_up_wsrr_kernel, tile.gate_up_cols) if which == "gate_up"
                        else (moe_down_wsrr_kernel, tile.down_cols))
-    constexprs = _meta(dtype, tile, block_n, span or rows, tails)
+    constexprs = _meta(dtype, tile, block_n)
     num_warps, maxnreg = constexprs.pop("num_warps"), constexprs.pop("maxnreg", None)
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
