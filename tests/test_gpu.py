@@ -365,17 +365,22 @@ def test_gluon_kernels_every_tile_shape(variant, dtype, h, i, m):
         assert_close_rows(out, ref, triton_out)
 
 
+def routed_by_counts(counts, hidden):
+    """bf16 tokens routed top-1, ``counts[e]`` of them to expert e in shuffled order, with routing weights
+    in [0.25, 1.25): x, topk_weights, topk_ids."""
+    ids = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
+    ids = ids[torch.randperm(ids.numel())].to("cuda", torch.int32)[:, None]
+    m = ids.shape[0]
+    return (torch.randn(m, hidden, device="cuda", dtype=torch.bfloat16), 0.25 + torch.rand(m, 1, device="cuda"),
+            ids)
+
+
 @pytest.mark.parametrize("variant", ["w8_s3", "w8_s3_fused", "w4_s4_fused_fp16_dot", "w8_bm256", "w8_s3_fused_untrimmed"])
 def test_gluon_kernels_on_expert_blocks_around_half_full(variant):
     """Experts with 64, 65, 138, 1, 0, 127, 128 and 192 rows: last blocks with exactly half their rows
     (the half block), one more (the whole block), a few, none, all; every row against the oracle."""
-    counts = [64, 65, 138, 1, 0, 127, 128, 192]
-    ids = torch.repeat_interleave(torch.arange(8), torch.tensor(counts))
-    ids = ids[torch.randperm(ids.numel())].to("cuda", torch.int32)[:, None]
-    m = ids.shape[0]
-    w = 0.25 + torch.rand(m, 1, device="cuda")
+    x, w, ids = routed_by_counts([64, 65, 138, 1, 0, 127, 128, 192], 528)
     ex = layer(h=528, i=400)
-    x = torch.randn(m, 528, device="cuda", dtype=torch.bfloat16)
     out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, topk_weights=w, topk_ids=ids)
     assert_close_rows(out, oracle(x, ex, w, ids), triton_out)
 
@@ -450,13 +455,8 @@ def test_wsrr_kernels(rows, dtype, h, i, m):
 @pytest.mark.parametrize("rows", [256, 128])
 def test_wsrr_kernels_on_expert_blocks_around_full(rows):
     """Experts with 256, 257, 1, 0, 255, 512, 100 and 300 rows: whole blocks, one row over, a few, none."""
-    counts = [256, 257, 1, 0, 255, 512, 100, 300]
-    ids = torch.repeat_interleave(torch.arange(8), torch.tensor(counts))
-    ids = ids[torch.randperm(ids.numel())].to("cuda", torch.int32)[:, None]
-    m = ids.shape[0]
-    w = 0.25 + torch.rand(m, 1, device="cuda")
+    x, w, ids = routed_by_counts([256, 257, 1, 0, 255, 512, 100, 300], 512)
     ex = layer(h=512, i=384)
-    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
     out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
     assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
