@@ -344,15 +344,21 @@ def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int) -> Callabl
 
 def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
                use_graph: bool = True, give_up_above_s: float = math.inf) -> tuple[float, str]:
-    """Median seconds per ``fused_experts`` call and the method (``cuda_graph`` or ``eager``).
+    """Median seconds per ``fused_experts`` call and the method (``cuda_graph`` or ``eager``): the
+    ``num_calls`` calls cycle over the layers (:func:`time_run`)."""
+    return time_run(_layer_calls(x, layers, routing, num_calls), num_calls, reps=reps, warmup=warmup,
+                    row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s)
 
-    The ``num_calls`` calls (cycling over the layers) are captured in one CUDA graph; each replay is
-    timed with events. Fewer replays are made when one replay is long (``row_budget_s`` per row,
+
+def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
+             use_graph: bool = True, give_up_above_s: float = math.inf) -> tuple[float, str]:
+    """Median seconds per call of ``run`` (which makes ``num_calls`` calls) and the method.
+
+    ``run`` is captured in one CUDA graph; each replay is timed with events. Fewer replays are made when one replay is long (``row_budget_s`` per row,
     never fewer than 5); none after the first when it already took over ``give_up_above_s`` per call
     (the tuner's early exit for clearly slower configs). If capture fails the same calls are timed
     eagerly, with a warning.
     """
-    run = _layer_calls(x, layers, routing, num_calls)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # compiles the kernels and warms the allocator off the capture
