@@ -491,6 +491,69 @@ def test_chunked_align_matches_torch_align(trial, monkeypatch):
     assert_equals_torch_align(chunked, ids, block_m, e, expert_map, monkeypatch)
 
 
+def tail_case(trial):
+    """Routing whose experts hold a few rows past a multiple of the block (and some that do not)."""
+    e = [5, 16, 40][trial % 3]
+    block_m, tail_rows, tail_block = [(64, 16, 16), (32, 8, 16), (128, 40, 32)][trial % 3]
+    counts = torch.randint(0, 3 * block_m, (e,))
+    counts[::2] = counts[::2] // block_m * block_m + torch.randint(1, tail_rows + 1, (len(counts[::2]),))
+    flat = torch.repeat_interleave(torch.arange(e), counts)
+    flat = flat[torch.randperm(flat.numel())]
+    k = 2
+    flat = torch.cat([flat, torch.full(((-flat.numel()) % k,), -1, dtype=torch.long)])  # absent pairs pad to k
+    return flat.view(-1, k).to(torch.int32 if trial % 2 else torch.int64).to(DEVICE), e, block_m, tail_rows, tail_block
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_align_with_tail_regions(trial):
+    """Each expert's last count % block_m rows, where that is 1..tail_rows, are the tail region's
+    (in pair order, blocks of tail_block); the rest are grouped and padded as without a tail."""
+    from experts_int8.kernels import align
+
+    ids, e, block_m, tail_rows, tail_block = tail_case(trial)
+    (main_ids, main_blocks, main_n), (tail_ids, tail_blocks, tail_n) = align.align_with_tail(
+        ids.cpu(), block_m, e, None, tail_rows, tail_block)
+    flat, numel = ids.reshape(-1).long().cpu(), ids.numel()
+    counts = torch.bincount(flat[flat >= 0], minlength=e)
+    left = counts % block_m
+    tails = torch.where((left > 0) & (left <= tail_rows), left, 0)
+    assert int(tails.sum()) > 0
+    for region, blocks, n, block in ((main_ids, main_blocks, int(main_n), block_m),
+                                     (tail_ids, tail_blocks, int(tail_n), tail_block)):
+        assert n % block == 0 and torch.all(region[n:] == numel)
+        for b in range(n // block):
+            rows = region[b * block:(b + 1) * block]
+            rows = rows[rows < numel].long()
+            assert rows.numel() and all(max(int(flat[r]), -1) == int(blocks[b]) for r in rows)
+    got_tail = tail_ids[tail_ids < numel].long()
+    got_main = main_ids[main_ids < numel].long()
+    assert sorted(torch.cat([got_main, got_tail]).tolist()) == list(range(numel))  # every pair once
+    for x in range(e):
+        mine = (flat == x).nonzero().squeeze(1)  # pair order
+        want_tail = mine[mine.numel() - int(tails[x]):] if tails[x] else mine[:0]
+        assert got_tail[flat[got_tail] == x].tolist() == want_tail.tolist()
+        assert got_main[flat[got_main] == x].tolist() == mine[:mine.numel() - int(tails[x])].tolist()
+
+
+@pytest.mark.parametrize("trial", range(6))
+@pytest.mark.parametrize("path", ["single", "chunked"])
+def test_kernel_align_with_tail_matches_torch(trial, path):
+    from experts_int8.kernels import align
+
+    ids, e, block_m, tail_rows, tail_block = tail_case(trial)
+    if path == "single":
+        got = align._align_single_program(ids, block_m, e, None, tail_rows, tail_block)
+    else:
+        got = align._align_chunked(ids, block_m, e, None, chunk=64, tail_rows=tail_rows, tail_block=tail_block)
+    want = align._align_torch(ids.cpu(), block_m, e, None, tail_rows, tail_block)
+    main_len = align.max_sorted_len(ids.numel(), e, block_m)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[2].cpu(), want[2])
+    for start, end, block, n in ((0, main_len, block_m, int(want[2][0])),
+                                 (main_len, want[0].numel(), tail_block, int(want[2][1]))):
+        b0 = 0 if start == 0 else main_len // block_m
+        assert torch.equal(got[1][b0:b0 + n // block].cpu(), want[1][b0:b0 + n // block])
+
+
 def test_many_pairs_use_the_chunked_align(monkeypatch):
     """Above SINGLE_PROGRAM_MAX_PAIRS, with CHUNKED_ALIGN, the layer runs on the three-launch align."""
     from experts_int8.kernels import align

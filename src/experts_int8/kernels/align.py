@@ -11,6 +11,11 @@ token ``t // k``, slot ``t % k``):
 
 ``num_sorted`` is a static upper bound computed from shapes only, so nothing here reads a device
 value on the host: the step captures in a CUDA graph and traces under torch.compile.
+
+With a tail (:func:`align_with_tail`), an expert whose last block would hold only 1..``tail_rows``
+rows keeps those rows out of its padded group: they go to a second region of blocks of
+``tail_block`` rows at the static offset ``num_sorted`` (the layer runs them on a small-M entry;
+benchmarks/NOTES.md item 103: such a block costs a large tile's weight work for a few rows).
 """
 
 from __future__ import annotations
@@ -41,6 +46,36 @@ def max_sorted_len(numel: int, num_experts: int, block_m: int) -> int:
     groups = min(numel, num_experts + 1)
     bound = numel + groups * (block_m - 1)
     return (bound + block_m - 1) // block_m * block_m
+
+
+def max_tail_len(numel: int, num_experts: int, tail_rows: int, tail_block: int) -> int:
+    """Upper bound of the tail region: at most one tail of <= ``tail_rows`` rows an expert, each padded
+    to whole blocks of ``tail_block``."""
+    return min(numel, num_experts) * triton.cdiv(tail_rows, tail_block) * tail_block if tail_rows else 0
+
+
+@triton.jit
+def _main_and_tail(counts, g, num_experts, BLOCK_M: tl.constexpr, TAIL_ROWS: tl.constexpr):
+    """Per group: the rows that stay in its padded group, and those (1..TAIL_ROWS past a multiple of
+    BLOCK_M, experts only) that go to the tail region."""
+    left = counts % BLOCK_M
+    tail = tl.where((g < num_experts) & (left > 0) & (left <= TAIL_ROWS), left, 0)
+    return counts - tail, tail
+
+
+@triton.jit
+def _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr, num_tokens_post_padded_ptr, tail, main_start, main,
+                 numel, num_experts, num_sorted, tail_len, BLOCK_M: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                 FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+    """The tail region's padding, block experts and length; returns, per group, the main-region row
+    from which its pairs are tail rows and how far those move (into the region at ``num_sorted``)."""
+    tail_padded = (tail + TAIL_BLOCK - 1) // TAIL_BLOCK * TAIL_BLOCK
+    tail_end = tl.cumsum(tail_padded, 0)
+    tl.store(num_tokens_post_padded_ptr + 1, tl.sum(tail_padded, 0))
+    _write_padding_and_block_experts(sorted_token_ids_ptr + num_sorted, block_expert_ids_ptr + num_sorted // BLOCK_M,
+                                     tail_end, numel, num_experts, tail_len, TAIL_BLOCK, FILL, BLOCK_CHUNK)
+    first_tail_row = main_start + main
+    return first_tail_row, num_sorted + tail_end - tail_padded - first_tail_row
 
 
 @triton.jit
@@ -84,8 +119,11 @@ def align_single_program_kernel(
     num_experts,
     num_global,
     num_sorted,
+    tail_len,
     HAS_MAP: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    TAIL_ROWS: tl.constexpr,  # 0: no tail region
+    TAIL_BLOCK: tl.constexpr,
     PAIRS: tl.constexpr,  # power of two >= numel
     GROUPS: tl.constexpr,  # power of two >= num_experts + 2 (experts, the absent group, padding lanes)
     CHUNK: tl.constexpr,
@@ -100,7 +138,8 @@ def align_single_program_kernel(
 
     g = tl.arange(0, GROUPS)
     counts = tl.where(g <= num_experts, tl.histogram(group, GROUPS), 0)
-    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    main, tail = _main_and_tail(counts, g, num_experts, BLOCK_M, TAIL_ROWS)
+    padded = (main + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end = tl.cumsum(padded, 0)
     # sorted position -> row: a pair's row is its group's padded start plus its rank in the group,
     # i.e. its sorted position minus the group's unpadded start
@@ -108,6 +147,11 @@ def align_single_program_kernel(
     tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
     _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
                                      num_sorted, BLOCK_M, CHUNK, BLOCK_CHUNK)
+    if TAIL_ROWS:
+        first_tail_row, tail_shift = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
+                                                  num_tokens_post_padded_ptr, tail, padded_end - padded, main, numel,
+                                                  num_experts, num_sorted, tail_len, BLOCK_M, TAIL_BLOCK, CHUNK,
+                                                  BLOCK_CHUNK)
     tl.debug_barrier()  # the sentinel stores above are overwritten below
 
     # Stable sort of the pairs by group: sort keys (group, pair index). The shift of each pair's group
@@ -115,7 +159,10 @@ def align_single_program_kernel(
     keys = tl.sort(group * PAIRS + offs)
     sorted_group = keys // PAIRS
     valid = sorted_group <= num_experts
-    dest = offs + tl.gather(shift, tl.where(valid, sorted_group, 0), 0)
+    index = tl.where(valid, sorted_group, 0)
+    dest = offs + tl.gather(shift, index, 0)
+    if TAIL_ROWS:
+        dest = tl.where(dest >= tl.gather(first_tail_row, index, 0), dest + tl.gather(tail_shift, index, 0), dest)
     tl.store(sorted_token_ids_ptr + dest, keys % PAIRS, mask=valid)
 
 
@@ -130,16 +177,17 @@ def align_count_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, numel, num_expe
 
 
 @triton.jit
-def align_offsets_kernel(counts_ptr, base_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-                         num_tokens_post_padded_ptr, num_chunks, numel, num_experts, num_sorted,
-                         BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr,
-                         BLOCK_CHUNK: tl.constexpr):
+def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+                         num_tokens_post_padded_ptr, num_chunks, numel, num_experts, num_sorted, tail_len,
+                         BLOCK_M: tl.constexpr, TAIL_ROWS: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                         GROUPS: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
     """Grid (1,): group sizes padded to BLOCK_M and where each chunk's pairs of each group go.
 
     ``base[chunk, g]`` = where group g starts (padded) + the group's pairs in earlier chunks - where
     group g starts inside this chunk's sorted order, so the scatter kernel's destination of its i-th
     sorted pair is ``base[chunk, group] + i``. Also writes the sentinel padding, the block experts and
-    the padded length, as the single-program kernel does.
+    the padded length, as the single-program kernel does; with a tail, ``tail[0, g]`` and ``tail[1, g]``
+    are group g's first tail row in the main region and how far its tail rows move.
     """
     g = tl.arange(0, GROUPS)
     real = g <= num_experts
@@ -149,9 +197,17 @@ def align_offsets_kernel(counts_ptr, base_ptr, sorted_token_ids_ptr, block_exper
         c = tl.load(counts_ptr + rows[:, None] * GROUPS + g[None, :], mask=rows[:, None] < num_chunks, other=0)
         totals += tl.sum(c, 0)
     totals = tl.where(real, totals, 0)
-    padded = (totals + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    main, tail = _main_and_tail(totals, g, num_experts, BLOCK_M, TAIL_ROWS)
+    padded = (main + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end = tl.cumsum(padded, 0)
     tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
+    if TAIL_ROWS:
+        first_tail_row, tail_shift = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
+                                                  num_tokens_post_padded_ptr, tail, padded_end - padded, main, numel,
+                                                  num_experts, num_sorted, tail_len, BLOCK_M, TAIL_BLOCK, FILL,
+                                                  BLOCK_CHUNK)
+        tl.store(tail_ptr + g, first_tail_row)
+        tl.store(tail_ptr + GROUPS + g, tail_shift)
     before = padded_end - padded  # pairs of each group placed so far (earlier chunks), from its start
     for start in range(0, num_chunks, ROWS):
         rows = start + tl.arange(0, ROWS)
@@ -167,8 +223,9 @@ def align_offsets_kernel(counts_ptr, base_ptr, sorted_token_ids_ptr, block_exper
 
 
 @triton.jit
-def align_scatter_kernel(topk_ids_ptr, expert_map_ptr, base_ptr, sorted_token_ids_ptr, numel, num_experts,
-                         num_global, HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, GROUPS: tl.constexpr):
+def align_scatter_kernel(topk_ids_ptr, expert_map_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, numel,
+                         num_experts, num_global, HAS_MAP: tl.constexpr, TAIL_ROWS: tl.constexpr, CHUNK: tl.constexpr,
+                         GROUPS: tl.constexpr):
     """Grid (num_chunks,): a stable sort of one chunk's pairs by group, written to their places."""
     chunk = tl.program_id(0)
     local = tl.arange(0, CHUNK)
@@ -177,7 +234,11 @@ def align_scatter_kernel(topk_ids_ptr, expert_map_ptr, base_ptr, sorted_token_id
     keys = tl.sort(group * CHUNK + local)
     sorted_group = keys // CHUNK
     valid = sorted_group <= num_experts
-    dest = tl.load(base_ptr + chunk * GROUPS + tl.where(valid, sorted_group, 0), mask=valid, other=0) + local
+    index = tl.where(valid, sorted_group, 0)
+    dest = tl.load(base_ptr + chunk * GROUPS + index, mask=valid, other=0) + local
+    if TAIL_ROWS:
+        first_tail_row = tl.load(tail_ptr + index, mask=valid, other=0)
+        dest = tl.where(dest >= first_tail_row, dest + tl.load(tail_ptr + GROUPS + index, mask=valid, other=0), dest)
     tl.store(sorted_token_ids_ptr + dest, chunk * CHUNK + keys % CHUNK, mask=valid)
 
 
@@ -191,17 +252,39 @@ def align_block_size(
 
     Ids that are out of range, or that ``expert_map`` marks -1, land in the absent group.
     """
+    return _align(topk_ids, block_m, num_experts, expert_map, 0, 16)
+
+
+def align_with_tail(topk_ids: torch.Tensor, block_m: int, num_experts: int, expert_map: Optional[torch.Tensor],
+                    tail_rows: int, tail_block: int) -> tuple[tuple, tuple]:
+    """As :func:`align_block_size`, but an expert's last 1..``tail_rows`` rows past a multiple of
+    ``block_m`` go to a region of ``tail_block``-row blocks: ``(main, tail)``, each a
+    ``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)`` over its region (views of one
+    allocation each)."""
+    if not 0 < tail_rows < block_m or tail_block < 1:
+        raise ValueError(f"tail_rows must lie in [1, {block_m}) and tail_block be positive, got {tail_rows} "
+                         f"and {tail_block}")
+    sorted_ids, blocks, num_post = _align(topk_ids, block_m, num_experts, expert_map, tail_rows, tail_block)
+    main_len = max_sorted_len(topk_ids.numel(), num_experts, block_m)
+    main = (sorted_ids[:main_len], blocks[:main_len // block_m], num_post[:1])
+    return main, (sorted_ids[main_len:], blocks[main_len // block_m:], num_post[1:])
+
+
+def _align(topk_ids, block_m, num_experts, expert_map, tail_rows, tail_block):
+    """Both regions in one allocation each: ``sorted_token_ids [main + tail]``, ``block_expert_ids``
+    (main blocks, then tail blocks), ``num_tokens_post_padded [1 or 2]``."""
     device = topk_ids.device
     numel = topk_ids.numel()
     if device.type == "cuda" or _interpreting():
         if CHUNKED_ALIGN and numel >= CHUNKED_MIN_PAIRS:
-            return _align_chunked(topk_ids, block_m, num_experts, expert_map)
+            return _align_chunked(topk_ids, block_m, num_experts, expert_map, tail_rows=tail_rows,
+                                  tail_block=tail_block)
         if numel <= SINGLE_PROGRAM_MAX_PAIRS:
-            return _align_single_program(topk_ids, block_m, num_experts, expert_map)
-    return _align_torch(topk_ids, block_m, num_experts, expert_map)
+            return _align_single_program(topk_ids, block_m, num_experts, expert_map, tail_rows, tail_block)
+    return _align_torch(topk_ids, block_m, num_experts, expert_map, tail_rows, tail_block)
 
 
-def _align_torch(topk_ids, block_m, num_experts, expert_map):
+def _align_torch(topk_ids, block_m, num_experts, expert_map, tail_rows=0, tail_block=16):
     """The align step in torch ops (stable sort): the path off the GPU and the oracle of the kernels."""
     device = topk_ids.device
     numel = topk_ids.numel()
@@ -216,21 +299,36 @@ def _align_torch(topk_ids, block_m, num_experts, expert_map):
 
     counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
     counts.scatter_add_(0, group, torch.ones_like(group))
-    padded = (counts + block_m - 1) // block_m * block_m
+    left = counts % block_m
+    tail = torch.where((left > 0) & (left <= tail_rows), left, 0)
+    tail[absent] = 0
+    main = counts - tail
+    padded = (main + block_m - 1) // block_m * block_m
     padded_end = padded.cumsum(0)
     padded_start = padded_end - padded
+    tail_padded = (tail + tail_block - 1) // tail_block * tail_block
+    tail_end = tail_padded.cumsum(0)
     count_start = counts.cumsum(0) - counts
 
     sorted_group, order = torch.sort(group, stable=True)
     rank = torch.arange(numel, device=device) - count_start[sorted_group]
     num_sorted = max_sorted_len(numel, num_experts, block_m)
-    sorted_token_ids = torch.full((num_sorted,), numel, dtype=torch.int32, device=device)
-    sorted_token_ids[padded_start[sorted_group] + rank] = order.to(torch.int32)
+    tail_len = max_tail_len(numel, num_experts, tail_rows, tail_block)
+    in_tail = rank >= main[sorted_group]
+    dest = torch.where(in_tail, num_sorted + (tail_end - tail_padded)[sorted_group] + rank - main[sorted_group],
+                       padded_start[sorted_group] + rank)
+    sorted_token_ids = torch.full((num_sorted + tail_len,), numel, dtype=torch.int32, device=device)
+    sorted_token_ids[dest] = order.to(torch.int32)
 
-    block_start = torch.arange(0, num_sorted, block_m, device=device)
-    block_group = torch.searchsorted(padded_end, block_start, right=True)
-    block_expert_ids = torch.where(block_group < num_experts, block_group, -1).to(torch.int32)
+    def block_experts(ends, length, block):
+        block_group = torch.searchsorted(ends, torch.arange(0, length, block, device=device), right=True)
+        return torch.where(block_group < num_experts, block_group, -1).to(torch.int32)
+
+    block_expert_ids = block_experts(padded_end, num_sorted, block_m)
     num_tokens_post_padded = padded_end[-1:].to(torch.int32)
+    if tail_rows:
+        block_expert_ids = torch.cat([block_expert_ids, block_experts(tail_end, tail_len, tail_block)])
+        num_tokens_post_padded = torch.cat([num_tokens_post_padded, tail_end[-1:].to(torch.int32)])
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
 
 
@@ -240,51 +338,57 @@ def _interpreting() -> bool:
     return isinstance(align_single_program_kernel, InterpretedFunction)
 
 
-def _kernel_outputs(topk_ids, block_m, num_experts):
+def _kernel_outputs(topk_ids, block_m, num_experts, tail_rows, tail_block):
     """What the Triton align paths write: ``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)``
-    (int32, uninitialized), and the padded length and power-of-two group count they launch with."""
+    (int32, uninitialized), and the main and tail regions' padded lengths and the power-of-two group
+    count they launch with."""
     device = topk_ids.device
     num_sorted = max_sorted_len(topk_ids.numel(), num_experts, block_m)
-    outputs = (torch.empty(num_sorted, dtype=torch.int32, device=device),
-               torch.empty(num_sorted // block_m, dtype=torch.int32, device=device),
-               torch.empty(1, dtype=torch.int32, device=device))
-    return outputs, num_sorted, triton.next_power_of_2(num_experts + 2)
+    tail_len = max_tail_len(topk_ids.numel(), num_experts, tail_rows, tail_block)
+    outputs = (torch.empty(num_sorted + tail_len, dtype=torch.int32, device=device),
+               torch.empty(num_sorted // block_m + tail_len // tail_block, dtype=torch.int32, device=device),
+               torch.empty(2 if tail_rows else 1, dtype=torch.int32, device=device))
+    return outputs, num_sorted, tail_len, triton.next_power_of_2(num_experts + 2)
 
 
-def _align_single_program(topk_ids, block_m, num_experts, expert_map):
+def _align_single_program(topk_ids, block_m, num_experts, expert_map, tail_rows=0, tail_block=16):
     device = topk_ids.device
     numel = topk_ids.numel()
-    (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, groups = _kernel_outputs(
-        topk_ids, block_m, num_experts)
+    (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, tail_len, groups = _kernel_outputs(
+        topk_ids, block_m, num_experts, tail_rows, tail_block)
     has_map = expert_map is not None
     align_single_program_kernel[(1,)](
         topk_ids.reshape(-1), expert_map if has_map else topk_ids, sorted_token_ids, block_expert_ids,
-        num_tokens_post_padded, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted,
-        HAS_MAP=has_map, BLOCK_M=block_m, PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups,
-        CHUNK=1024, BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_meta(device)["PDL"],
+        num_tokens_post_padded, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted, tail_len,
+        HAS_MAP=has_map, BLOCK_M=block_m, TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block,
+        PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups, CHUNK=1024,
+        BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_meta(device)["PDL"],
     )
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
 
 
-def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024):
+def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024, tail_rows=0, tail_block=16):
     """Three launches for any number of pairs: per-chunk histograms, offsets (one program), scatter."""
     device = topk_ids.device
     numel = topk_ids.numel()
-    (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, groups = _kernel_outputs(
-        topk_ids, block_m, num_experts)
+    (sorted_token_ids, block_expert_ids, num_tokens_post_padded), num_sorted, tail_len, groups = _kernel_outputs(
+        topk_ids, block_m, num_experts, tail_rows, tail_block)
     num_chunks = triton.cdiv(numel, chunk)
     counts = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
     base = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
+    tail = torch.empty((2, groups), dtype=torch.int32, device=device) if tail_rows else base
     has_map = expert_map is not None
     ids = topk_ids.reshape(-1)
     emap = expert_map if has_map else ids
     num_global = expert_map.numel() if has_map else 0
     align_count_kernel[(num_chunks,)](ids, emap, counts, numel, num_experts, num_global,
                                       HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, num_warps=4)
-    align_offsets_kernel[(1,)](counts, base, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                               num_chunks, numel, num_experts, num_sorted, BLOCK_M=block_m, GROUPS=groups,
+    align_offsets_kernel[(1,)](counts, base, tail, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+                               num_chunks, numel, num_experts, num_sorted, tail_len, BLOCK_M=block_m,
+                               TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block, GROUPS=groups,
                                ROWS=max(1, min(64, 8192 // groups)), FILL=1024, BLOCK_CHUNK=max(16, 8192 // groups),
                                num_warps=4)
-    align_scatter_kernel[(num_chunks,)](ids, emap, base, sorted_token_ids, numel, num_experts, num_global,
-                                        HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, num_warps=4)
+    align_scatter_kernel[(num_chunks,)](ids, emap, base, tail, sorted_token_ids, numel, num_experts, num_global,
+                                        HAS_MAP=has_map, TAIL_ROWS=tail_rows, CHUNK=chunk, GROUPS=groups,
+                                        num_warps=4)
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
