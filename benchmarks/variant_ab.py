@@ -55,6 +55,9 @@ CUDA-graph timing as bench_kernel:
             TRIM_TAIL 0                                                                  (prefill sizes)
   wsrr      both GEMMs on the warp-specialized register-form kernels (kernels/gluon_wsrr.py): the shipped
             config, with WSRR (256-row tiles), without WSRR, with WSRR on 128-row tiles    (prefill sizes)
+  tail      an expert's last 1..TAIL_ROWS rows past a whole row block in a second pass on the small-M entry
+            (configs.tail_config) instead of a block of their own: the shipped config, then TAIL_ROWS 16,
+            32, 64 (prefill entries on the align path)                                    (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -83,6 +86,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
     PYTHONPATH=src python3 benchmarks/variant_ab.py fused_tiles --m 512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py down_gluon --m 512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py untrim --m 512,1024,2048,4096,8192
+    PYTHONPATH=src python3 benchmarks/variant_ab.py tail --m 512,1024,2048,4096,8192
 """
 import argparse
 import json
@@ -301,6 +305,13 @@ def wsrr(cfg: dict, value: int, *lookup) -> dict:
     return configs.without(cfg, "WSRR", "WSRR_ROWS") if value == 2 else cfg
 
 
+def tail(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
+    if not value:
+        return cfg
+    variants = {v["TAIL_ROWS"]: v for v in tune.tail_variants(cfg, m, top_k)}  # where the entry's path takes it
+    return variants.get({1: 16, 2: 32, 3: 64}[value], cfg)
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -315,7 +326,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
-            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3))}
+            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3))}
 
 
 def main() -> None:

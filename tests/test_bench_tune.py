@@ -610,6 +610,26 @@ def test_fp16_dot_variants_at_prefill_sizes_of_int8():
     assert tune.fp16_dot_variants(dict(PINNED, FP16_DOT=1), 256, "int8") == []
 
 
+def test_tail_variants_at_prefill_sizes_where_the_path_takes_them():
+    big = dict(PINNED, BLOCK_SIZE_M=128)
+    assert [v["TAIL_ROWS"] for v in tune.tail_variants(big, 512, 2)] == [16, 32, 64]
+    assert [v["TAIL_ROWS"] for v in tune.tail_variants(dict(PINNED, BLOCK_SIZE_M=64), 512, 2)] == [16, 32]
+    assert tune.tail_variants(big, 128, 2) == []  # decode sizes
+    assert tune.tail_variants(dict(big, PAIRS=1), 4096, 2) == []
+    assert tune.tail_variants(dict(big, DEQUANT_ONCE=1), 4096, 2) == []
+    assert tune.tail_variants(dict(big, TAIL_ROWS=32), 4096, 2) == []
+
+
+def test_tail_config_is_the_small_entry_even_under_an_override():
+    """The tail pass of a TAIL_ROWS candidate runs what the table (here the CPU heuristic) gives for 16
+    rows an expert, not the forced main entry, and without decode or prefill modes."""
+    want = configs.without(configs.heuristic_config(64, 8, 2, torch.int8, "cpu"), *configs.DECODE_KEYS,
+                           *configs.PREFILL_KEYS)
+    with configs.override_config(dict(PINNED, BLOCK_SIZE_M=128, TAIL_ROWS=32)):
+        got = configs.tail_config(8, 256, 2, torch.int8, torch.device("cpu"))
+    assert got == want and not set(got) & set(configs.DECODE_KEYS + configs.PREFILL_KEYS)
+
+
 def test_swap_variants_for_decode_winners_only():
     cfg = dict(PINNED, BLOCK_SIZE_M=16, down={"BLOCK_SIZE_K": 256})
     swapped = tune.swap_variants(cfg)

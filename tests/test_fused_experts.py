@@ -554,6 +554,50 @@ def test_kernel_align_with_tail_matches_torch(trial, path):
         assert torch.equal(got[1][b0:b0 + n // block].cpu(), want[1][b0:b0 + n // block])
 
 
+def routing_with_tails(e, k, block_m, tail_rows):
+    """``topk_ids [M, k]`` (distinct experts per token) where every other expert holds 1..tail_rows rows
+    past a multiple of ``block_m``."""
+    counts = torch.randint(block_m // 2, 3 * block_m, (e,))
+    counts[::2] = counts[::2] // block_m * block_m + torch.randint(1, tail_rows + 1, (len(counts[::2]),))
+    counts[-1] += (-int(counts.sum())) % k
+    flat = torch.repeat_interleave(torch.arange(e), counts)
+    ids = flat.view(k, -1).T  # token j: the j-th, (j + M)-th, ... of the sorted pairs: distinct experts
+    return ids[torch.randperm(ids.shape[0])].contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tails", [True, False])
+def test_layer_with_a_tail_pass(dtype, tails, monkeypatch):
+    """TAIL_ROWS: the experts' few last rows run in a second pass (its own block size) and the layer
+    equals the reference; without such rows the second pass has nothing to do."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    e, k, block_m, tail_rows = 6, 2, 32, 8
+    ids = routing_with_tails(e, k, block_m, tail_rows) if tails else None
+    launches = []
+    real = ops.invoke_gate_up
+    monkeypatch.setattr(ops, "invoke_gate_up", lambda *a, **kw: launches.append(a[11]["BLOCK_SIZE_M"]) or real(*a, **kw))
+    small = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    monkeypatch.setattr(ops, "tail_config", lambda *a: small)
+    cfg = dict(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=4, num_warps=4, num_stages=2,
+               TAIL_ROWS=tail_rows)
+    with override_config(cfg):
+        check(ids.shape[0] if tails else 40, e, 64, 32, k, dtype, "triton", topk_ids=ids)
+    assert launches == [block_m, 16]
+
+
+def test_tail_rows_config_checks():
+    from experts_int8.kernels.configs import check_config
+
+    base = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    assert check_config(dict(base, TAIL_ROWS=32))["TAIL_ROWS"] == 32
+    for bad in (dict(TAIL_ROWS=64), dict(TAIL_ROWS=0), dict(TAIL_ROWS=8, PAIRS=1), dict(TAIL_ROWS=8, DEQUANT_ONCE=1),
+                dict(TAIL_ROWS=8, down=dict(SPLIT_K=2))):
+        with pytest.raises(ValueError, match="TAIL_ROWS"):
+            check_config(dict(base, **bad))
+
+
 def test_many_pairs_use_the_chunked_align(monkeypatch):
     """Above SINGLE_PROGRAM_MAX_PAIRS, with CHUNKED_ALIGN, the layer runs on the three-launch align."""
     from experts_int8.kernels import align

@@ -16,8 +16,8 @@ from typing import Callable, Optional
 import torch
 
 from . import reference
-from .kernels.align import align_block_size
-from .kernels.configs import device_heuristic, get_config, split_config, without
+from .kernels.align import align_block_size, align_with_tail
+from .kernels.configs import device_heuristic, get_config, split_config, tail_config, without
 from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_dequantize, invoke_down,
                                  invoke_fused_decode, invoke_gate_up, invoke_sum, sum_last_counts)
 
@@ -183,6 +183,13 @@ def _pair_experts(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) ->
     return flat if expert_map is None else expert_map[flat]
 
 
+def _aligned(topk_ids, block_m, num_experts, expert_map, config, tail_cfg):
+    """The align step's ``(main, tail)`` blocks; ``tail`` None without a tail pass (no TAIL_ROWS)."""
+    if tail_cfg is None:
+        return align_block_size(topk_ids, block_m, num_experts, expert_map), None
+    return align_with_tail(topk_ids, block_m, num_experts, expert_map, config["TAIL_ROWS"], tail_cfg["BLOCK_SIZE_M"])
+
+
 @torch.library.custom_op("experts_int8::fused_experts", mutates_args=())
 def _fused_experts_triton(
     x: torch.Tensor,
@@ -208,12 +215,26 @@ def _fused_experts_triton(
     if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
+    # TAIL_ROWS entries: an expert's few rows past its last whole block go to a second pass on the small-M
+    # entry's Triton kernels (they write their pairs' rows of h and y) instead of a large block of their own
+    tail_cfg = tail_config(num_experts, inter, top_k, w13.dtype, x.device) if config.get("TAIL_ROWS") else None
+
+    def run_tail(tail, h, y):
+        if tail is not None:
+            gate_up_tail, down_tail = split_config(tail_cfg)
+            invoke_gate_up(x, w13, w13_scale, h, weights, *tail, top_k, activation, apply_router_weight_on_input,
+                           gate_up_tail, w13_bias)
+            invoke_down(h, w2, w2_scale, y, weights, *tail, not apply_router_weight_on_input, down_tail, w2_bias)
+
     # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
     rows = config.get("WSRR_ROWS", 256)
     if (config.get("WSRR") and gluon_wsrr is not None
             and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
                                      w13_bias is not None or w2_bias is not None, rows)):
-        y = gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, topk_ids, expert_map, rows)
+        main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
+        h, y = x.new_empty((m * top_k, inter)), x.new_empty((m * top_k, hidden))
+        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows)
+        run_tail(tail, h, y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
         partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),
@@ -231,10 +252,10 @@ def _fused_experts_triton(
     gate_up_config, down_config = split_config(config)
     if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
         sorted_token_ids = block_expert_ids = num_post_padded = _pair_experts(topk_ids, expert_map)  # 2 unread
+        tail = None
     else:
-        sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(
-            topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map
-        )
+        (sorted_token_ids, block_expert_ids, num_post_padded), tail = _aligned(
+            topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map, config, tail_cfg)
     h = x.new_empty((m * top_k, inter))
     sum_last = bool(down_config.get("SUM_LAST"))  # (a PAIRS mode: never on the Gluon kernels)
     # SUM_LAST's arrival counters, zeroed by the gate_up launch
@@ -270,6 +291,7 @@ def _fused_experts_triton(
     else:
         invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                     not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
+    run_tail(tail, h, y)  # (TAIL_ROWS excludes SPLIT_K and the decode modes: y is [M * k, H] here)
     if sum_topk or (top_k == 1 and split_k == 1):
         return y
     # partials and experts added and cast in one launch: torch would need two for split-K partials,

@@ -195,6 +195,22 @@ def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     return [dict(best, FP16_DOT=1)]
 
 
+def tail_variants(best: dict, m: int, top_k: int) -> list[dict]:
+    """At prefill sizes (M x k >= 512 pairs): the winner with an expert's last 16, 32 or 64 rows past a
+    whole row block in a second pass on the small-M entry (TAIL_ROWS; 5-10% on the H200 where experts'
+    rows sit just past whole 256-row blocks, nothing on 128-row Gluon blocks: benchmarks/NOTES.md
+    items 103-104), where the winner's path takes it."""
+    if m * top_k < 512 or best.get("TAIL_ROWS"):
+        return []
+    out = []
+    for rows in (16, 32, 64):
+        try:
+            out.append(configs.check_config(dict(best, TAIL_ROWS=rows)))
+        except ValueError:  # a decode mode, DEQUANT_ONCE, or blocks of 64 rows or fewer
+            pass
+    return out
+
+
 def tma_usable(device: torch.device) -> bool:
     """Whether TMA entries can run here (an NVIDIA GPU of compute capability 9.0 or newer)."""
     return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9
@@ -586,7 +602,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
                                 + fp16_dot_variants(cfg, m, d)
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem)
-                                + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem),
+                                + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
+                                + tail_variants(cfg, m, top_k),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

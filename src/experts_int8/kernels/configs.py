@@ -37,9 +37,18 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # FP16_DOT (int8 weights, bf16 x) runs gate_up's dot in fp16 on x's rows scaled by powers of two;
 # TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
 # WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
-# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens.
+# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens;
+# TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
+# on the small-M entry (tail_config) instead of a block of their own.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "down")
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "TAIL_ROWS", "down")
+# Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys that only
+# the prefill paths read: the tail pass's entry drops both.
+DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
+PREFILL_KEYS = ("GLUON", "WSRR", "WSRR_ROWS", "DEQUANT_ONCE", "TRIM_TAIL", "TAIL_ROWS")
+# The tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item 103: the
+# best of the small entries for tails of up to 64 rows on the Mixtral shapes and jamba).
+TAIL_ENTRY_ROWS = 16
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
@@ -47,7 +56,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS (with WSRR) and "down",
+    WSRR, WSRR_ROWS (with WSRR), TAIL_ROWS and "down",
     whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -87,6 +96,12 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     if out.get("WSRR") and (out.get("PAIRS") or out.get("FUSED_DECODE")):
         raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode modes PAIRS and "
                          "FUSED_DECODE")
+    decode = any(out.get(key) or down.get(key) for key in DECODE_KEYS if key != "SPLIT_K")
+    if "TAIL_ROWS" in out and (decode or down.get("SPLIT_K", 1) > 1 or out.get("DEQUANT_ONCE")
+                               or out["TAIL_ROWS"] >= min(out.get("BLOCK_SIZE_M", 0), out.get("WSRR_ROWS", 256))):
+        raise ValueError(f"config: TAIL_ROWS (an expert's last rows to a second pass) is below the row block "
+                         f"(BLOCK_SIZE_M, WSRR_ROWS), on the align path without SPLIT_K, a decode mode or DEQUANT_ONCE; "
+                         f"got {out['TAIL_ROWS']!r}")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -249,11 +264,26 @@ def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: t
     forced = _OVERRIDE.get()
     if forced is not None:
         return dict(forced)
+    return _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device)
+
+
+def _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device) -> dict:
     dev = device_name(device)
     table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
     if table:
         return dict(table[table_key(table, m, num_experts, top_k)])
     return device_heuristic(m, num_experts, top_k, weight_dtype, device)
+
+
+def tail_config(num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
+                device: Optional[torch.device] = None) -> dict:
+    """The config of a TAIL_ROWS entry's second pass (an expert's few last rows, on the Triton kernels'
+    align path): the table's (or heuristic) entry for TAIL_ENTRY_ROWS rows an expert, without decode or
+    prefill modes; an ``override_config`` block forces the main entry, not this one (the tuner times a
+    TAIL_ROWS candidate with the tail pass the table would give it)."""
+    m = max(1, TAIL_ENTRY_ROWS * num_experts // top_k)
+    entry = _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device)
+    return without(entry, *DECODE_KEYS, *PREFILL_KEYS)
 
 
 def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.dtype,

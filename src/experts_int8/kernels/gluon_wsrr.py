@@ -40,7 +40,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from .align import align_block_size
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
@@ -353,18 +352,15 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
                                **_meta(h.dtype, tile, tile.down_cols))
 
 
-def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, topk_ids, expert_map, rows: int = 256):
-    """Both GEMMs of the layer on TILES[rows]: ``[M * top_k, H]``, each (token, slot) pair's expert output
-    times its routing weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up."""
+def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256):
+    """Both GEMMs of the layer on TILES[rows] over the ``aligned`` blocks (``(sorted_token_ids,
+    block_expert_ids, num_tokens_post_padded)`` in blocks of ``rows``): ``y [M * top_k, H]`` gets each
+    aligned (token, slot) pair's expert output times its routing weight (flat ``topk_weights``), for
+    :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is the intermediate (K-permuted)."""
     tile = TILES[rows]
-    m, top_k = topk_ids.shape
-    num_experts, hidden, inter = w2.shape
-    sorted_token_ids, block_expert_ids, num_post_padded = align_block_size(topk_ids, tile.rows, num_experts,
-                                                                           expert_map)
-    h = x.new_empty((m * top_k, inter))
-    invoke_gate_up(permute_k(x), w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_post_padded, top_k, tile)
-    y = x.new_empty((m * top_k, hidden))
-    invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_post_padded, tile)
+    top_k = topk_weights.numel() // x.shape[0]
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile)
+    invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile)
     return y
 
 
