@@ -59,7 +59,8 @@ CUDA-graph timing as bench_kernel:
             (configs.tail_config) instead of a block of their own: the shipped config, then TAIL_ROWS 16,
             32, 64 (prefill entries on the align path)                                    (prefill sizes)
   wsrr_tail the register-form kernels with a tail pass: the shipped config, WSRR 256 with TAIL_ROWS 32,
-            with 64, WSRR 128 with TAIL_ROWS 32                                           (prefill sizes)
+            with 64, WSRR 128 with TAIL_ROWS 32, WSRR 256 with TAIL_ROWS 192 on the entry for 128 rows an
+            expert (TAIL_ENTRY_ROWS)                                                      (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -317,9 +318,14 @@ def tail(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int
 def wsrr_tail(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
     if not value:
         return cfg
-    rows, tail_rows = {1: (256, 32), 2: (256, 64), 3: (128, 32)}[value]
-    on_tile = wsrr(cfg, 1 if rows == 256 else 3)
-    variants = {v["TAIL_ROWS"]: v for v in tune.tail_variants(configs.without(on_tile, "TAIL_ROWS"), m, top_k)}
+    rows, tail_rows = {1: (256, 32), 2: (256, 64), 3: (128, 32), 4: (256, 192)}[value]
+    on_tile = configs.without(wsrr(cfg, 1 if rows == 256 else 3), "TAIL_ROWS", "TAIL_ENTRY_ROWS")
+    if value == 4:  # rows past a whole 256-row block, up to 192 of them, on the entry for 128 rows an expert
+        try:
+            return configs.check_config(dict(on_tile, TAIL_ROWS=tail_rows, TAIL_ENTRY_ROWS=128))
+        except ValueError:
+            return cfg
+    variants = {v["TAIL_ROWS"]: v for v in tune.tail_variants(on_tile, m, top_k)}
     return variants.get(tail_rows, cfg)
 
 
@@ -338,7 +344,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3))}
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4))}
 
 
 def main() -> None:

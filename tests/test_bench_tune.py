@@ -620,14 +620,18 @@ def test_tail_variants_at_prefill_sizes_where_the_path_takes_them():
     assert tune.tail_variants(dict(big, TAIL_ROWS=32), 4096, 2) == []
 
 
-def test_tail_config_is_the_small_entry_even_under_an_override():
-    """The tail pass of a TAIL_ROWS candidate runs what the table (here the CPU heuristic) gives for 16
-    rows an expert, not the forced main entry, and without decode or prefill modes."""
-    want = configs.without(configs.heuristic_config(64, 8, 2, torch.int8, "cpu"), *configs.DECODE_KEYS,
-                           *configs.PREFILL_KEYS)
-    with configs.override_config(dict(PINNED, BLOCK_SIZE_M=128, TAIL_ROWS=32)):
-        got = configs.tail_config(8, 256, 2, torch.int8, torch.device("cpu"))
-    assert got == want and not set(got) & set(configs.DECODE_KEYS + configs.PREFILL_KEYS)
+def test_tail_config_is_the_small_entry_even_under_an_override(monkeypatch):
+    """The tail pass of a TAIL_ROWS candidate runs the table's entry for TAIL_ENTRY_ROWS rows an expert
+    (16 unless the entry says), not the forced main entry, without decode modes or main-pass keys."""
+    asked = []
+    entry = dict(PINNED, PAIRS=1, GLUON=1, WSRR=1, TAIL_ROWS=8, down=dict(SUM_LAST=1))
+    monkeypatch.setattr(configs, "_table_or_heuristic", lambda m, *a: asked.append(m) or dict(entry))
+    main = dict(PINNED, BLOCK_SIZE_M=128, TAIL_ROWS=32)
+    with configs.override_config(main):
+        got = configs.tail_config(main, 8, 256, 2, torch.int8, torch.device("cpu"))
+        configs.tail_config(dict(main, TAIL_ENTRY_ROWS=128), 8, 256, 2, torch.int8, torch.device("cpu"))
+    assert asked == [16 * 8 // 2, 128 * 8 // 2]
+    assert got == dict(PINNED, GLUON=1)  # the Gluon kernels may run the tail pass; not WSRR or a decode mode
 
 
 def test_swap_variants_for_decode_winners_only():

@@ -592,8 +592,10 @@ def test_tail_rows_config_checks():
 
     base = dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
     assert check_config(dict(base, TAIL_ROWS=32))["TAIL_ROWS"] == 32
+    assert check_config(dict(base, WSRR=1, TAIL_ROWS=160, TAIL_ENTRY_ROWS=128))["TAIL_ROWS"] == 160  # 256-row tile
     for bad in (dict(TAIL_ROWS=64), dict(TAIL_ROWS=0), dict(TAIL_ROWS=8, PAIRS=1), dict(TAIL_ROWS=8, DEQUANT_ONCE=1),
-                dict(TAIL_ROWS=8, down=dict(SPLIT_K=2))):
+                dict(TAIL_ROWS=8, down=dict(SPLIT_K=2)), dict(WSRR=1, WSRR_ROWS=128, TAIL_ROWS=128),
+                dict(TAIL_ENTRY_ROWS=16)):
         with pytest.raises(ValueError, match="TAIL_ROWS"):
             check_config(dict(base, **bad))
 

@@ -498,32 +498,39 @@ def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
         torch.testing.assert_close(out, fused_experts(x, **ex, **kw), rtol=0, atol=0)
 
 
-TAIL_ENTRIES = {
-    "wsrr256": dict(WSRR_ENTRY, WSRR_ROWS=256),
-    "wsrr128": dict(WSRR_ENTRY, WSRR_ROWS=128),
-    "gluon": dict(GLUON_CONFIGS["w8_s3"], GLUON=1),
-    "triton": KERNEL_VARIANTS["fuse_gate_up"],
+TAIL_SMALL = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+TAIL_CASES = {  # the main entry, its TAIL_ROWS, the tail pass's entry
+    "wsrr256": (dict(WSRR_ENTRY, WSRR_ROWS=256), 32, TAIL_SMALL),
+    "wsrr128": (dict(WSRR_ENTRY, WSRR_ROWS=128), 32, TAIL_SMALL),
+    "gluon": (dict(GLUON_CONFIGS["w8_s3"], GLUON=1), 32, TAIL_SMALL),
+    "triton": (KERNEL_VARIANTS["fuse_gate_up"], 32, TAIL_SMALL),
+    "wsrr256_gluon_tail": (dict(WSRR_ENTRY, WSRR_ROWS=256), 160, dict(GLUON_CONFIGS["w4_s3"], GLUON=1)),
 }
 
 
-@pytest.mark.parametrize("entry", sorted(TAIL_ENTRIES))
+@pytest.mark.parametrize("case", sorted(TAIL_CASES))
 @pytest.mark.parametrize("weights_on_input", [False, True])
-def test_tail_pass_on_rows_past_whole_blocks(entry, weights_on_input, monkeypatch):
-    """TAIL_ROWS=32 with experts of 257, 288, 289, 1, 0, 261, 543 and 100 rows (tails of 1, 32, none,
-    1, none, 5, 31, none past blocks of 128 or 256): the second pass on its own 16-row blocks; every
-    row against the oracle and against the same entry without TAIL_ROWS."""
+def test_tail_pass_on_rows_past_whole_blocks(case, weights_on_input, monkeypatch):
+    """Experts of 257, 288, 289, 1, 0, 261, 543 and 100 rows: tails of 1, 32, none, 1, none, 5, 31, none
+    past blocks of 128 or 256 rows with TAIL_ROWS=32, and all but the empty one with 160 (on a Gluon
+    tail entry; with the weights on the input the WSRR entry's fallback has 128-row blocks, which 160
+    does not fit: no tail pass). Every row against the oracle and the same entry without TAIL_ROWS."""
     from experts_int8 import ops
-    from experts_int8.kernels.configs import override_config
+    from experts_int8.kernels import gluon_moe
+    from experts_int8.kernels.configs import override_config, split_config
 
-    small = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
-    monkeypatch.setattr(ops, "tail_config", lambda *a: small)
+    main, tail_rows, tail_entry = TAIL_CASES[case]
+    monkeypatch.setattr(ops, "tail_config", lambda *a: tail_entry)
     x, w, ids = routed_by_counts([257, 288, 289, 1, 0, 261, 543, 100], 512)
     ex = layer(h=512, i=384)
     kw = dict(topk_weights=w, topk_ids=ids, apply_router_weight_on_input=weights_on_input)
-    with spy(ops, "invoke_gate_up") as tail_launches, override_config(dict(TAIL_ENTRIES[entry], TAIL_ROWS=32)):
+    with spy(ops, "invoke_gate_up") as triton_launches, spy(gluon_moe, "invoke_gate_up") as gluon_launches, \
+            override_config(dict(main, TAIL_ROWS=tail_rows)):
         out = fused_experts(x, **ex, **kw)
-    assert [call[11]["BLOCK_SIZE_M"] for call in tail_launches][-1:] == [16], "the tail pass did not run"
-    with override_config(TAIL_ENTRIES[entry]):
+    tail_gate_up = split_config(tail_entry)[0]
+    tail_ran = any(call[11] == tail_gate_up for call in triton_launches + gluon_launches)
+    assert tail_ran == (tail_rows < 128 or not weights_on_input), "the tail pass ran where it should not, or not"
+    with override_config(main):
         whole = fused_experts(x, **ex, **kw)
     ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)

@@ -184,10 +184,25 @@ def _pair_experts(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]) ->
 
 
 def _aligned(topk_ids, block_m, num_experts, expert_map, config, tail_cfg):
-    """The align step's ``(main, tail)`` blocks; ``tail`` None without a tail pass (no TAIL_ROWS)."""
-    if tail_cfg is None:
+    """The align step's ``(main, tail)`` blocks; ``tail`` None without a tail pass (no TAIL_ROWS, or a
+    WSRR entry's TAIL_ROWS that its fallback's blocks of BLOCK_SIZE_M rows do not exceed)."""
+    if tail_cfg is None or config["TAIL_ROWS"] >= block_m:
         return align_block_size(topk_ids, block_m, num_experts, expert_map), None
     return align_with_tail(topk_ids, block_m, num_experts, expert_map, config["TAIL_ROWS"], tail_cfg["BLOCK_SIZE_M"])
+
+
+def _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, aligned, top_k, activation, on_input, config,
+                      w13_bias, w2_bias):
+    """Both GEMMs over the ``aligned`` blocks with ``config`` (no decode modes): its rows of ``h [M*k, I]``
+    and ``y [M*k, H]``, on the Gluon kernels for a GLUON entry where they apply, else Triton's."""
+    gate_up_config, down_config = split_config(config)
+    if (config.get("GLUON") and gluon_moe is not None
+            and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias is not None or w2_bias is not None)):
+        gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config)
+        gluon_moe.invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config)
+    else:
+        invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config, w13_bias)
+        invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
 
 
 @torch.library.custom_op("experts_int8::fused_experts", mutates_args=())
@@ -215,16 +230,15 @@ def _fused_experts_triton(
     if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
         config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
-    # TAIL_ROWS entries: an expert's few rows past its last whole block go to a second pass on the small-M
-    # entry's Triton kernels (they write their pairs' rows of h and y) instead of a large block of their own
-    tail_cfg = tail_config(num_experts, inter, top_k, w13.dtype, x.device) if config.get("TAIL_ROWS") else None
+    # TAIL_ROWS entries: an expert's last rows past its last whole block go to a second pass on a smaller
+    # entry (they write their pairs' rows of h and y) instead of a large block of their own
+    tail_cfg = (tail_config(config, num_experts, inter, top_k, w13.dtype, x.device) if config.get("TAIL_ROWS")
+                else None)
 
     def run_tail(tail, h, y):
         if tail is not None:
-            gate_up_tail, down_tail = split_config(tail_cfg)
-            invoke_gate_up(x, w13, w13_scale, h, weights, *tail, top_k, activation, apply_router_weight_on_input,
-                           gate_up_tail, w13_bias)
-            invoke_down(h, w2, w2_scale, y, weights, *tail, not apply_router_weight_on_input, down_tail, w2_bias)
+            _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, tail, top_k, activation,
+                              apply_router_weight_on_input, tail_cfg, w13_bias, w2_bias)
 
     # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
     rows = config.get("WSRR_ROWS", 256)

@@ -39,15 +39,15 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
 # kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens;
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
-# on the small-M entry (tail_config) instead of a block of their own.
+# on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "TAIL_ROWS", "down")
-# Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys that only
-# the prefill paths read: the tail pass's entry drops both.
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "down")
+# Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
+# main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
-PREFILL_KEYS = ("GLUON", "WSRR", "WSRR_ROWS", "DEQUANT_ONCE", "TRIM_TAIL", "TAIL_ROWS")
-# The tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item 103: the
-# best of the small entries for tails of up to 64 rows on the Mixtral shapes and jamba).
+MAIN_PASS_KEYS = ("WSRR", "WSRR_ROWS", "DEQUANT_ONCE", "TAIL_ROWS", "TAIL_ENTRY_ROWS")
+# By default the tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item
+# 103: the best of the small entries for tails of up to 64 rows on the Mixtral shapes and jamba).
 TAIL_ENTRY_ROWS = 16
 
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
@@ -56,7 +56,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS (with WSRR), TAIL_ROWS and "down",
+    WSRR, WSRR_ROWS (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS) and "down",
     whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -97,11 +97,14 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode modes PAIRS and "
                          "FUSED_DECODE")
     decode = any(out.get(key) or down.get(key) for key in DECODE_KEYS if key != "SPLIT_K")
+    block = out.get("WSRR_ROWS", 256) if out.get("WSRR") else out.get("BLOCK_SIZE_M", 0)
     if "TAIL_ROWS" in out and (decode or down.get("SPLIT_K", 1) > 1 or out.get("DEQUANT_ONCE")
-                               or out["TAIL_ROWS"] >= min(out.get("BLOCK_SIZE_M", 0), out.get("WSRR_ROWS", 256))):
+                               or out["TAIL_ROWS"] >= block):
         raise ValueError(f"config: TAIL_ROWS (an expert's last rows to a second pass) is below the row block "
-                         f"(BLOCK_SIZE_M, WSRR_ROWS), on the align path without SPLIT_K, a decode mode or DEQUANT_ONCE; "
-                         f"got {out['TAIL_ROWS']!r}")
+                         f"(WSRR_ROWS with WSRR, else BLOCK_SIZE_M), on the align path without SPLIT_K, a decode "
+                         f"mode or DEQUANT_ONCE; got {out['TAIL_ROWS']!r}")
+    if "TAIL_ENTRY_ROWS" in out and "TAIL_ROWS" not in out:
+        raise ValueError("config: TAIL_ENTRY_ROWS (which entry runs the tail pass) needs TAIL_ROWS")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -275,15 +278,15 @@ def _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device) -> d
     return device_heuristic(m, num_experts, top_k, weight_dtype, device)
 
 
-def tail_config(num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
+def tail_config(config: dict, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
                 device: Optional[torch.device] = None) -> dict:
-    """The config of a TAIL_ROWS entry's second pass (an expert's few last rows, on the Triton kernels'
-    align path): the table's (or heuristic) entry for TAIL_ENTRY_ROWS rows an expert, without decode or
-    prefill modes; an ``override_config`` block forces the main entry, not this one (the tuner times a
-    TAIL_ROWS candidate with the tail pass the table would give it)."""
-    m = max(1, TAIL_ENTRY_ROWS * num_experts // top_k)
+    """The config of a TAIL_ROWS entry's second pass (an expert's last rows, on the align path's Gluon or
+    Triton kernels): the table's (or heuristic) entry for the entry's TAIL_ENTRY_ROWS rows an expert
+    (default 16), without decode modes or main-pass keys. An ``override_config`` block forces the main
+    entry, not this one (the tuner times a TAIL_ROWS candidate with the tail pass the table gives it)."""
+    m = max(1, config.get("TAIL_ENTRY_ROWS", TAIL_ENTRY_ROWS) * num_experts // top_k)
     entry = _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device)
-    return without(entry, *DECODE_KEYS, *PREFILL_KEYS)
+    return without(entry, *DECODE_KEYS, *MAIN_PASS_KEYS)
 
 
 def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.dtype,
