@@ -887,7 +887,8 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
                           + tune_module.pairs_variants(cfg, m, num_experts, top_k)
                           + tune_module.sum_topk_variants(cfg, m, num_experts, top_k) + tune_module.swap_variants(cfg)
                           + tune_module.sum_last_variants(cfg, m, num_experts, top_k)
-                          + tune_module.fused_decode_variants(cfg, m, top_k)):
+                          + tune_module.fused_decode_variants(cfg, m, top_k)
+                          + tune_module.tail_variants(cfg, m, top_k)):
                     assert configs.check_config(v) == v
                     checked += 1
     assert checked > 100

@@ -155,7 +155,8 @@ def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: i
     tiles = min(m * top_k, num_experts) * math.ceil(hidden / down["BLOCK_SIZE_N"])
     if tiles >= 2 * num_sms or down.get("SPLIT_K", 1) > 1 or down.get("SUM_TOPK"):
         return []
-    return [dict(best, down={**best.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
+    plain = configs.without(best, *TAIL_KEYS)  # (a tail pass needs the down GEMM unsplit)
+    return [dict(plain, down={**plain.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
 
 
 def fuse_variants(best: dict, dtype: str) -> list[dict]:
@@ -193,6 +194,9 @@ def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     if dtype != "int8" or m < 128 or any(best.get(key) for key in ("FP16_DOT", "FUSED_DECODE", "DEQUANT_ONCE")):
         return []
     return [dict(best, FP16_DOT=1)]
+
+
+TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")
 
 
 def tail_variants(best: dict, m: int, top_k: int) -> list[dict]:
@@ -293,6 +297,7 @@ def pairs_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     each expert once (the first pair of an expert takes all its rows): offered at decode from M = 2."""
     if best.get("PAIRS"):
         return []
+    best = configs.without(best, *TAIL_KEYS)  # the tail pass is an align-path mode
     out = [dict(best, PAIRS=1)] if pairs_fit(m, num_experts, top_k) else []
     if dedup_fits(best, m, top_k):
         # DEDUP_PAIRS: no align launch and no re-reads (each expert's first pair takes its rows)
@@ -315,7 +320,7 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     N tile, so fewer, longer programs)."""
     if top_k == 1 or best.get("down", {}).get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
         return []
-    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS", "SUM_LAST")  # all excluded by SUM_TOPK
+    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS", "SUM_LAST", *TAIL_KEYS)  # all excluded by SUM_TOPK
     return [dict(plain, PAIRS=1, down={**plain.get("down", {}), "SUM_TOPK": 1})]
 
 
@@ -329,6 +334,7 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     down = best.get("down", {})
     if down.get("SUM_LAST") or best.get("FUSED_DECODE"):
         return []
+    best = configs.without(best, *TAIL_KEYS)  # the tail pass is an align-path mode
     if best.get("PAIRS"):
         plain = configs.without(best, "SUM_TOPK", "SPLIT_K")
     elif pairs_fit(m, num_experts, top_k):
