@@ -354,10 +354,10 @@ def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int,
              use_graph: bool = True, give_up_above_s: float = math.inf) -> tuple[float, str]:
     """Median seconds per call of ``run`` (which makes ``num_calls`` calls) and the method.
 
-    ``run`` is captured in one CUDA graph; each replay is timed with events. Fewer replays are made when one replay is long (``row_budget_s`` per row,
-    never fewer than 5); none after the first when it already took over ``give_up_above_s`` per call
-    (the tuner's early exit for clearly slower configs). If capture fails the same calls are timed
-    eagerly, with a warning.
+    ``run`` is captured in one CUDA graph; each replay is timed with events. Fewer replays are made
+    when one replay is long (``row_budget_s`` per row, never fewer than 5); none after the first when
+    it already took over ``give_up_above_s`` per call (the tuner's early exit for clearly slower
+    configs). If capture fails the same calls are timed eagerly, with a warning.
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

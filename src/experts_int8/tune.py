@@ -155,7 +155,7 @@ def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: i
     tiles = min(m * top_k, num_experts) * math.ceil(hidden / down["BLOCK_SIZE_N"])
     if tiles >= 2 * num_sms or down.get("SPLIT_K", 1) > 1 or down.get("SUM_TOPK"):
         return []
-    plain = configs.without(best, *TAIL_KEYS)  # (a tail pass needs the down GEMM unsplit)
+    plain = configs.without(best, *configs.TAIL_KEYS)  # (a tail pass needs the down GEMM unsplit)
     return [dict(plain, down={**plain.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
 
 
@@ -194,9 +194,6 @@ def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     if dtype != "int8" or m < 128 or any(best.get(key) for key in ("FP16_DOT", "FUSED_DECODE", "DEQUANT_ONCE")):
         return []
     return [dict(best, FP16_DOT=1)]
-
-
-TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")
 
 
 def tail_variants(best: dict, m: int, top_k: int) -> list[dict]:
@@ -297,7 +294,7 @@ def pairs_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dic
     each expert once (the first pair of an expert takes all its rows): offered at decode from M = 2."""
     if best.get("PAIRS"):
         return []
-    best = configs.without(best, *TAIL_KEYS)  # the tail pass is an align-path mode
+    best = configs.without(best, *configs.TAIL_KEYS)  # the tail pass is an align-path mode
     out = [dict(best, PAIRS=1)] if pairs_fit(m, num_experts, top_k) else []
     if dedup_fits(best, m, top_k):
         # DEDUP_PAIRS: no align launch and no re-reads (each expert's first pair takes its rows)
@@ -320,7 +317,7 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     N tile, so fewer, longer programs)."""
     if top_k == 1 or best.get("down", {}).get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
         return []
-    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS", "SUM_LAST", *TAIL_KEYS)  # all excluded by SUM_TOPK
+    plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS", "SUM_LAST", *configs.TAIL_KEYS)  # all excluded by SUM_TOPK
     return [dict(plain, PAIRS=1, down={**plain.get("down", {}), "SUM_TOPK": 1})]
 
 
@@ -334,7 +331,7 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     down = best.get("down", {})
     if down.get("SUM_LAST") or best.get("FUSED_DECODE"):
         return []
-    best = configs.without(best, *TAIL_KEYS)  # the tail pass is an align-path mode
+    best = configs.without(best, *configs.TAIL_KEYS)  # the tail pass is an align-path mode
     if best.get("PAIRS"):
         plain = configs.without(best, "SUM_TOPK", "SPLIT_K")
     elif pairs_fit(m, num_experts, top_k):
@@ -638,8 +635,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 def _short(cfg: dict) -> str:
     flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
                          "FUSED_DECODE", "TMA", "FP16_DOT") if cfg.get(k)]
-    if cfg.get("WSRR_ROWS"):
-        flags.append(f"WSRR_ROWS={cfg['WSRR_ROWS']}")
+    flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", *configs.TAIL_KEYS) if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)

@@ -45,7 +45,8 @@ OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONC
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
-MAIN_PASS_KEYS = ("WSRR", "WSRR_ROWS", "DEQUANT_ONCE", "TAIL_ROWS", "TAIL_ENTRY_ROWS")
+TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")  # an align-path mode: a variant adding a decode mode drops them
+MAIN_PASS_KEYS = ("WSRR", "WSRR_ROWS", "DEQUANT_ONCE", *TAIL_KEYS)
 # By default the tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item
 # 103: the best of the small entries for tails of up to 64 rows on the Mixtral shapes and jamba).
 TAIL_ENTRY_ROWS = 16
