@@ -80,6 +80,8 @@ def probe_row(name, e, k, layers, m, tails, device) -> dict:
     row = dict(shape=name, M=m, tile=rows, full_us=time_us(layer_run(x, layers, weights, ids, n), n))
     absent = torch.cat([torch.arange(e, device=device), torch.tensor([-1], device=device)]).to(torch.int32)
     layer = layers[0]
+    full_out = ops.fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
+                                 w2_scale=layer.w2_scale).float()
     for tail in tails:
         mask = tail_pairs(ids, e, rows, tail).view(ids.shape)
         if not mask.any():
@@ -91,8 +93,6 @@ def probe_row(name, e, k, layers, m, tails, device) -> dict:
         ids_tail = ids.reshape(-1)[tokens].view(-1, 1).contiguous()
         w_tail = weights.reshape(-1)[tokens].view(-1, 1).contiguous()
         # the two parts add up to the layer (main's tail pairs are zeros; the tail's rows are pairs)
-        full_out = ops.fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
-                                     w2_scale=layer.w2_scale).float()
         main_out = ops.fused_experts(x, layer.w13, layer.w2, weights, main_ids, w13_scale=layer.w13_scale,
                                      w2_scale=layer.w2_scale, expert_map=absent).float()
         part = dict(pairs=int(mask.sum()), experts=int(torch.unique(ids_tail).numel()),
