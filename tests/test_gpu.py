@@ -423,15 +423,17 @@ def test_gluon_entry_with_unaligned_rows_takes_the_triton_kernels():
 WSRR_ENTRY = dict(GLUON_CONFIGS["w8_s3"], WSRR=1)
 
 
-def run_wsrr(x, ex, rows=256, **kw):
-    """fused_experts with a WSRR entry on the tile of ``rows`` tokens (asserting the register-form kernels
-    ran), and with the same entry's Gluon kernels (the rows to compare against)."""
+def run_wsrr(x, ex, rows=256, stages=None, **kw):
+    """fused_experts with a WSRR entry on the tile of ``rows`` tokens and a ring of ``stages`` (the default
+    unless given; asserting the register-form kernels ran so), and with the same entry's Gluon kernels (the
+    rows to compare against)."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
-    with spy(gluon_wsrr, "expert_outputs") as calls, override_config(dict(WSRR_ENTRY, WSRR_ROWS=rows)):
+    entry = dict(WSRR_ENTRY, WSRR_ROWS=rows, **({} if stages is None else {"WSRR_STAGES": stages}))
+    with spy(gluon_wsrr, "expert_outputs") as calls, override_config(entry):
         out = fused_experts(x, **ex, **kw)
-    assert [call[-1] for call in calls] == [rows], "the WSRR kernels did not run on that tile"
+    assert [call[-2:] for call in calls] == [(rows, stages or gluon_wsrr.STAGES)], "the WSRR kernels did not run so"
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):
         return out, fused_experts(x, **ex, **kw)
 
@@ -449,6 +451,20 @@ def test_wsrr_kernels(rows, dtype, h, i, m):
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
     for _ in range(3):  # a race shows on some runs only
         out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
+        assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
+
+
+@pytest.mark.parametrize("rows", [256, 128])
+@pytest.mark.parametrize("stages", [2, 3, 5])
+@pytest.mark.parametrize("h, i", [(512, 384), (384, 1408)])
+def test_wsrr_kernels_on_other_ring_depths(rows, stages, h, i):
+    """WSRR_STAGES: rings of 2, 3 and 5 slots over K loops of 4-22 tiles (the slots' phases wrap at other
+    steps), against the float64 oracle and row by row against the Gluon kernels."""
+    ex = layer(h=h, i=i)
+    x = torch.randn(1500, h, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(1500, 8, device="cuda"), 2)
+    for _ in range(2):
+        out, gluon_out = run_wsrr(x, ex, rows, stages, topk_weights=w, topk_ids=ids)
         assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
 

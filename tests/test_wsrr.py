@@ -50,8 +50,10 @@ def test_wsrr_config_key():
     assert check_config(dict(ENTRY, WSRR=1))["WSRR"] == 1
     assert check_config(dict(ENTRY, WSRR=1, DEQUANT_ONCE=1))["DEQUANT_ONCE"] == 1  # (where WSRR does not apply)
     assert check_config(dict(ENTRY, WSRR=1, WSRR_ROWS=128))["WSRR_ROWS"] == 128
+    assert check_config(dict(ENTRY, WSRR=1, WSRR_STAGES=5))["WSRR_STAGES"] == 5
     for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1), dict(ENTRY, WSRR=1, PAIRS=1, FUSED_DECODE=1),
-                dict(ENTRY, WSRR=1, WSRR_ROWS=64), dict(ENTRY, WSRR_ROWS=128)):
+                dict(ENTRY, WSRR=1, WSRR_ROWS=64), dict(ENTRY, WSRR_ROWS=128), dict(ENTRY, WSRR_STAGES=5),
+                dict(ENTRY, WSRR=1, WSRR_STAGES=1), dict(ENTRY, WSRR=1, WSRR_STAGES=9)):
         with pytest.raises(ValueError):
             check_config(bad)
 
@@ -63,18 +65,29 @@ def test_not_supported_off_the_gpu():
     assert not gluon_wsrr.supported(x, w13, torch.ones(8, 256), w2, "silu", False, False)
 
 
+def test_ring_bytes_by_depth():
+    """The ring's shared memory grows by one slot of x and int8 weight tiles a stage: five fit the 256-row
+    tile in a Hopper block's 227 KB, two programs of the 128-row tile fit an SM's 228 KB up to five."""
+    big, small = gluon_wsrr.TILES[256], gluon_wsrr.TILES[128]
+    assert big.smem_bytes() == big.smem_bytes(gluon_wsrr.STAGES) == 4 * (256 * 64 * 2 + 128 * 64) + 1024
+    assert big.smem_bytes(5) - big.smem_bytes(4) == 256 * 64 * 2 + 128 * 64
+    assert big.smem_bytes(5) <= 227 * 1024 < big.smem_bytes(6)
+    assert 2 * small.smem_bytes(5) <= 228 * 1024 < 2 * small.smem_bytes(6)
+
+
 COMPILE = """
 import json, os, subprocess, sys, tempfile, torch
 import triton.backends.nvidia as nv
 from experts_int8.kernels import gluon_wsrr
 cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = {}
-for which, dtype, rows in [(w, d, 256) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
-        ("gate_up", torch.bfloat16, 128), ("down", torch.bfloat16, 128)]:
-    path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}.cubin")
+for which, dtype, rows, stages in [(w, d, 256, 4) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
+        ("gate_up", torch.bfloat16, 128, 4), ("down", torch.bfloat16, 128, 4), ("gate_up", torch.bfloat16, 256, 5),
+        ("down", torch.bfloat16, 128, 5)]:
+    path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}.cubin")
     with open(path, "wb") as f:
-        f.write(gluon_wsrr.sm90_cubin(which, dtype, rows))
-    out[f"{which} {dtype} {rows}"] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True,
+        f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages))
+    out[f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}")] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True,
                                                      check=True).stdout for flag in ("-sass", "-res-usage")]
 sys.stdout.write(json.dumps(out))
 """
@@ -94,7 +107,8 @@ def compiled(tmp_path_factory):
 
 @pytest.mark.parametrize("kernel", ["gate_up torch.bfloat16 256", "gate_up torch.float16 256",
                                     "down torch.bfloat16 256", "down torch.float16 256",
-                                    "gate_up torch.bfloat16 128", "down torch.bfloat16 128"])
+                                    "gate_up torch.bfloat16 128", "down torch.bfloat16 128",
+                                    "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
     sass, usage = compiled[kernel]
@@ -109,7 +123,7 @@ def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(co
     assert result["disjoint"] and result["hazards"] == []
     assert {d.split()[-1] for d in result["depbars"]} == {"0x1"}  # one K tile's wgmma in flight
     assert result["exit_depbar"].endswith("0x0")
-    rows = int(kernel.split()[-1])
+    rows = int(kernel.split()[2])
     assert f"HGMMA.64x{rows}x16.F32" in sass.replace(" ", "")  # the tile's tokens: wgmma's N
     if rows == 128:  # two programs a SM: launched at 128 registers a thread
         assert re.search(r"REG:128\b", usage)

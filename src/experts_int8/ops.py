@@ -242,12 +242,13 @@ def _fused_experts_triton(
 
     # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
     rows = config.get("WSRR_ROWS", 256)
+    stages = config.get("WSRR_STAGES", gluon_wsrr.STAGES if gluon_wsrr is not None else 0)
     if (config.get("WSRR") and gluon_wsrr is not None
             and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
-                                     w13_bias is not None or w2_bias is not None, rows)):
+                                     w13_bias is not None or w2_bias is not None, rows, stages)):
         main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
         h, y = x.new_empty((m * top_k, inter)), x.new_empty((m * top_k, hidden))
-        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows)
+        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages)
         run_tail(tail, h, y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum

@@ -37,16 +37,18 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # FP16_DOT (int8 weights, bf16 x) runs gate_up's dot in fp16 on x's rows scaled by powers of two;
 # TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
 # WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
-# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens;
+# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens
+# with a ring of WSRR_STAGES (2-8, default kernels.gluon_wsrr.STAGES) K tiles;
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
 # on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "down")
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "down")
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
 TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")  # an align-path mode: a variant adding a decode mode drops them
-MAIN_PASS_KEYS = ("WSRR", "WSRR_ROWS", "DEQUANT_ONCE", *TAIL_KEYS)
+WSRR_KEYS = ("WSRR", "WSRR_ROWS", "WSRR_STAGES")
+MAIN_PASS_KEYS = (*WSRR_KEYS, "DEQUANT_ONCE", *TAIL_KEYS)
 # By default the tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item
 # 103: the best of the small entries for tails of up to 64 rows on the Mixtral shapes and jamba).
 TAIL_ENTRY_ROWS = 16
@@ -57,7 +59,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS) and "down",
+    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS) and "down",
     whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -94,6 +96,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     if "WSRR_ROWS" in out and (out["WSRR_ROWS"] not in (128, 256) or not out.get("WSRR")):
         raise ValueError(f"config: WSRR_ROWS (the register-form kernels' tile) is 128 or 256, with WSRR=1; got "
                          f"{out['WSRR_ROWS']!r}")
+    if "WSRR_STAGES" in out and (not 2 <= out["WSRR_STAGES"] <= 8 or not out.get("WSRR")):
+        raise ValueError(f"config: WSRR_STAGES (the register-form kernels' ring depth) is 2 to 8, with WSRR=1; got "
+                         f"{out['WSRR_STAGES']!r}")
     if out.get("WSRR") and (out.get("PAIRS") or out.get("FUSED_DECODE")):
         raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode modes PAIRS and "
                          "FUSED_DECODE")

@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
-STAGES = 4
+STAGES = 4  # the ring's depth unless a config sets WSRR_STAGES
 GROUP_M = 8
 LOADER_WARPS = gl.constexpr(4)
 
@@ -65,9 +65,8 @@ class Tile:
     def down_cols(self) -> int:
         return 16 * self.consumer_warps
 
-    @property
-    def smem_bytes(self) -> int:  # the ring (x and int8 weight tiles) and its barriers
-        return STAGES * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
+    def smem_bytes(self, stages: int = STAGES) -> int:  # the ring (x and int8 weight tiles) and its barriers
+        return stages * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
 
 
 # 256 rows on two consumer warpgroups, one program a SM (72 loader registers: 56 spill 8 bytes; the
@@ -92,12 +91,12 @@ def memory_position(k: int) -> int:
 
 
 def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, activation: str,
-              mul_routed_weight_first: bool, biased: bool, rows: int = 256) -> bool:
-    """Whether this layer can run here on TILES[rows]: a layer the Hopper Gluon kernels read
-    (:func:`.gluon_moe.hopper_smem_limit`) with room for the ring, SiLU, routing weights on the output,
-    H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
+              mul_routed_weight_first: bool, biased: bool, rows: int = 256, stages: int = STAGES) -> bool:
+    """Whether this layer can run here on TILES[rows] with a ring of ``stages``: a layer the Hopper Gluon
+    kernels read (:func:`.gluon_moe.hopper_smem_limit`) with room for the ring, SiLU, routing weights on the
+    output, H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
     smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
-    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes and activation == "silu"
+    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation == "silu"
             and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)
 
 
@@ -321,15 +320,15 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                 topk_weights_ptr, True)
 
 
-def _meta(dtype: torch.dtype, tile: Tile, block_n: int) -> dict:
-    meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=STAGES,
+def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: int) -> dict:
+    meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=stages,
                 LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
                 X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
     return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
 
 
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
-                   tile: Tile):
+                   tile: Tile, stages: int = STAGES):
     """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``."""
     inter = w13.shape[1] // 2
     num_sorted = sorted_token_ids.numel()
@@ -337,11 +336,11 @@ def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, nu
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                   top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
                                   w13.stride(1), w13_scale.stride(0), h.stride(0), top_k,
-                                  **_meta(xp.dtype, tile, tile.gate_up_cols))
+                                  **_meta(xp.dtype, tile, tile.gate_up_cols, stages))
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                tile: Tile):
+                tile: Tile, stages: int = STAGES):
     """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
@@ -349,28 +348,29 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
-                               **_meta(h.dtype, tile, tile.down_cols))
+                               **_meta(h.dtype, tile, tile.down_cols, stages))
 
 
-def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256):
-    """Both GEMMs of the layer on TILES[rows] over the ``aligned`` blocks (``(sorted_token_ids,
+def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
+                   stages: int = STAGES):
+    """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` over the ``aligned`` blocks (``(sorted_token_ids,
     block_expert_ids, num_tokens_post_padded)`` in blocks of ``rows``): ``y [M * top_k, H]`` gets each
     aligned (token, slot) pair's expert output times its routing weight (flat ``topk_weights``), for
     :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is the intermediate (K-permuted)."""
     tile = TILES[rows]
     top_k = topk_weights.numel() // x.shape[0]
-    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile)
-    invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile)
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages)
+    invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile, stages)
     return y
 
 
-def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256) -> bytes:
-    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] compiled for sm_90 without a GPU: to check
+def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256, stages: int = STAGES) -> bytes:
+    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``) compiled for sm_90 without a GPU: to check
     offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS)."""
     tile = TILES[rows]
     kernel, block_n = ((moe_gate_up_wsrr_kernel, tile.gate_up_cols) if which == "gate_up"
                        else (moe_down_wsrr_kernel, tile.down_cols))
-    constexprs = _meta(dtype, tile, block_n)
+    constexprs = _meta(dtype, tile, block_n, stages)
     num_warps, maxnreg = constexprs.pop("num_warps"), constexprs.pop("maxnreg", None)
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
