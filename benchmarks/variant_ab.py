@@ -62,8 +62,8 @@ CUDA-graph timing as bench_kernel:
             with 64, WSRR 128 with TAIL_ROWS 32, WSRR 256 with TAIL_ROWS 192 on the entry for 128 rows an
             expert (TAIL_ENTRY_ROWS)                                                      (prefill sizes)
   wsrr_stages  the register-form kernels' ring depth (WSRR_STAGES; 4 unless set): the shipped config, WSRR
-            entries with 3 stages, with 5, and every prefill entry with 5 (entries not on WSRR first take
-            WSRR 256 with TAIL_ROWS 32)                                                  (prefill sizes)
+            entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR first take
+            WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5  (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -338,7 +338,9 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
         return cfg
     if value == 3 and not cfg.get("WSRR"):  # a Gluon or Triton prefill entry: WSRR 256 and a tail pass of 32 rows
         cfg = wsrr_tail(cfg, 1, m, num_experts, inter, top_k)
-    stages = {1: 3, 2: 5, 3: 5}[value]
+    if value == 4 and m * top_k >= 512:  # any prefill entry on the 128-row tile (its tail pass, if any, kept)
+        cfg = configs.without(wsrr(cfg, 3), *(configs.TAIL_KEYS if cfg.get("TAIL_ROWS", 0) >= 128 else ()))
+    stages = {1: 3, 2: 5, 3: 5, 4: 5}[value]
     rows = cfg.get("WSRR_ROWS", 256)
     if not cfg.get("WSRR") or gluon_wsrr.TILES[rows].smem_bytes(stages) > tune.DEFAULT_SMEM:
         return cfg
@@ -360,7 +362,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3))}
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4))}
 
 
 def main() -> None:

@@ -903,7 +903,13 @@ def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs(monkeypatch):
     smem = 227 * 1024
     base = dict(PINNED, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_stages=3, GLUON=1)
     monkeypatch.setattr(tune_module, "TUNED_WSRR_ROWS", (256,))
+    monkeypatch.setattr(tune_module, "TUNED_WSRR_STAGES", (4,))
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem) == [dict(base, WSRR=1)]
+    monkeypatch.setattr(tune_module, "TUNED_WSRR_STAGES", (4, 5, 6))
+    # rings of 5 fit both tiles in 227 KB, 6 only the 128-row one's (the 256-row one's would take 241 KB)
+    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem) == [dict(base, WSRR=1),
+                                                                           dict(base, WSRR=1, WSRR_STAGES=5)]
+    monkeypatch.setattr(tune_module, "TUNED_WSRR_STAGES", (4,))
     monkeypatch.setattr(tune_module, "TUNED_WSRR_ROWS", (256, 128))
     variants = tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem)
     # both tiles, the winner's keys kept (where WSRR does not apply they run)

@@ -244,18 +244,22 @@ def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, s
 
 def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
     """At prefill sizes (M x k >= 512 pairs) of int8 weights where the Gluon kernels run: the winner with
-    both GEMMs on the register-form kernels (WSRR), on each of TUNED_WSRR_ROWS' tiles whose ring fits
-    (the winner's keys run where they do not apply)."""
+    both GEMMs on the register-form kernels (WSRR), on each of TUNED_WSRR_ROWS' tiles with each of
+    TUNED_WSRR_STAGES' rings that fits (the winner's keys run where they do not apply)."""
     from .kernels import gluon_wsrr
     if (dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("WSRR") or best.get("PAIRS")
             or best.get("FUSED_DECODE")):
         return []
-    return [dict(best, WSRR=1) if rows == 256 else dict(best, WSRR=1, WSRR_ROWS=rows)
-            for rows in TUNED_WSRR_ROWS if gluon_wsrr.TILES[rows].smem_bytes() <= smem_limit]
+    return [dict(best, WSRR=1, **({} if rows == 256 else {"WSRR_ROWS": rows}),
+                 **({} if stages == gluon_wsrr.STAGES else {"WSRR_STAGES": stages}))
+            for rows in TUNED_WSRR_ROWS for stages in TUNED_WSRR_STAGES
+            if gluon_wsrr.TILES[rows].smem_bytes(stages) <= smem_limit]
 
 
-# the register-form tiles the tuner tries (the 128-row one won at M=256 on the Mixtral shapes: NOTES item 99)
+# the register-form tiles the tuner tries (the 128-row one won at M=256 on the Mixtral shapes: NOTES item 99),
+# and their ring depths (5 won 5-9% on the 128-row tile at M=256, nothing on average elsewhere: item 110)
 TUNED_WSRR_ROWS = (256, 128)
+TUNED_WSRR_STAGES = (4, 5)
 
 
 def gluon_usable(device: torch.device) -> bool:
