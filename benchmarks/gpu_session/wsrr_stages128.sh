@@ -8,6 +8,6 @@ step "A/B"; timeout 200 python3 benchmarks/variant_ab.py wsrr_stages --values 0,
 step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_wsrr_stages.json" --out-dir $D
 tar czf "$R/configs.tgz" $D/*.json
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
-step "bench_kernel TP shards"; timeout 200 python3 benchmarks/bench_kernel.py --shapes 8:4096:7168:2 8:4096:3584:2 \
+mkdir -p "$R/tp"; step "bench_kernel TP shards"; timeout 200 python3 benchmarks/bench_kernel.py --shapes 8:4096:7168:2 8:4096:3584:2 \
     8:6144:8192:2 8:6144:4096:2 --m 256,512,1024,2048,4096,8192 --out "$R/tp" 2>&1 | tail -28
 step "done"; echo CHAIN_DONE
