@@ -63,12 +63,15 @@ CUDA-graph timing as bench_kernel:
             expert (TAIL_ENTRY_ROWS)                                                      (prefill sizes)
   wsrr_stages  the register-form kernels' ring depth (WSRR_STAGES; 4 unless set): the shipped config, WSRR
             entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR first take
-            WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5  (prefill sizes)
+            WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR entries
+            on the default ring (4)                                                       (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
 
-Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out.
+Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.json to --out. With
+--rounds N every value is timed N times, the values' order alternating between rounds, and the median
+counts (one run's noise is up to ~7% at some rows: NOTES item 111).
 
     PYTHONPATH=src python3 benchmarks/variant_ab.py split_k --m 1,2,4,8,16
     PYTHONPATH=src python3 benchmarks/variant_ab.py fuse --m 256,1024,4096,8192
@@ -97,6 +100,7 @@ Prints microseconds per MoE layer per variant and writes variant_ab_<variant>.js
 import argparse
 import json
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
@@ -336,6 +340,8 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
     from experts_int8.kernels import gluon_wsrr
     if not value:
         return cfg
+    if value == 5:  # WSRR entries on the default ring
+        return configs.without(cfg, "WSRR_STAGES")
     if value == 3 and not cfg.get("WSRR"):  # a Gluon or Triton prefill entry: WSRR 256 and a tail pass of 32 rows
         cfg = wsrr_tail(cfg, 1, m, num_experts, inter, top_k)
     if value == 4 and m * top_k >= 512:  # any prefill entry on the 128-row tile (its tail pass, if any, kept)
@@ -362,7 +368,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4))}
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5))}
 
 
 def main() -> None:
@@ -373,7 +379,10 @@ def main() -> None:
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--dtype", default="int8", choices=["int8", "bf16"])
     ap.add_argument("--values", help="a subset of the variant's values to time, the first the baseline (e.g. 0,3,5)")
+    ap.add_argument("--rounds", type=int, default=1, help="time every value this many times, interleaved (medians)")
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds: at least 1")
     ms = [int(m) for m in args.m.split(",")]
     apply, values = VARIANTS[args.variant]
     if args.values:
@@ -405,24 +414,36 @@ def main() -> None:
                 x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
                 backend=backend)
             expected = first_layer("torch")
+            correct = []
             for value in values:
                 current["value"] = value
                 try:  # as the tuner does: a variant is timed only once it computes the layer correctly
                     tune.check_output(first_layer(), expected)
+                    correct.append(value)
                 except Exception as err:  # a wrong result, or blocks that do not compile
                     if tune._is_fatal(err):  # a CUDA fault poisons the context: stop
                         raise
                     row[f"{args.variant}={value}_wrong"] = str(err)
                     print(f"{name} M={m} {args.variant}={value}: {str(err)[:300]}", flush=True)
-                    continue
-                launches.clear()
-                seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
-                row[f"{args.variant}={value}_us"] = seconds * 1e6
-                if gluon_variant:  # a GLUON entry the Gluon kernels cannot take runs Triton's
-                    row[f"{args.variant}={value}_ran"] = bool(launches)
+            # rounds over the values, in alternating order, so that a drift of the machine over the row
+            # (clocks, temperature) does not favour the value timed first; the median per value counts
+            samples = {value: [] for value in correct}
+            for r in range(args.rounds):
+                for value in correct if r % 2 == 0 else correct[::-1]:
+                    current["value"] = value
+                    launches.clear()
+                    seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
+                    samples[value].append(seconds * 1e6)
+                    if gluon_variant:  # a GLUON entry the Gluon kernels cannot take runs Triton's
+                        row[f"{args.variant}={value}_ran"] = bool(launches)
+            for value, us in samples.items():
+                row[f"{args.variant}={value}_us"] = statistics.median(us)
+                if args.rounds > 1:
+                    row[f"{args.variant}={value}_us_rounds"] = us
             rows.append(row)
             cells = "  ".join(f"{args.variant}={v}: {row.get(f'{args.variant}={v}_us', float('nan')):8.1f} us"
-                              for v in values)
+                              + (f" ({min(samples[v]):.0f}-{max(samples[v]):.0f})" if args.rounds > 1 and v in samples
+                                 else "") for v in values)
             print(f"{name:16s} M={m:<5d} {cells}", flush=True)
         del layers
         torch.cuda.empty_cache()
