@@ -61,10 +61,10 @@ CUDA-graph timing as bench_kernel:
   wsrr_tail the register-form kernels with a tail pass: the shipped config, WSRR 256 with TAIL_ROWS 32,
             with 64, WSRR 128 with TAIL_ROWS 32, WSRR 256 with TAIL_ROWS 192 on the entry for 128 rows an
             expert (TAIL_ENTRY_ROWS)                                                      (prefill sizes)
-  wsrr_stages  the register-form kernels' ring depth (WSRR_STAGES; 4 unless set): the shipped config, WSRR
-            entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR first take
-            WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR entries
-            on the default ring (4)                                                       (prefill sizes)
+  wsrr_stages  the register-form kernels' ring depth (WSRR_STAGES; the tile's own unless set): the shipped
+            config, WSRR entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR
+            first take WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR
+            entries on their tile's own ring                                              (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -340,7 +340,7 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
     from experts_int8.kernels import gluon_wsrr
     if not value:
         return cfg
-    if value == 5:  # WSRR entries on the default ring
+    if value == 5:  # WSRR entries on their tile's own ring
         return configs.without(cfg, "WSRR_STAGES")
     if value == 3 and not cfg.get("WSRR"):  # a Gluon or Triton prefill entry: WSRR 256 and a tail pass of 32 rows
         cfg = wsrr_tail(cfg, 1, m, num_experts, inter, top_k)

@@ -909,15 +909,17 @@ def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs(monkeypatch):
     # rings of 5 fit both tiles in 227 KB, 6 only the 128-row one's (the 256-row one's would take 241 KB)
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem) == [dict(base, WSRR=1),
                                                                            dict(base, WSRR=1, WSRR_STAGES=5)]
-    monkeypatch.setattr(tune_module, "TUNED_WSRR_STAGES", (4,))
+    monkeypatch.setattr(tune_module, "TUNED_WSRR_STAGES", (4, 5))
     monkeypatch.setattr(tune_module, "TUNED_WSRR_ROWS", (256, 128))
     variants = tune_module.wsrr_variants(base, 1024, 2, "int8", True, smem)
-    # both tiles, the winner's keys kept (where WSRR does not apply they run)
-    assert variants == [dict(base, WSRR=1), dict(base, WSRR=1, WSRR_ROWS=128)]
+    # both tiles on both rings, each tile's own ring (4 and 5) left implicit; the winner's keys kept (where
+    # WSRR does not apply they run)
+    assert variants == [dict(base, WSRR=1), dict(base, WSRR=1, WSRR_STAGES=5),
+                        dict(base, WSRR=1, WSRR_ROWS=128, WSRR_STAGES=4), dict(base, WSRR=1, WSRR_ROWS=128)]
     assert all(configs.check_config(v) == v for v in variants)
     assert tune_module.wsrr_variants(variants[0], 1024, 2, "int8", True, smem) == []  # already on
     assert tune_module.wsrr_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
     assert tune_module.wsrr_variants(base, 1024, 2, "bf16", True, smem) == []  # float weights
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
-    # 128 KB of shared memory: only the 128-row tile's ring (82 KB) fits, not the 256-row one's (165 KB)
-    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, 128 * 1024) == [variants[1]]
+    # 128 KB of shared memory: only the 128-row tile's rings (82 and 103 KB) fit, not the 256-row one's
+    assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, 128 * 1024) == variants[2:]

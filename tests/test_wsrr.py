@@ -67,9 +67,11 @@ def test_not_supported_off_the_gpu():
 
 def test_ring_bytes_by_depth():
     """The ring's shared memory grows by one slot of x and int8 weight tiles a stage: five fit the 256-row
-    tile in a Hopper block's 227 KB, two programs of the 128-row tile fit an SM's 228 KB up to five."""
+    tile in a Hopper block's 227 KB, two programs of the 128-row tile fit an SM's 228 KB up to five (its
+    own ring)."""
     big, small = gluon_wsrr.TILES[256], gluon_wsrr.TILES[128]
-    assert big.smem_bytes() == big.smem_bytes(gluon_wsrr.STAGES) == 4 * (256 * 64 * 2 + 128 * 64) + 1024
+    assert big.smem_bytes() == big.smem_bytes(4) == 4 * (256 * 64 * 2 + 128 * 64) + 1024
+    assert small.smem_bytes() == small.smem_bytes(5) == 5 * (128 * 64 * 2 + 64 * 64) + 1024
     assert big.smem_bytes(5) - big.smem_bytes(4) == 256 * 64 * 2 + 128 * 64
     assert big.smem_bytes(5) <= 227 * 1024 < big.smem_bytes(6)
     assert 2 * small.smem_bytes(5) <= 228 * 1024 < 2 * small.smem_bytes(6)

@@ -242,7 +242,7 @@ def _fused_experts_triton(
 
     # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
     rows = config.get("WSRR_ROWS", 256)
-    stages = config.get("WSRR_STAGES", gluon_wsrr.STAGES if gluon_wsrr is not None else 0)
+    stages = config.get("WSRR_STAGES")  # (None: the tile's own ring)
     if (config.get("WSRR") and gluon_wsrr is not None
             and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
                                      w13_bias is not None or w2_bias is not None, rows, stages)):

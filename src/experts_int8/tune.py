@@ -251,13 +251,13 @@ def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, sm
             or best.get("FUSED_DECODE")):
         return []
     return [dict(best, WSRR=1, **({} if rows == 256 else {"WSRR_ROWS": rows}),
-                 **({} if stages == gluon_wsrr.STAGES else {"WSRR_STAGES": stages}))
+                 **({} if stages == gluon_wsrr.TILES[rows].stages else {"WSRR_STAGES": stages}))
             for rows in TUNED_WSRR_ROWS for stages in TUNED_WSRR_STAGES
             if gluon_wsrr.TILES[rows].smem_bytes(stages) <= smem_limit]
 
 
 # the register-form tiles the tuner tries (the 128-row one won at M=256 on the Mixtral shapes: NOTES item 99),
-# and their ring depths (5 won 5-9% on the 128-row tile at M=256, nothing on average elsewhere: item 110)
+# and their ring depths (each tile's own is the better on average: items 110-112)
 TUNED_WSRR_ROWS = (256, 128)
 TUNED_WSRR_STAGES = (4, 5)
 

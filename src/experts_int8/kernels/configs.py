@@ -38,7 +38,7 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
 # WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
 # kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens
-# with a ring of WSRR_STAGES (2-8, default kernels.gluon_wsrr.STAGES) K tiles;
+# with a ring of WSRR_STAGES (2-8; default the tile's own, kernels.gluon_wsrr.TILES) K tiles;
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
 # on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",

@@ -43,7 +43,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
-STAGES = 4  # the ring's depth unless a config sets WSRR_STAGES
 GROUP_M = 8
 LOADER_WARPS = gl.constexpr(4)
 
@@ -55,6 +54,7 @@ class Tile:
     rows: int
     consumer_warps: int
     loader_regs: int  # registers a loader thread keeps; the consumers get the rest (setmaxnreg)
+    stages: int  # the ring's depth unless a config sets WSRR_STAGES
     maxnreg: Optional[int] = None  # the launch's register cap: 128 lets two programs share an SM
 
     @property
@@ -65,14 +65,16 @@ class Tile:
     def down_cols(self) -> int:
         return 16 * self.consumer_warps
 
-    def smem_bytes(self, stages: int = STAGES) -> int:  # the ring (x and int8 weight tiles) and its barriers
-        return stages * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
+    def smem_bytes(self, stages: Optional[int] = None) -> int:  # the ring (x and int8 weight tiles), its barriers
+        return (stages or self.stages) * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
 
 
 # 256 rows on two consumer warpgroups, one program a SM (72 loader registers: 56 spill 8 bytes; the
 # consumers get 216-240); 128 rows on one warpgroup, two programs a SM (the launch capped at 128
-# registers: consumers 200-232, loader 56), for experts of few rows (benchmarks/NOTES.md item 99)
-TILES = {256: Tile(256, 8, 72), 128: Tile(128, 4, 56, maxnreg=128)}
+# registers: consumers 200-232, loader 56), for experts of few rows (benchmarks/NOTES.md item 99).
+# Rings: 4 slots on the 256-row tile (3 lose 3-17%, 5 gain nothing), 5 on the 128-row one (2.5-6%
+# faster than 4 at M=256; items 110-112)
+TILES = {256: Tile(256, 8, 72, 4), 128: Tile(128, 4, 56, 5, maxnreg=128)}
 
 
 def permute_k(x: torch.Tensor) -> torch.Tensor:
@@ -91,8 +93,10 @@ def memory_position(k: int) -> int:
 
 
 def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, activation: str,
-              mul_routed_weight_first: bool, biased: bool, rows: int = 256, stages: int = STAGES) -> bool:
-    """Whether this layer can run here on TILES[rows] with a ring of ``stages``: a layer the Hopper Gluon
+              mul_routed_weight_first: bool, biased: bool, rows: int = 256,
+              stages: Optional[int] = None) -> bool:
+    """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
+    given): a layer the Hopper Gluon
     kernels read (:func:`.gluon_moe.hopper_smem_limit`) with room for the ring, SiLU, routing weights on the
     output, H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
     smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
@@ -321,14 +325,14 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
 
 
 def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: int) -> dict:
-    meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=stages,
+    meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=stages or tile.stages,
                 LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
                 X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
     return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
 
 
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
-                   tile: Tile, stages: int = STAGES):
+                   tile: Tile, stages: Optional[int] = None):
     """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``."""
     inter = w13.shape[1] // 2
     num_sorted = sorted_token_ids.numel()
@@ -340,7 +344,7 @@ def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, nu
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                tile: Tile, stages: int = STAGES):
+                tile: Tile, stages: Optional[int] = None):
     """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
@@ -352,8 +356,8 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
 
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
-                   stages: int = STAGES):
-    """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` over the ``aligned`` blocks (``(sorted_token_ids,
+                   stages: Optional[int] = None):
+    """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over the ``aligned`` blocks (``(sorted_token_ids,
     block_expert_ids, num_tokens_post_padded)`` in blocks of ``rows``): ``y [M * top_k, H]`` gets each
     aligned (token, slot) pair's expert output times its routing weight (flat ``topk_weights``), for
     :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is the intermediate (K-permuted)."""
@@ -364,7 +368,8 @@ def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y,
     return y
 
 
-def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256, stages: int = STAGES) -> bytes:
+def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256,
+               stages: Optional[int] = None) -> bytes:
     """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``) compiled for sm_90 without a GPU: to check
     offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS)."""
     tile = TILES[rows]
