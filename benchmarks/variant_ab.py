@@ -65,8 +65,6 @@ CUDA-graph timing as bench_kernel:
             config, WSRR entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR
             first take WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR
             entries on their tile's own ring                                              (prefill sizes)
-  wsrr_early  the register-form kernels with a row block's expert id loaded after its bound check, then
-            with both loads issued together (gluon_wsrr.EARLY_EXPERT off, on)            (prefill sizes)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -355,12 +353,6 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
     return dict(cfg, WSRR_STAGES=stages)
 
 
-def wsrr_early(cfg: dict, value: int, *lookup) -> dict:
-    from experts_int8.kernels import gluon_wsrr
-    gluon_wsrr.EARLY_EXPERT = bool(value)  # a module switch (a constexpr of the kernels): set it for the calls after
-    return cfg
-
-
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -376,8 +368,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
-            "wsrr_early": (wsrr_early, (0, 1))}
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5))}
 
 
 def main() -> None:

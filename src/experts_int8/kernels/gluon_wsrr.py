@@ -44,7 +44,6 @@ from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper
 
 BLOCK_K = 64  # the fragment's K block
 GROUP_M = 8
-EARLY_EXPERT = True  # a module switch for the A/B of item 115 (variant_ab.py wsrr_early)
 LOADER_WARPS = gl.constexpr(4)
 
 
@@ -262,18 +261,14 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
                             stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, EARLY_EXPERT: gl.constexpr,
-                            num_warps: gl.constexpr):
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
     K-permuted (h's column n0 + j holds column memory_position(n0 + j)): what the down kernel reads."""
     W_ROWS: gl.constexpr = 2 * BLOCK_N
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
-    if EARLY_EXPERT:  # issued with the row count's load: one global latency before the loader starts, not two
-        expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)  # (every block has an entry: NOTES item 115)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
-    if not EARLY_EXPERT:
-        expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:  # an expert on another rank: zeros, as the other kernels write
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
@@ -297,18 +292,14 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                          block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
                          stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, EARLY_EXPERT: gl.constexpr,
-                         num_warps: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
     kernel writes it)."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
-    if EARLY_EXPERT:
-        expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
-    if not EARLY_EXPERT:
-        expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     first = pid_m * BLOCK_M
+    expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
@@ -335,7 +326,6 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
 
 def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: int) -> dict:
     meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=stages or tile.stages,
-                EARLY_EXPERT=EARLY_EXPERT,
                 LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
                 X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
     return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
