@@ -1,7 +1,8 @@
 """Fold a variant A/B's winners into the tuned tables: for every (shape, M) row of a
 ``variant_ab_<variant>.json`` where a variant ran at least --min-gain faster than value 0 (the
-shipped config), the table entry at that M becomes the variant applied to the config the A/B
-started from. Run on the GPU the A/B ran on (the tables are per device).
+shipped config), and in every round faster than the shipped config's fastest where the A/B ran
+several, the table entry at that M becomes the variant applied to the config the A/B started from.
+Run on the GPU the A/B ran on (the tables are per device).
 
     PYTHONPATH=src python3 benchmarks/fold_ab.py /tmp/gpu_session/variant_ab_gluon.json \
         --out-dir src/experts_int8/kernels/configs
@@ -23,7 +24,9 @@ DTYPES = {"int8": torch.int8, "bf16": torch.bfloat16}
 
 
 def winner(row: dict, variant: str, values, min_gain: float):
-    """The fastest value that beats value 0 by at least ``min_gain`` (and, for gluon, really ran)."""
+    """The fastest value that beats value 0 by at least ``min_gain`` (and, for gluon, really ran); from an
+    A/B of several rounds (variant_ab --rounds), only if its slowest round beat the baseline's fastest too
+    (one run's noise reaches 6% at some rows: benchmarks/NOTES.md item 112)."""
     base = row.get(f"{variant}={values[0]}_us")
     if base is None:  # the shipped config itself failed the A/B's correctness check: nothing to compare
         return None
@@ -32,6 +35,9 @@ def winner(row: dict, variant: str, values, min_gain: float):
     if not timed:
         return None
     us, value = min(timed)
+    rounds, base_rounds = row.get(f"{variant}={value}_us_rounds"), row.get(f"{variant}={values[0]}_us_rounds")
+    if rounds and base_rounds and max(rounds) >= min(base_rounds):
+        return None
     return value if us <= base * (1 - min_gain) else None
 
 

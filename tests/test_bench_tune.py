@@ -822,6 +822,18 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     (tmp_path / "ab.json").write_text(json.dumps(dict(ab, values=[2, 3])))  # no shipped baseline: refused
     with pytest.raises(SystemExit):
         runpy.run_path(script, run_name="__main__")
+    # an A/B of rounds: a median 10% faster whose slowest round overlaps the baseline's fastest is noise
+    (tables / name).write_text(json.dumps({"1024": base, "2048": base, "4096": base}))
+    configs.load_table.cache_clear()
+    rounds = dict(variant="gluon", values=[0, 2], rows=[
+        dict(row, M=1024, **{"gluon=0_us": 100.0, "gluon=0_us_rounds": [100.0, 96.0, 104.0], "gluon=2_us": 90.0,
+                             "gluon=2_us_rounds": [90.0, 88.0, 97.0], "gluon=2_ran": True}),
+        dict(row, M=2048, **{"gluon=0_us": 100.0, "gluon=0_us_rounds": [100.0, 96.0, 104.0], "gluon=2_us": 90.0,
+                             "gluon=2_us_rounds": [90.0, 88.0, 95.0], "gluon=2_ran": True})])
+    (tmp_path / "ab.json").write_text(json.dumps(rounds))
+    runpy.run_path(script, run_name="__main__")
+    got = json.loads((tables / name).read_text())
+    assert got["1024"] == base and got["2048"] == dict(base, num_stages=3, GLUON=1)
     configs.load_table.cache_clear()
 
 
