@@ -83,14 +83,16 @@ import triton.backends.nvidia as nv
 from experts_int8.kernels import gluon_wsrr
 cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = {}
-for which, dtype, rows, stages in [(w, d, 256, 4) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
-        ("gate_up", torch.bfloat16, 128, 4), ("down", torch.bfloat16, 128, 4), ("gate_up", torch.bfloat16, 256, 5),
-        ("down", torch.bfloat16, 128, 5)]:
+cases = [(w, d, 256, 4) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
+    ("gate_up", torch.bfloat16, 128, 4), ("down", torch.bfloat16, 128, 4), ("gate_up", torch.bfloat16, 256, 5),
+    ("down", torch.bfloat16, 128, 5)]
+for which, dtype, rows, stages in cases:
     path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}.cubin")
     with open(path, "wb") as f:
         f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages))
-    out[f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}")] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True,
-                                                     check=True).stdout for flag in ("-sass", "-res-usage")]
+    key = f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}")
+    out[key] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True, check=True).stdout
+                for flag in ("-sass", "-res-usage")]
 sys.stdout.write(json.dumps(out))
 """
 

@@ -65,7 +65,7 @@ class Tile:
     def down_cols(self) -> int:
         return 16 * self.consumer_warps
 
-    def smem_bytes(self, stages: Optional[int] = None) -> int:  # the ring (x and int8 weight tiles), its barriers
+    def smem_bytes(self, stages: Optional[int] = None) -> int:  # the ring (x and int8 weight tiles) and barriers
         return (stages or self.stages) * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
 
 
@@ -96,9 +96,9 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, a
               mul_routed_weight_first: bool, biased: bool, rows: int = 256,
               stages: Optional[int] = None) -> bool:
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
-    given): a layer the Hopper Gluon
-    kernels read (:func:`.gluon_moe.hopper_smem_limit`) with room for the ring, SiLU, routing weights on the
-    output, H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
+    given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`) with room for the
+    ring, SiLU, routing weights on the output, H and I multiples of 128 (whole tiles, the K loop in pairs
+    of 64-wide steps)."""
     smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
     return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation == "silu"
             and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)
@@ -324,7 +324,7 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                 topk_weights_ptr, True)
 
 
-def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: int) -> dict:
+def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -> dict:
     meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=stages or tile.stages,
                 LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
                 X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
@@ -357,10 +357,11 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
                    stages: Optional[int] = None):
-    """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over the ``aligned`` blocks (``(sorted_token_ids,
-    block_expert_ids, num_tokens_post_padded)`` in blocks of ``rows``): ``y [M * top_k, H]`` gets each
-    aligned (token, slot) pair's expert output times its routing weight (flat ``topk_weights``), for
-    :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is the intermediate (K-permuted)."""
+    """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over
+    the ``aligned`` blocks (``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)`` in blocks of
+    ``rows``): ``y [M * top_k, H]`` gets each aligned (token, slot) pair's expert output times its routing
+    weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is
+    the intermediate (K-permuted)."""
     tile = TILES[rows]
     top_k = topk_weights.numel() // x.shape[0]
     invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages)
@@ -370,8 +371,9 @@ def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y,
 
 def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256,
                stages: Optional[int] = None) -> bytes:
-    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``) compiled for sm_90 without a GPU: to check
-    offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads its SASS)."""
+    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``) compiled for sm_90
+    without a GPU: to check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads
+    its SASS)."""
     tile = TILES[rows]
     kernel, block_n = ((moe_gate_up_wsrr_kernel, tile.gate_up_cols) if which == "gate_up"
                        else (moe_down_wsrr_kernel, tile.down_cols))
