@@ -847,3 +847,83 @@ def test_fp16_dot_gate_up_undoes_the_row_scales():
     ref = torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:]
     err = (h.double() - ref).norm(dim=1) / ref.norm(dim=1)
     assert (err < 2e-3).all(), err
+
+
+# --- PREFETCH_DOWN: gate_up asks for the down weights' bytes in L2 ---------------------------------
+
+PREFETCHED = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=5,
+                  PAIRS=1, PREFETCH_DOWN=4)
+
+
+def test_prefetch_down_config_rules():
+    from experts_int8.kernels.configs import check_config
+
+    assert check_config(dict(PREFETCHED, PREFETCH_DOWN=1))["PREFETCH_DOWN"] == 1
+    for bad in (dict(PREFETCHED, PREFETCH_DOWN=5), dict(PREFETCHED, PREFETCH_DOWN=0),
+                dict(PREFETCHED, FUSED_DECODE=1), dict(PREFETCHED, PAIRS=0, DEQUANT_ONCE=1)):
+        with pytest.raises(ValueError, match="PREFETCH_DOWN"):
+            check_config(bad)
+
+
+def test_prefetch_down_applies_only_where_the_copy_engine_can_take_the_rows(monkeypatch):
+    """A hint: off on CPU (the interpreter runs no assembly), before sm_90, without the config key or
+    w2, and where w2's rows are not 16-byte aligned; on, its range covers a tile's share of H with at
+    least one element a thread (qwen3: 2048 rows over 12 tiles of I=768; 8x7b: 4096 over 224)."""
+    from experts_int8.kernels import fused_moe as kernels
+
+    w2 = torch.empty(8, 2048, 768, dtype=torch.int8)
+    assert kernels.prefetch_down_meta(w2, PREFETCHED) == dict(PREFETCH_DOWN=0, PREFETCH_ROWS=1)  # CPU
+    monkeypatch.setattr(kernels, "fast_cvt", lambda device: True)
+    monkeypatch.setattr(kernels, "_capability", lambda device: (9, 0))
+    assert kernels.prefetch_down_meta(w2, PREFETCHED) == dict(PREFETCH_DOWN=4, PREFETCH_ROWS=256)
+    assert kernels.prefetch_down_meta(torch.empty(8, 4096, 14336, dtype=torch.int8, device="meta"),
+                                      dict(PREFETCHED, PREFETCH_DOWN=2)) == dict(PREFETCH_DOWN=2, PREFETCH_ROWS=128)
+    assert kernels.prefetch_down_meta(w2, dict(PREFETCHED, num_warps=8, BLOCK_SIZE_N=256))["PREFETCH_ROWS"] == 1024
+    for off in (torch.empty(8, 2048, 760, dtype=torch.int8), w2[:, :, 8:], w2.transpose(1, 2), None):
+        assert kernels.prefetch_down_meta(off, PREFETCHED)["PREFETCH_DOWN"] == 0
+    assert kernels.prefetch_down_meta(w2, {k: v for k, v in PREFETCHED.items() if k != "PREFETCH_DOWN"}) == dict(
+        PREFETCH_DOWN=0, PREFETCH_ROWS=1)
+    monkeypatch.setattr(kernels, "_capability", lambda device: (8, 0))
+    assert kernels.prefetch_down_meta(w2, PREFETCHED)["PREFETCH_DOWN"] == 0
+
+
+@pytest.mark.parametrize("m", [1, 5])
+def test_prefetch_down_entry_computes_the_layer(m):
+    """An entry with the key runs wherever it is given (here without the prefetch: it changes no result)."""
+    from experts_int8.kernels.configs import override_config
+
+    with override_config(dict(PREFETCHED, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, num_stages=2)):
+        check(m, 4, 64, 32, 2, torch.float32, "triton")
+    with override_config(dict(PREFETCHED, PAIRS=0, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, num_stages=2)):
+        check(m, 4, 64, 32, 2, torch.float32, "triton")
+
+
+PREFETCH_COMPILED = [dict(PREFETCHED, PREFETCH_DOWN=0), PREFETCHED, dict(PREFETCHED, PAIRS=0, PREFETCH_DOWN=2)]
+
+
+@pytest.fixture(scope="module")
+def prefetch_ptx():
+    """PTX of gate_up with and without PREFETCH_DOWN for sm_90 (qwen3's experts), compiled in a fresh
+    process without TRITON_INTERPRET."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = ("import json, sys; from experts_int8.kernels import fused_moe; sys.stdout.write(json.dumps("
+            f"[fused_moe.gate_up_sm90_ptx(c) for c in {PREFETCH_COMPILED!r}]))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def test_prefetch_down_is_issued_before_the_k_loop_and_leaves_its_pipeline(prefetch_ptx):
+    """Two bulk L2 prefetches a thread (256 rows of the share range over 128 threads), all before the
+    first weight copy into shared memory; the K loop's cp.async copies are the same as without them."""
+    plain, pairs, aligned = ([i for i, line in enumerate(ptx.splitlines()) if "cp.async" in line] for ptx in prefetch_ptx)
+    for ptx, lines in zip(prefetch_ptx[1:], (pairs, aligned)):
+        kinds = ["prefetch" if "bulk.prefetch.L2" in ptx.splitlines()[i] else "copy" for i in lines]
+        assert kinds[:2] == ["prefetch", "prefetch"] and "prefetch" not in kinds[2:]
+    assert len(pairs) == len(plain) + 2
+    assert not any("bulk.prefetch" in line for line in prefetch_ptx[0].splitlines())
