@@ -71,7 +71,16 @@ def main() -> None:
     ap.add_argument("--m", default="1,2,4,8")
     ap.add_argument("--dtype", default="int8", choices=["int8", "bf16"])
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--variant", help="NAME=VALUE: a variant_ab.py variant on top of the shipped entries "
+                                      "(e.g. prefetch_down=1); the JSON is then decode_breakdown_NAME=VALUE.json")
     args = ap.parse_args()
+    if args.variant:
+        import variant_ab
+        from experts_int8 import ops
+        from experts_int8.kernels import configs
+        name, value = args.variant.split("=")
+        apply = variant_ab.VARIANTS[name][0]
+        ops.get_config = lambda *a, **kw: apply(configs.get_config(*a, **kw), int(value), *a, *kw.values())
     l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
     copy_bps = bench.measure_copy_bandwidth()
     rows = []
@@ -93,7 +102,7 @@ def main() -> None:
                 print(f"{name:16s} M={m:<3d} layer {row['layer_us']:7.1f} us (copy floor {row['copy_floor_us']:6.1f}; "
                       f"period {row['period_us']}) | launches: {launches} | gaps: {gap_text}", flush=True)
             rows.append(dict(shape=name, M=m, dtype=args.dtype, **row))
-            save(args.out, copy_bps, rows)  # after every row: a crash later keeps what was measured
+            save(args.out, copy_bps, rows, args.variant)  # after every row: a crash later keeps what was measured
         del layers
         torch.cuda.empty_cache()
 
@@ -120,9 +129,9 @@ def profile_row(x, layers, routing, n, copy_bps, expert_bytes) -> dict:
                 **parts)
 
 
-def save(out_dir: str, copy_bps: float, rows: list) -> None:
+def save(out_dir: str, copy_bps: float, rows: list, variant: str | None = None) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "decode_breakdown.json"), "w") as f:
+    with open(os.path.join(out_dir, f"decode_breakdown{'_' + variant if variant else ''}.json"), "w") as f:
         json.dump(dict(benchmark="decode_breakdown", gpu=torch.cuda.get_device_name(), commit=bench.library_commit()[0],
                        copy_GBps=copy_bps / 1e9, command=" ".join(sys.argv), rows=rows), f, indent=1)
 

@@ -872,17 +872,17 @@ def test_prefetch_down_applies_only_where_the_copy_engine_can_take_the_rows(monk
     from experts_int8.kernels import fused_moe as kernels
 
     w2 = torch.empty(8, 2048, 768, dtype=torch.int8)
-    assert kernels.prefetch_down_meta(w2, PREFETCHED) == dict(PREFETCH_DOWN=0, PREFETCH_ROWS=1)  # CPU
+    assert kernels.prefetch_down_meta(w2, PREFETCHED) == dict(PREFETCH_DOWN=0, PREFETCH_ROWS=1, PREFETCH_EVICT_LAST=False)  # CPU
     monkeypatch.setattr(kernels, "fast_cvt", lambda device: True)
     monkeypatch.setattr(kernels, "_capability", lambda device: (9, 0))
-    assert kernels.prefetch_down_meta(w2, PREFETCHED) == dict(PREFETCH_DOWN=4, PREFETCH_ROWS=256)
+    assert kernels.prefetch_down_meta(w2, PREFETCHED) == dict(PREFETCH_DOWN=4, PREFETCH_ROWS=256, PREFETCH_EVICT_LAST=False)
     assert kernels.prefetch_down_meta(torch.empty(8, 4096, 14336, dtype=torch.int8, device="meta"),
-                                      dict(PREFETCHED, PREFETCH_DOWN=2)) == dict(PREFETCH_DOWN=2, PREFETCH_ROWS=128)
+                                      dict(PREFETCHED, PREFETCH_DOWN=2))["PREFETCH_ROWS"] == 128
     assert kernels.prefetch_down_meta(w2, dict(PREFETCHED, num_warps=8, BLOCK_SIZE_N=256))["PREFETCH_ROWS"] == 1024
     for off in (torch.empty(8, 2048, 760, dtype=torch.int8), w2[:, :, 8:], w2.transpose(1, 2), None):
         assert kernels.prefetch_down_meta(off, PREFETCHED)["PREFETCH_DOWN"] == 0
-    assert kernels.prefetch_down_meta(w2, {k: v for k, v in PREFETCHED.items() if k != "PREFETCH_DOWN"}) == dict(
-        PREFETCH_DOWN=0, PREFETCH_ROWS=1)
+    assert kernels.prefetch_down_meta(w2, {k: v for k, v in PREFETCHED.items() if k != "PREFETCH_DOWN"})[
+        "PREFETCH_DOWN"] == 0
     monkeypatch.setattr(kernels, "_capability", lambda device: (8, 0))
     assert kernels.prefetch_down_meta(w2, PREFETCHED)["PREFETCH_DOWN"] == 0
 

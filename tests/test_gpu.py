@@ -70,10 +70,11 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 
 @pytest.mark.parametrize("case", ["pairs", "sum_last_split_k", "split_k", "dedup_pairs"])
 @pytest.mark.parametrize("m", [1, 5, 300])
-def test_prefetch_down_changes_no_result(case, m):
+def test_prefetch_down_changes_no_result(case, m, monkeypatch):
     """PREFETCH_DOWN only asks for bytes in L2: on sm_90 the prefetch runs (its meta is on) and every
     output is bit-identical to the same entry's without it, eagerly and replayed from a CUDA graph;
-    with quarters of the share too, and on the align path (an expert's first block prefetches)."""
+    with quarters of the share too, at L2's evict-last priority, and on the align path (an expert's first
+    block prefetches)."""
     from experts_int8.kernels import fused_moe as kernels
     from experts_int8.kernels.configs import override_config
 
@@ -87,7 +88,8 @@ def test_prefetch_down_changes_no_result(case, m):
     base = KERNEL_VARIANTS[case]
     with override_config(base):
         want = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
-    for quarters in (4, 1):
+    for quarters, evict_last in ((4, False), (1, False), (4, True)):
+        monkeypatch.setattr(kernels, "PREFETCH_EVICT_LAST", evict_last)
         cfg = dict(base, PREFETCH_DOWN=quarters)
         assert kernels.prefetch_down_meta(ex["w2"], cfg)["PREFETCH_DOWN"] == quarters
         with override_config(cfg):

@@ -57,6 +57,8 @@ ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
 # 16 and 256 and cost 8-19% at M=2-4 where the align kernel precedes gate_up
 # (benchmarks/results/variant_ab_pdl_H200.json, benchmarks/NOTES.md item 27).
 PDL = False
+# PREFETCH_DOWN's lines at L2's evict-last priority (a module switch while it is measured, NOTES item 117).
+PREFETCH_EVICT_LAST = False
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
 # up to this many pairs; ops.py takes the align path beyond.
 DEDUP_MAX_PAIRS = 256
@@ -151,9 +153,20 @@ PREFETCH_L2_PTX = tl.constexpr("""{
         }""")
 
 
+# The same at L2's evict-last priority: the lines outlast gate_up's own stream through L2.
+PREFETCH_L2_EVICT_LAST_PTX = tl.constexpr("""{
+        .reg .pred p;
+        .reg .b64 policy;
+        setp.ne.b32 p, $3, 0;
+        createpolicy.fractional.L2::evict_last.b64 policy, 1.0;
+        @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, policy;
+        mov.b32 $0, 0;
+        }""")
+
+
 @triton.jit
 def _prefetch_down_share(w2_ptr, expert, tile, num_tiles, H, stride_w2e, stride_w2n, w2_row_bytes,
-                         QUARTERS: tl.constexpr, ROWS: tl.constexpr):
+                         QUARTERS: tl.constexpr, ROWS: tl.constexpr, EVICT_LAST: tl.constexpr):
     """PREFETCH_DOWN: the first QUARTERS/4 of gate_up tile ``tile``'s share of its expert's down rows
     (H rows of w2[expert] split evenly over the expert's ``num_tiles`` gate_up tiles) requested into L2,
     one row per element of a ROWS-long range (at least one per thread, so no row is requested twice)."""
@@ -162,8 +175,9 @@ def _prefetch_down_share(w2_ptr, expert, tile, num_tiles, H, stride_w2e, stride_
     count = tl.minimum(tl.cdiv(share * QUARTERS, 4), H - first)
     r = tl.arange(0, ROWS)
     ptrs = w2_ptr + expert * stride_w2e + (first + r).to(tl.int64) * stride_w2n
-    tl.inline_asm_elementwise(PREFETCH_L2_PTX, "=r,l,r,r", [ptrs, w2_row_bytes + r * 0, (r < count).to(tl.int32)],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise(PREFETCH_L2_EVICT_LAST_PTX if EVICT_LAST else PREFETCH_L2_PTX, "=r,l,r,r",
+                              [ptrs, w2_row_bytes + r * 0, (r < count).to(tl.int32)], dtype=tl.int32, is_pure=False,
+                              pack=1)
 
 
 @triton.jit
@@ -247,6 +261,7 @@ def moe_gate_up_kernel(
     ROW_SCALE: tl.constexpr,
     PREFETCH_DOWN: tl.constexpr,  # 0, or quarters of this tile's share of its expert's down rows
     PREFETCH_ROWS: tl.constexpr,  # a power of two >= that share's rows and the program's threads
+    PREFETCH_EVICT_LAST: tl.constexpr,  # the prefetched lines at L2's evict-last priority
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -272,7 +287,7 @@ def moe_gate_up_kernel(
             first_block = (pid_m == 0) | (tl.load(block_expert_ids_ptr + tl.maximum(pid_m - 1, 0)) != expert)
         if first_block:
             _prefetch_down_share(w2_ptr, expert, n0 // BLOCK_N, tl.cdiv(I, BLOCK_N), H, stride_w2e, stride_w2n,
-                                 w2_row_bytes, PREFETCH_DOWN, PREFETCH_ROWS)
+                                 w2_row_bytes, PREFETCH_DOWN, PREFETCH_ROWS, PREFETCH_EVICT_LAST)
 
     offs_k = tl.arange(0, BLOCK_K)
     offs_wn = offs_n % I  # wrapped, so weight loads need no mask along N
@@ -711,8 +726,9 @@ def prefetch_down_meta(w2: torch.Tensor | None, config: dict) -> dict:
     if (not quarters or w2 is None or not fast_cvt(w2.device) or _capability(w2.device) < (9, 0)
             or w2.stride(2) != 1 or w2.data_ptr() % 16
             or any(n * w2.element_size() % 16 for n in (w2.stride(0), w2.stride(1), w2.shape[2]))):
-        return dict(PREFETCH_DOWN=0, PREFETCH_ROWS=1)
-    return dict(PREFETCH_DOWN=quarters, PREFETCH_ROWS=_prefetch_rows(w2.shape[1], w2.shape[2], config))
+        return dict(PREFETCH_DOWN=0, PREFETCH_ROWS=1, PREFETCH_EVICT_LAST=False)
+    return dict(PREFETCH_DOWN=quarters, PREFETCH_ROWS=_prefetch_rows(w2.shape[1], w2.shape[2], config),
+                PREFETCH_EVICT_LAST=PREFETCH_EVICT_LAST)
 
 
 def _prefetch_rows(hidden: int, inter: int, config: dict) -> int:
@@ -955,7 +971,8 @@ def gate_up_sm90_ptx(config: dict, act_dtype: torch.dtype = torch.bfloat16, hidd
 
     kernel = moe_gate_up_kernel
     quarters = config.get("PREFETCH_DOWN", 0)
-    meta = dict(PREFETCH_DOWN=quarters, PREFETCH_ROWS=_prefetch_rows(hidden, inter, config) if quarters else 1)
+    meta = dict(PREFETCH_DOWN=quarters, PREFETCH_ROWS=_prefetch_rows(hidden, inter, config) if quarters else 1,
+                PREFETCH_EVICT_LAST=PREFETCH_EVICT_LAST)
     launch = _launch_meta(config, 16)
     num_warps, num_stages = launch.pop("num_warps"), launch.pop("num_stages")
     constexprs = dict(TOP_K=8, ACTIVATION=0, HAS_SCALE=True, HAS_BIAS=False, MUL_ROUTED_WEIGHT=False,
