@@ -65,10 +65,6 @@ CUDA-graph timing as bench_kernel:
             config, WSRR entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR
             first take WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR
             entries on their tile's own ring                                              (prefill sizes)
-  prefetch_down  each gate_up program asks the copy engine to bring its share of its expert's down
-            weights into L2 before its K loop (PREFETCH_DOWN, sm_90): the shipped config, then the whole
-            share, half of it, a quarter, then the whole share and half of it at L2's evict-last priority
-            (fused_moe.PREFETCH_EVICT_LAST) (Triton entries)                                  (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -357,15 +353,6 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
     return dict(cfg, WSRR_STAGES=stages)
 
 
-def prefetch_down(cfg: dict, value: int, *lookup) -> dict:
-    # (the Triton gate_up kernel reads the key: entries on the Gluon, register-form, fused-decode or
-    # dequantize-once paths stay as shipped)
-    fused_moe.PREFETCH_EVICT_LAST = value >= 4  # a module switch: set it for the calls that follow
-    if not value or any(cfg.get(key) for key in ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")):
-        return cfg
-    return dict(cfg, PREFETCH_DOWN={1: 4, 2: 2, 3: 1, 4: 4, 5: 2}[value])
-
-
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -381,8 +368,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
-            "prefetch_down": (prefetch_down, (0, 1, 2, 3, 4, 5))}
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5))}
 
 
 def main() -> None:

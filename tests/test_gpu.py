@@ -68,41 +68,6 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 }
 
 
-@pytest.mark.parametrize("case", ["pairs", "sum_last_split_k", "split_k", "dedup_pairs"])
-@pytest.mark.parametrize("m", [1, 5, 300])
-def test_prefetch_down_changes_no_result(case, m, monkeypatch):
-    """PREFETCH_DOWN only asks for bytes in L2: on sm_90 the prefetch runs (its meta is on) and every
-    output is bit-identical to the same entry's without it, eagerly and replayed from a CUDA graph;
-    with quarters of the share too, at L2's evict-last priority, and on the align path (an expert's first
-    block prefetches)."""
-    from experts_int8.kernels import fused_moe as kernels
-    from experts_int8.kernels.configs import override_config
-
-    if torch.cuda.get_device_capability() < (9, 0):
-        pytest.skip("the copy engine's L2 prefetch needs compute capability 9.0")
-    if case in ("pairs", "sum_last_split_k") and m > 5:
-        pytest.skip("PAIRS is a decode mode (DEDUP_PAIRS at m=300 falls back to the align path)")
-    ex = layer(e=16, h=1024, i=768)
-    x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
-    w, ids = select_experts(torch.randn(m, 16, device="cuda"), 4)
-    base = KERNEL_VARIANTS[case]
-    with override_config(base):
-        want = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
-    for quarters, evict_last in ((4, False), (1, False), (4, True)):
-        monkeypatch.setattr(kernels, "PREFETCH_EVICT_LAST", evict_last)
-        cfg = dict(base, PREFETCH_DOWN=quarters)
-        assert kernels.prefetch_down_meta(ex["w2"], cfg)["PREFETCH_DOWN"] == quarters
-        with override_config(cfg):
-            assert torch.equal(fused_experts(x, **ex, topk_weights=w, topk_ids=ids), want)
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                replayed = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
-            graph.replay()
-            torch.cuda.synchronize()
-            assert torch.equal(replayed, want)
-
-
 @pytest.mark.parametrize("variant", sorted(KERNEL_VARIANTS))
 @pytest.mark.parametrize("m", [1, 5, 300])
 def test_kernel_variants_bf16(variant, m):

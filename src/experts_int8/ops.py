@@ -284,8 +284,7 @@ def _fused_experts_triton(
                                  top_k, activation, apply_router_weight_on_input, gate_up_config)
     else:
         invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                       top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts,
-                       None if dequant else w2)  # (the float copy of w2 is not made yet)
+                       top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts)
     if dequant:
         del w13  # its float copy is free for w2's
         w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None

@@ -40,12 +40,9 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, or 128) tokens
 # with a ring of WSRR_STAGES (2-8; default the tile's own, kernels.gluon_wsrr.TILES) K tiles;
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
-# on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own;
-# PREFETCH_DOWN (1-4, sm_90+, the Triton gate_up kernel) has each gate_up program prefetch that many quarters
-# of its share of its expert's down weights into L2.
+# on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS",
-                 "PREFETCH_DOWN", "down")
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "down")
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
@@ -62,8 +59,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), PREFETCH_DOWN
-    and "down",
+    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS) and "down",
     whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -115,9 +111,6 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                          f"mode or DEQUANT_ONCE; got {out['TAIL_ROWS']!r}")
     if "TAIL_ENTRY_ROWS" in out and "TAIL_ROWS" not in out:
         raise ValueError("config: TAIL_ENTRY_ROWS (which entry runs the tail pass) needs TAIL_ROWS")
-    if "PREFETCH_DOWN" in out and (out["PREFETCH_DOWN"] > 4 or out.get("FUSED_DECODE") or out.get("DEQUANT_ONCE")):
-        raise ValueError(f"config: PREFETCH_DOWN (quarters of a gate_up tile's share of the down weights) is 1 to 4, "
-                         f"without FUSED_DECODE or DEQUANT_ONCE; got {out['PREFETCH_DOWN']!r}")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

@@ -28,10 +28,6 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
                 int8 -> bf16 takes 2 (see _int8_to_fp16)
   TMA           weight tiles by tensor-descriptor copies (Hopper's copy engine) instead of per-thread
                 pointer loads; the activation rows stay pointer loads (they are gathered)
-  PREFETCH_DOWN gate_up (sm_90+): each program asks the copy engine to bring 1-4 quarters of its share
-                of its expert's down weights into L2 before its K loop, so the down GEMM's bytes stream
-                during gate_up's launch (at decode neither launch alone keeps HBM busy) and the down
-                GEMM reads them from L2
 
 Module switch ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
 grid's programs are scheduled while the previous kernel (align, gate_up) drains; each program waits
@@ -57,8 +53,6 @@ ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
 # 16 and 256 and cost 8-19% at M=2-4 where the align kernel precedes gate_up
 # (benchmarks/results/variant_ab_pdl_H200.json, benchmarks/NOTES.md item 27).
 PDL = False
-# PREFETCH_DOWN's lines at L2's evict-last priority (a module switch while it is measured, NOTES item 117).
-PREFETCH_EVICT_LAST = False
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
 # up to this many pairs; ops.py takes the align path beyond.
 DEDUP_MAX_PAIRS = 256
@@ -143,43 +137,6 @@ def _int8_to_fp16(w):
     return tl.inline_asm_elementwise(INT8_TO_FP16_PTX, "=r,=r,r", [w], dtype=tl.float16, is_pure=True, pack=4)
 
 
-# One L2 prefetch of $2 bytes (a multiple of 16) from global address $1 (16-byte aligned) by the copy
-# engine, when $3 is nonzero; nothing waits for it (sm_90+). $0 is a dummy: inline asm returns a value.
-PREFETCH_L2_PTX = tl.constexpr("""{
-        .reg .pred p;
-        setp.ne.b32 p, $3, 0;
-        @p cp.async.bulk.prefetch.L2.global [$1], $2;
-        mov.b32 $0, 0;
-        }""")
-
-
-# The same at L2's evict-last priority: the lines outlast gate_up's own stream through L2.
-PREFETCH_L2_EVICT_LAST_PTX = tl.constexpr("""{
-        .reg .pred p;
-        .reg .b64 policy;
-        setp.ne.b32 p, $3, 0;
-        createpolicy.fractional.L2::evict_last.b64 policy, 1.0;
-        @p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, policy;
-        mov.b32 $0, 0;
-        }""")
-
-
-@triton.jit
-def _prefetch_down_share(w2_ptr, expert, tile, num_tiles, H, stride_w2e, stride_w2n, w2_row_bytes,
-                         QUARTERS: tl.constexpr, ROWS: tl.constexpr, EVICT_LAST: tl.constexpr):
-    """PREFETCH_DOWN: the first QUARTERS/4 of gate_up tile ``tile``'s share of its expert's down rows
-    (H rows of w2[expert] split evenly over the expert's ``num_tiles`` gate_up tiles) requested into L2,
-    one row per element of a ROWS-long range (at least one per thread, so no row is requested twice)."""
-    share = tl.cdiv(H, num_tiles)
-    first = tile * share
-    count = tl.minimum(tl.cdiv(share * QUARTERS, 4), H - first)
-    r = tl.arange(0, ROWS)
-    ptrs = w2_ptr + expert * stride_w2e + (first + r).to(tl.int64) * stride_w2n
-    tl.inline_asm_elementwise(PREFETCH_L2_EVICT_LAST_PTX if EVICT_LAST else PREFETCH_L2_PTX, "=r,l,r,r",
-                              [ptrs, w2_row_bytes + r * 0, (r < count).to(tl.int32)], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
 @triton.jit
 def _dot_operand(w, a, FAST_CVT: tl.constexpr):
     """Weight tile ``w`` in the dtype of the other operand ``a``: int8 -> fp16 by :func:`_int8_to_fp16`
@@ -233,10 +190,6 @@ def moe_gate_up_kernel(
     num_counts,
     w_desc,  # with TMA: tensor descriptor of w as (E*2I, H), block (BLOCK_N, BLOCK_K); else unused
     x_inv_scale_ptr,  # (M,) fp32: x's rows were scaled by 1 / this (FP16_DOT); read only when ROW_SCALE
-    w2_ptr,  # (E, H, I) the down weights, prefetched into L2 with PREFETCH_DOWN (else unused)
-    stride_w2e,
-    stride_w2n,
-    w2_row_bytes,  # I * w2's element size
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
@@ -259,9 +212,6 @@ def moe_gate_up_kernel(
     TMA: tl.constexpr,
     FAST_CVT: tl.constexpr,
     ROW_SCALE: tl.constexpr,
-    PREFETCH_DOWN: tl.constexpr,  # 0, or quarters of this tile's share of its expert's down rows
-    PREFETCH_ROWS: tl.constexpr,  # a power of two >= that share's rows and the program's threads
-    PREFETCH_EVICT_LAST: tl.constexpr,  # the prefetched lines at L2's evict-last priority
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -281,13 +231,6 @@ def moe_gate_up_kernel(
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         return
-    if PREFETCH_DOWN:  # the down GEMM's weights stream in beside ours (on the align path: by an expert's
-        first_block = True  # first row block only; the blocks are sorted by expert)
-        if not PAIRS:
-            first_block = (pid_m == 0) | (tl.load(block_expert_ids_ptr + tl.maximum(pid_m - 1, 0)) != expert)
-        if first_block:
-            _prefetch_down_share(w2_ptr, expert, n0 // BLOCK_N, tl.cdiv(I, BLOCK_N), H, stride_w2e, stride_w2n,
-                                 w2_row_bytes, PREFETCH_DOWN, PREFETCH_ROWS, PREFETCH_EVICT_LAST)
 
     offs_k = tl.arange(0, BLOCK_K)
     offs_wn = offs_n % I  # wrapped, so weight loads need no mask along N
@@ -718,33 +661,11 @@ def weight_descriptor(w: torch.Tensor, config: dict) -> TensorDescriptor | None:
     return TensorDescriptor(w, [num_experts * n, k], [w.stride(1), 1], block)
 
 
-def prefetch_down_meta(w2: torch.Tensor | None, config: dict) -> dict:
-    """The gate_up kernel's PREFETCH_DOWN and PREFETCH_ROWS: the config's quarters where the copy
-    engine's L2 prefetch applies (an NVIDIA GPU of compute capability 9.0 or newer; w2's rows 16-byte
-    aligned, unit stride along I), else 0. A hint only: dropping it changes no result."""
-    quarters = config.get("PREFETCH_DOWN", 0)
-    if (not quarters or w2 is None or not fast_cvt(w2.device) or _capability(w2.device) < (9, 0)
-            or w2.stride(2) != 1 or w2.data_ptr() % 16
-            or any(n * w2.element_size() % 16 for n in (w2.stride(0), w2.stride(1), w2.shape[2]))):
-        return dict(PREFETCH_DOWN=0, PREFETCH_ROWS=1, PREFETCH_EVICT_LAST=False)
-    return dict(PREFETCH_DOWN=quarters, PREFETCH_ROWS=_prefetch_rows(w2.shape[1], w2.shape[2], config),
-                PREFETCH_EVICT_LAST=PREFETCH_EVICT_LAST)
-
-
-def _prefetch_rows(hidden: int, inter: int, config: dict) -> int:
-    """PREFETCH_ROWS: a power of two covering a gate_up tile's share of H (the down rows split over the
-    expert's cdiv(I, BLOCK_SIZE_N) tiles), and at least one element per thread (no row asked for twice)."""
-    share = triton.cdiv(hidden, triton.cdiv(inter, config["BLOCK_SIZE_N"]))
-    return max(triton.next_power_of_2(share), 32 * config["num_warps"])
-
-
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None,
-                   counts=None, w2=None):
+                   counts=None):
     """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted); ``counts``
-    (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters); ``w2``, when
-    given, has the tiles' shares of its routed experts prefetched into L2 if the config asks
-    (PREFETCH_DOWN)."""
+    (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters)."""
     inter = w13.shape[1] // 2
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
@@ -758,10 +679,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         w13_bias.stride(0) if has_bias else 0, out.stride(0),
         sorted_token_ids if counts is None else counts, 0 if counts is None else counts.numel(),
         w_desc=weight_descriptor(w13, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(x.device),
-        x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None,
-        w2_ptr=w13 if w2 is None else w2, stride_w2e=0 if w2 is None else w2.stride(0),
-        stride_w2n=0 if w2 is None else w2.stride(1), w2_row_bytes=0 if w2 is None else w2.shape[2] * w2.element_size(),
-        **prefetch_down_meta(w2, config), TOP_K=top_k,
+        x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None, TOP_K=top_k,
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
@@ -958,35 +876,3 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
     _kernel(dequantize_kernel, q.device)[(num_experts * n, triton.cdiv(k, block_k))](
         q, scale, out, n, k, q.stride(0), q.stride(1), scale.stride(0), BLOCK_K=block_k, num_warps=4)
     return out
-
-
-def gate_up_sm90_ptx(config: dict, act_dtype: torch.dtype = torch.bfloat16, hidden: int = 2048,
-                     inter: int = 768) -> str:
-    """PTX of the int8 gate_up kernel for ``config`` at experts of ``hidden`` x ``inter``, compiled for
-    sm_90 without a GPU (Triton ships the compiler and ptxas), pointers and strides specialized as a
-    launch on 16-byte aligned tensors would be: to inspect what the compiler made of an option offline.
-    Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    kernel = moe_gate_up_kernel
-    quarters = config.get("PREFETCH_DOWN", 0)
-    meta = dict(PREFETCH_DOWN=quarters, PREFETCH_ROWS=_prefetch_rows(hidden, inter, config) if quarters else 1,
-                PREFETCH_EVICT_LAST=PREFETCH_EVICT_LAST)
-    launch = _launch_meta(config, 16)
-    num_warps, num_stages = launch.pop("num_warps"), launch.pop("num_stages")
-    constexprs = dict(TOP_K=8, ACTIVATION=0, HAS_SCALE=True, HAS_BIAS=False, MUL_ROUTED_WEIGHT=False,
-                      DOT_PRECISION="tf32", FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)),
-                      SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=False, PDL=False,
-                      TMA=False, FAST_CVT=True, ROW_SCALE=False, w_desc=None, **launch, **meta)
-    act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    pointers = {"w_ptr": "*i8", "w2_ptr": "*i8", "scale_ptr": "*fp32", "bias_ptr": "*i8", "x_inv_scale_ptr": "*fp32",
-                "sorted_token_ids_ptr": "*i32", "block_expert_ids_ptr": "*i32", "num_tokens_post_padded_ptr": "*i32",
-                "counts_ptr": "*i32"}
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, act) if name.endswith("_ptr")
-                 else "i32" for name in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if signature[name] != "constexpr"}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
-    return compiled.asm["ptx"]
