@@ -80,9 +80,8 @@ def main() -> None:
         for m, cfg in table.items():
             if (cfg.get("PAIRS") and not cfg.get("DEDUP_PAIRS") and not cfg.get("FUSED_DECODE") and len(ks) == 1
                     and not tune.pairs_fit(m, e, next(iter(ks)))):
-                print(f"{name} M={m}: PAIRS (and SUM_TOPK or SUM_LAST, which need it) dropped: pairs often share "
-                      f"an expert")
-                table[m] = configs.check_config(configs.without(cfg, "PAIRS", "SUM_TOPK", "SUM_LAST"))
+                print(f"{name} M={m}: PAIRS (and SUM_TOPK, which needs it) dropped: pairs often share an expert")
+                table[m] = configs.check_config(configs.without(cfg, "PAIRS", "SUM_TOPK"))
                 changed[path] = table
 
     for path, table in changed.items():

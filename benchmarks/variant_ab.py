@@ -16,7 +16,8 @@ CUDA-graph timing as bench_kernel:
             the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
   sum_last  PAIRS with the down GEMM's last program per token tile adding up the split-K partials and
             the token's k experts (down SUM_LAST), no sum launch: the shipped config, then that, then
-            with DEDUP_PAIRS too (no align launch either, each expert read once)        (M <= 16)
+            with DEDUP_PAIRS too (no align launch either, each expert read once), then on the align
+            path itself (align-path entries as shipped, then split in two along I)       (M <= 16)
   gluon     int8 prefill on the hand-pipelined Gluon wgmma kernels (kernels/gluon_moe.py) with the
             shipped config's blocks (a DEQUANT_ONCE entry keeps its float-table blocks): off, on,
             on with 3 stages in both GEMMs, then 3 stages with 8 warps on 128x128 (down 128x256) and
@@ -132,9 +133,15 @@ def sum_topk(cfg: dict, value: int, *lookup) -> dict:
 
 def sum_last(cfg: dict, value: int, *lookup) -> dict:
     # PAIRS (1) or PAIRS + DEDUP_PAIRS (2) with the down GEMM's last program per token tile adding up
-    # the partials (no align launch, no sum launch)
-    if not value or cfg.get("FUSED_DECODE"):
+    # the partials (no align launch, no sum launch); an align-path entry as it is (3) or split in two
+    # along I (4) with that (no sum launch)
+    if not value or any(cfg.get(key) for key in ("FUSED_DECODE", "GLUON", "WSRR")):
         return cfg
+    if value >= 3:
+        if cfg.get("PAIRS") or cfg.get("TAIL_ROWS"):
+            return cfg
+        down = {**cfg.get("down", {}), "SUM_LAST": 1, **({"SPLIT_K": 2} if value == 4 else {})}
+        return dict(configs.without(cfg, "SUM_TOPK"), down=down)
     plain = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS"), PAIRS=1, **({"DEDUP_PAIRS": 1} if value == 2 else {}))
     return dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})
 
@@ -361,7 +368,7 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
-            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2)),
+            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),

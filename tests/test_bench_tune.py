@@ -780,13 +780,18 @@ def test_sum_last_variants_at_decode_sizes():
     # experts shared: PAIRS does not fit, PAIRS + DEDUP_PAIRS does (align and sum launches both gone)
     assert tune_module.sum_last_variants(PINNED, 16, 8, 2)[0] == dict(PINNED, PAIRS=1, DEDUP_PAIRS=1,
                                                                        down={"SUM_LAST": 1})
+    # and on the align path itself, with the winner's split (2 where it has none)
+    assert [v for v in tune_module.sum_last_variants(PINNED, 16, 8, 2) if not v.get("PAIRS")] == [
+        dict(PINNED, down={"SUM_LAST": 1}), dict(PINNED, down={"SUM_LAST": 1, "SPLIT_K": 2})]
+    assert [v for v in tune_module.sum_last_variants(dict(PINNED, down={"SPLIT_K": 4}), 100, 8, 2)
+            if not v.get("PAIRS")] == [dict(PINNED, down={"SUM_LAST": 1, "SPLIT_K": 4})]
     assert tune_module.sum_last_variants(PINNED, 200, 8, 2) == []  # 400 pairs: past DEDUP_MAX_PAIRS
     assert tune_module.sum_last_variants(dict(PINNED, BLOCK_SIZE_M=64), 16, 8, 2) == []  # a prefill block
     deduped = tune_module.sum_last_variants(dict(pairs, DEDUP_PAIRS=1), 4, 64, 6)
     assert [v["down"] for v in deduped][0] == {"SUM_LAST": 1, "SPLIT_K": 2} and all(v["DEDUP_PAIRS"] for v in deduped)
     # one expert per token: only a split of I leaves something to add
-    assert [v["down"] for v in tune_module.sum_last_variants(PINNED, 1, 8, 1)] == [
-        {"SUM_LAST": 1, "SPLIT_K": 2}, {"SUM_LAST": 1, "SPLIT_K": 4}]
+    assert [(v.get("PAIRS"), v["down"]) for v in tune_module.sum_last_variants(PINNED, 1, 8, 1)] == [
+        (1, {"SUM_LAST": 1, "SPLIT_K": 2}), (1, {"SUM_LAST": 1, "SPLIT_K": 4}), (None, {"SUM_LAST": 1, "SPLIT_K": 2})]
     for v in got + deduped + tune_module.sum_last_variants(summed, 1, 8, 2):
         assert configs.check_config(v) == v and tune_module.sum_last_variants(v, 1, 8, 2) == []
 

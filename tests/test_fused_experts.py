@@ -389,6 +389,34 @@ def test_pairs_mode_skips_align(dtype, swap, split_k, sum_topk, sum_last, group,
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("swap, split_k, group", [(0, 1, 1), (1, 2, 1), (0, 3, 4)])
+def test_sum_last_on_the_align_path(dtype, swap, split_k, group, monkeypatch):
+    """SUM_LAST on the align path: each block counts an arrival per pair row it stored (blocks of
+    experts absent from this rank store zeros and count too), and the program storing a token's last
+    partial adds up its k experts (and splits); no sum launch. Tokens sharing experts, several blocks
+    an expert, repeated ids within a token, weights on the input, expert parallelism."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    def no_sum(*args, **kwargs):
+        raise AssertionError("SUM_LAST must not launch the sum")
+
+    monkeypatch.setattr(ops, "invoke_sum", no_sum)
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=group, num_warps=4, num_stages=2,
+               SWAP_AB=swap, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, SUM_LAST=1))
+    with override_config(cfg):
+        check(1, 6, 67, 45, 2, dtype, "triton")
+        check(7, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
+        check(40, 3, 32, 45, 2, dtype, "triton")  # ~27 pairs an expert: two blocks each
+        check(9, 5, 32, 32, 3, dtype, "triton", topk_ids=torch.randint(0, 5, (9, 3)))  # repeats in a token
+        check(3, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
+        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
+        check(7, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+        check(2, 4, 32, 45, 1, dtype, "triton", topk_ids=torch.tensor([[1], [3]]), expert_map=expert_map,
+              global_num_experts=6)  # no expert on this rank: zeros, summed once
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("swap, split_k, sum_last", [(0, 1, 0), (1, 2, 0), (0, 1, 1), (1, 3, 1)])
 def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, sum_last, monkeypatch):
     """DEDUP_PAIRS: one program per pair, but only the first (and every BLOCK_M-th) pair of an expert
@@ -462,9 +490,10 @@ def test_pairs_is_a_top_level_flag():
         check_config(dict(base, PAIRS=1, down=dict(SUM_TOPK=1, SPLIT_K=2)))
     assert check_config(dict(base, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)))["down"] == {"SUM_LAST": 1, "SPLIT_K": 2}
     assert check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_LAST=1)))["DEDUP_PAIRS"] == 1
-    for bad in (dict(base, down=dict(SUM_LAST=1)),
-                dict(base, PAIRS=1, down=dict(SUM_LAST=1, SUM_TOPK=1))):
-        with pytest.raises(ValueError, match="SUM_LAST .* needs PAIRS"):
+    assert check_config(dict(base, down=dict(SUM_LAST=1, SPLIT_K=2)))["down"] == {"SUM_LAST": 1, "SPLIT_K": 2}
+    for bad in (dict(base, PAIRS=1, down=dict(SUM_LAST=1, SUM_TOPK=1)), dict(base, GLUON=1, down=dict(SUM_LAST=1)),
+                dict(base, WSRR=1, down=dict(SUM_LAST=1))):
+        with pytest.raises(ValueError, match="SUM_LAST .* Triton kernels, without SUM_TOPK, GLUON or WSRR"):
             check_config(bad)
     assert check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1))["DEDUP_PAIRS"] == 1
     with pytest.raises(ValueError, match="DEDUP_PAIRS refines PAIRS"):

@@ -42,6 +42,8 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                      PAIRS=1, down=dict(SUM_TOPK=1)),
     "sum_last": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
                      PAIRS=1, down=dict(SUM_LAST=1)),
+    "sum_last_align": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                           num_stages=3, down=dict(SUM_LAST=1, SPLIT_K=2)),
     "sum_last_split_k": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
                              num_stages=3, PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=4)),
     "dedup_sum_last": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
@@ -143,34 +145,37 @@ def test_cuda_graph_capture_and_replay():
                         torch.randn(16, 8, device="cuda"), replays=3)
 
 
-@pytest.mark.parametrize("split_k, dedup, m", [(1, 0, 2), (4, 0, 2), (2, 1, 6)])
-def test_sum_last_in_cuda_graph_replays(split_k, dedup, m):
+@pytest.mark.parametrize("split_k, mode, m", [(1, "pairs", 2), (4, "pairs", 2), (2, "dedup", 6), (1, "align", 6),
+                                             (2, "align", 40)])
+def test_sum_last_in_cuda_graph_replays(split_k, mode, m):
     """SUM_LAST: the last program of each token's column tile adds the partials up, its counters zeroed
     by the gate_up launch: every replay, on new inputs, gives the same bits as an eager call. With
-    DEDUP_PAIRS a leader counts an arrival for each of its pairs (6 tokens share 8 experts)."""
+    DEDUP_PAIRS a leader counts an arrival for each of its pairs (6 tokens share 8 experts); on the
+    align path a block counts one for each of its rows."""
     from experts_int8.kernels.configs import override_config
 
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
     logits = torch.randn(m, 8, device="cuda")
-    with override_config(dict(KERNEL_VARIANTS["sum_last"], **({"DEDUP_PAIRS": 1} if dedup else {}),
+    base = KERNEL_VARIANTS["sum_last_align" if mode == "align" else "sum_last"]
+    with override_config(dict(base, **({"DEDUP_PAIRS": 1} if mode == "dedup" else {}),
                               down=dict(SUM_LAST=1, SPLIT_K=split_k))):
         out = replays_match_eager(ex, x, logits, replays=50)
         w, ids = select_experts(logits, 2)
         assert ((out.double() - oracle(x, ex, w, ids)).norm() / oracle(x, ex, w, ids).norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("dedup", [0, 1])
+@pytest.mark.parametrize("dedup", [0, 1, "align"])
 def test_sum_last_many_programs(dedup):
     """SUM_LAST with thousands of programs racing for each token's tiles (64 tokens, top-8, 4 splits,
-    grouped order; with DEDUP_PAIRS 30 tokens, so ~15 pairs per expert's leader): every token's row
-    against the reference, on new inputs each time."""
+    grouped order; with DEDUP_PAIRS 30 tokens, so ~15 pairs per expert's leader; on the align path
+    ~32 rows an expert in blocks of 16): every token's row against the reference, on new inputs each time."""
     from experts_int8.kernels.configs import override_config
 
     ex = layer(e=16, h=4096, i=512)
-    m = 30 if dedup else 64
-    cfg = dict(KERNEL_VARIANTS["sum_last"], GROUP_SIZE_M=4, **({"DEDUP_PAIRS": 1} if dedup else {}),
-               down=dict(SUM_LAST=1, SPLIT_K=4))
+    m = 30 if dedup == 1 else 64
+    cfg = dict(KERNEL_VARIANTS["sum_last_align" if dedup == "align" else "sum_last"], GROUP_SIZE_M=4,
+               **({"DEDUP_PAIRS": 1} if dedup == 1 else {}), down=dict(SUM_LAST=1, SPLIT_K=4))
     for _ in range(5):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
         w, ids = select_experts(torch.randn(m, 16, device="cuda"), 8)
@@ -181,7 +186,7 @@ def test_sum_last_many_programs(dedup):
         assert rows.max().item() < 2e-2
 
 
-@pytest.mark.parametrize("dedup", [0, 1])
+@pytest.mark.parametrize("dedup", [0, 1, "align"])
 def test_sum_last_expert_parallel(dedup):
     """SUM_LAST on one rank of two (expert parallelism): pairs routed off-rank store zeros and still
     count their arrivals (with DEDUP_PAIRS their leader counts the whole off-rank group), so every
@@ -191,7 +196,8 @@ def test_sum_last_expert_parallel(dedup):
     ex = layer(e=8, h=1024, i=512)  # the rank's 8 experts: even global ids of 16
     expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
     expert_map[0::2] = torch.arange(8, dtype=torch.int32, device="cuda")
-    cfg = dict(KERNEL_VARIANTS["sum_last"], **({"DEDUP_PAIRS": 1} if dedup else {}), down=dict(SUM_LAST=1, SPLIT_K=2))
+    cfg = dict(KERNEL_VARIANTS["sum_last_align" if dedup == "align" else "sum_last"],
+               **({"DEDUP_PAIRS": 1} if dedup == 1 else {}), down=dict(SUM_LAST=1, SPLIT_K=2))
     for m in (2, 30):
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         w, ids = select_experts(torch.randn(m, 16, device="cuda"), 8 if m > 2 else 2)

@@ -272,7 +272,7 @@ def _fused_experts_triton(
         (sorted_token_ids, block_expert_ids, num_post_padded), tail = _aligned(
             topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map, config, tail_cfg)
     h = x.new_empty((m * top_k, inter))
-    sum_last = bool(down_config.get("SUM_LAST"))  # (a PAIRS mode: never on the Gluon kernels)
+    sum_last = bool(down_config.get("SUM_LAST"))  # (the Triton kernels only: configs excludes GLUON and WSRR)
     # SUM_LAST's arrival counters, zeroed by the gate_up launch
     counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,

@@ -331,11 +331,20 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     with the winner's split of I and the other splits (1, 2, 4; the sum no longer costs a launch).
     On the winner where it runs PAIRS (with or without DEDUP_PAIRS); on an align-path winner with
     PAIRS added where PAIRS fits, else with PAIRS + DEDUP_PAIRS where that fits (from M = 2): the
-    align launch and the sum launch both go."""
+    align launch and the sum launch both go; and on the align path itself (its blocks count their
+    rows' arrivals), with the winner's split (and 2 where it has none)."""
     down = best.get("down", {})
-    if down.get("SUM_LAST") or best.get("FUSED_DECODE"):
+    if (down.get("SUM_LAST") or any(best.get(key) for key in ("FUSED_DECODE", "GLUON", "WSRR"))
+            or best["BLOCK_SIZE_M"] > 32 or m * top_k > fused_moe.DEDUP_MAX_PAIRS):
         return []
     best = configs.without(best, *configs.TAIL_KEYS)  # the tail pass is an align-path mode
+    own = down.get("SPLIT_K", 1)
+
+    def summed(plain: dict, splits) -> list[dict]:
+        return [dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1, **({"SPLIT_K": s} if s > 1 else {})})
+                for s in splits if top_k * s > 1]
+
+    aligned = [] if best.get("PAIRS") else summed(configs.without(best, "SPLIT_K"), [own] + ([2] if own == 1 else []))
     if best.get("PAIRS"):
         plain = configs.without(best, "SUM_TOPK", "SPLIT_K")
     elif pairs_fit(m, num_experts, top_k):
@@ -343,11 +352,8 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     elif dedup_fits(best, m, top_k):
         plain = configs.without(dict(best, PAIRS=1, DEDUP_PAIRS=1), "SPLIT_K", "SUM_TOPK")
     else:
-        return []
-    own = down.get("SPLIT_K", 1)
-    splits = [own] + [s for s in (1, 2, 4) if s != own]
-    return [dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1, **({"SPLIT_K": s} if s > 1 else {})})
-            for s in splits if top_k * s > 1]
+        return aligned
+    return summed(plain, [own] + [s for s in (1, 2, 4) if s != own]) + aligned
 
 
 class SearchResult:

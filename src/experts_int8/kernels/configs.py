@@ -60,7 +60,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
     WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS) and "down",
-    whose overrides may add SPLIT_K, TMA or, with PAIRS, SUM_TOPK or SUM_LAST for the down GEMM),
+    whose overrides may add SPLIT_K, TMA, SUM_LAST or, with PAIRS, SUM_TOPK for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
     allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA"} if _nested
@@ -83,9 +83,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     down = out.get("down", {})
     if down.get("SUM_TOPK") and (not out.get("PAIRS") or down.get("SPLIT_K", 1) > 1):
         raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
-    if down.get("SUM_LAST") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
-        raise ValueError("config: down SUM_LAST (the last program of a token's tile adds it up) needs PAIRS, "
-                         "without SUM_TOPK")
+    if down.get("SUM_LAST") and (down.get("SUM_TOPK") or out.get("GLUON") or out.get("WSRR")):
+        raise ValueError("config: down SUM_LAST (the last program of a token's tile adds it up) runs on the Triton "
+                         "kernels, without SUM_TOPK, GLUON or WSRR")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
     if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(

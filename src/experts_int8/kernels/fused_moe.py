@@ -23,6 +23,8 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
                 the rows of the pairs routed to it; the others' programs exit, so no expert is read twice
   SPLIT_K       down only: I split over programs writing fp32 partial sums, added with the top-k sum
   SUM_TOPK      down only, with PAIRS: one block per token sums its k experts' rows and writes [M, H]
+  SUM_LAST      down only: every program stores fp32 partials and counts them per (token, column tile);
+                the program storing a token's last one adds them up and writes [M, H] (no sum launch)
   FP16_DOT      gate_up with bf16 x: the dot in fp16 on x's rows scaled by powers of two (one small
                 launch), undone in the epilogue; int8 -> fp16 takes 1.25 instructions a weight where
                 int8 -> bf16 takes 2 (see _int8_to_fp16)
@@ -561,9 +563,10 @@ def moe_down_kernel(
 @triton.jit
 def _sum_if_last(y_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_ym, stride_ys, stride_sums,
                  TOP_K: tl.constexpr, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """SUM_LAST (with PAIRS): count this program's partials of its rows' column tile as stored, one
-    arrival per row (one row with PAIRS, a leader's pairs with DEDUP_PAIRS: a token routed twice to the
-    expert counts twice, and only one of its arrivals can be the last); for each token whose last of
+    """SUM_LAST: count this program's partials of its rows' column tile as stored, one arrival per row
+    (one row with PAIRS, a leader's pairs with DEDUP_PAIRS, an align block's pairs on the align path,
+    whose blocks of absent experts store zeros and count too: a token routed twice to the expert counts
+    twice, and only one of its arrivals can be the last); for each token whose last of
     TOP_K x SPLIT_K partials this program stored, add them up in a fixed order (the result does not
     depend on which program is last) and write its tile of the layer's output. No sum launch."""
     tokens = tl.where(row_mask, rows // TOP_K, 0).to(tl.int64)
@@ -693,7 +696,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     """Launch GEMM2 (* routing weight). ``out [M*k, H]``; ``[SPLIT_K, M*k, H]`` fp32 partial sums
     over slices of I when the config has ``SPLIT_K`` > 1 (the caller adds them up); ``[M, H]``, the
     sum over each token's ``top_k`` experts, when it has ``SUM_TOPK`` (with PAIRS). With ``SUM_LAST``
-    (with PAIRS) ``out`` is always the fp32 ``[SPLIT_K, M*k, H]`` partials and ``sums [M, H]`` gets
+    ``out`` is always the fp32 ``[SPLIT_K, M*k, H]`` partials and ``sums [M, H]`` gets
     their sum over splits and the token's ``top_k`` experts, from the same launch; ``counts`` (int32,
     at least :func:`sum_last_counts` of them) must be zero on entry (the gate_up launch zeroes them)."""
     hidden, inter = w2.shape[1], w2.shape[2]
@@ -705,8 +708,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         raise ValueError(f"SPLIT_K={split_k}{' with SUM_LAST' if sum_last else ''} needs an fp32 out of shape "
                          f"[{split_k}, M*k, H], got {out.dtype} {tuple(out.shape)}")
     if sum_last:
-        if not config.get("PAIRS") or sum_topk:
-            raise ValueError("SUM_LAST needs PAIRS (the pairs' own blocks), without SUM_TOPK")
+        if sum_topk:
+            raise ValueError("SUM_LAST and SUM_TOPK are two ways to sum a token's experts: choose one")
         num_tokens = topk_weights.numel() // top_k
         if sums is None or tuple(sums.shape) != (num_tokens, hidden) or sums.stride(1) != 1:
             raise ValueError(f"SUM_LAST writes sums [M, H] = [{num_tokens}, {hidden}], got "
