@@ -131,7 +131,8 @@ def profile_row(x, layers, routing, n, copy_bps, expert_bytes) -> dict:
 
 def save(out_dir: str, copy_bps: float, rows: list, variant: str | None = None) -> None:
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, f"decode_breakdown{'_' + variant if variant else ''}.json"), "w") as f:
+    suffix = "_" + variant.replace("=", "_") if variant else ""  # (no "=" in a file name the device returns)
+    with open(os.path.join(out_dir, f"decode_breakdown{suffix}.json"), "w") as f:
         json.dump(dict(benchmark="decode_breakdown", gpu=torch.cuda.get_device_name(), commit=bench.library_commit()[0],
                        copy_GBps=copy_bps / 1e9, command=" ".join(sys.argv), rows=rows), f, indent=1)
 

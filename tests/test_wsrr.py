@@ -46,6 +46,19 @@ def test_permute_k_moves_column_j_from_its_memory_position_and_keeps_the_product
     torch.testing.assert_close(xp @ w[:, order].T, x @ w.T)
 
 
+@pytest.mark.parametrize("m, k, dtype", [(130, 128, torch.float16), (1, 64, torch.float32), (70, 192, torch.bfloat16)])
+def test_permute_k_kernel_equals_the_permuted_view(m, k, dtype):
+    """The Triton launch moves exactly what torch's view of the permutation holds, rows strided too."""
+    def view(x):
+        return x.reshape(x.shape[0], k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(x.shape[0], k)
+
+    x = torch.randn(m, k).to(dtype)
+    assert torch.equal(gluon_wsrr.permute_k(x), view(x))
+    xt = torch.randn(k, m).to(dtype).T  # a column stride of m
+    assert torch.equal(gluon_wsrr.permute_k(xt), view(xt.contiguous()))
+    assert gluon_wsrr.permute_k(x[:0]).shape == (0, k)
+
+
 def test_wsrr_config_key():
     assert check_config(dict(ENTRY, WSRR=1))["WSRR"] == 1
     assert check_config(dict(ENTRY, WSRR=1, DEQUANT_ONCE=1))["DEQUANT_ONCE"] == 1  # (where WSRR does not apply)

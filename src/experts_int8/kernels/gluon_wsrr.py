@@ -35,11 +35,13 @@ from typing import Optional
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
+from .fused_moe import _kernel
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
@@ -79,9 +81,30 @@ TILES = {256: Tile(256, 8, 72, 4), 128: Tile(128, 4, 56, 5, maxnreg=128)}
 
 def permute_k(x: torch.Tensor) -> torch.Tensor:
     """``[M, K]`` activations (K a multiple of 64) with each 64-wide K block in the order the register
-    fragments read unrepacked weight bytes: column j holds x's column :func:`memory_position` (j)."""
+    fragments read unrepacked weight bytes: column j holds x's column :func:`memory_position` (j). One
+    Triton launch that moves whole 64-wide blocks (torch's strided copy of the permuted view took ~3x a
+    copy's time on the H200: 25 µs at 4096 x 2048 bf16, benchmarks/NOTES.md item 120)."""
     m, k = x.shape
-    return x.reshape(m, k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(m, k)
+    out = torch.empty((m, k), dtype=x.dtype, device=x.device)
+    if m:
+        _kernel(permute_k_kernel, x.device)[(triton.cdiv(m, PERMUTE_ROWS), k // 64)](
+            x, out, m, x.stride(0), x.stride(1), out.stride(0), BLOCK_R=PERMUTE_ROWS, num_warps=4)
+    return out
+
+
+PERMUTE_ROWS = 64
+
+
+@triton.jit
+def permute_k_kernel(x_ptr, out_ptr, M, stride_xm, stride_xk, stride_om, BLOCK_R: tl.constexpr):
+    """Rows [r0, r0 + BLOCK_R) of one 64-wide K block: loaded as they are, the block's columns reordered
+    in registers ([4 s, 4 c, 2 e1, 2 e0] -> [4 c, 2 e1, 4 s, 2 e0], see :func:`memory_position`), stored."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(1) * 64 + tl.arange(0, 64)
+    mask = rows[:, None] < M
+    v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + cols[None, :] * stride_xk, mask=mask)
+    v = tl.reshape(tl.permute(tl.reshape(v, (BLOCK_R, 4, 4, 2, 2)), (0, 2, 3, 1, 4)), (BLOCK_R, 64))
+    tl.store(out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :], v, mask=mask)
 
 
 @gluon.constexpr_function  # (callable from host code too)
