@@ -493,8 +493,10 @@ def test_pairs_is_a_top_level_flag():
     assert check_config(dict(base, down=dict(SUM_LAST=1, SPLIT_K=2)))["down"] == {"SUM_LAST": 1, "SPLIT_K": 2}
     for bad in (dict(base, PAIRS=1, down=dict(SUM_LAST=1, SUM_TOPK=1)), dict(base, GLUON=1, down=dict(SUM_LAST=1)),
                 dict(base, WSRR=1, down=dict(SUM_LAST=1))):
-        with pytest.raises(ValueError, match="SUM_LAST .* Triton kernels, without SUM_TOPK, GLUON or WSRR"):
+        with pytest.raises(ValueError, match="SUM_LAST .* Triton kernels: without SUM_TOPK, and on the align path"):
             check_config(bad)
+    # the Gluon kernels refuse PAIRS, so such an entry runs the Triton kernels: SUM_LAST applies
+    assert check_config(dict(base, PAIRS=1, GLUON=1, down=dict(SUM_LAST=1)))["GLUON"] == 1
     assert check_config(dict(base, PAIRS=1, DEDUP_PAIRS=1))["DEDUP_PAIRS"] == 1
     with pytest.raises(ValueError, match="DEDUP_PAIRS refines PAIRS"):
         check_config(dict(base, DEDUP_PAIRS=1))

@@ -66,16 +66,19 @@ def _main_and_tail(counts, g, num_experts, BLOCK_M: tl.constexpr, TAIL_ROWS: tl.
 @triton.jit
 def _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr, num_tokens_post_padded_ptr, tail, main_start, main,
                  numel, num_experts, num_sorted, tail_len, BLOCK_M: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-                 FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
-    """The tail region's padding, block experts and length; returns, per group, the main-region row
-    from which its pairs are tail rows and how far those move (into the region at ``num_sorted``)."""
+                 FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr, WRITE: tl.constexpr):
+    """The tail region's length and (with WRITE) its padding and block experts; returns, per group, the
+    main-region row from which its pairs are tail rows, how far those move (into the region at
+    ``num_sorted``) and where its tail blocks end."""
     tail_padded = (tail + TAIL_BLOCK - 1) // TAIL_BLOCK * TAIL_BLOCK
     tail_end = tl.cumsum(tail_padded, 0)
     tl.store(num_tokens_post_padded_ptr + 1, tl.sum(tail_padded, 0))
-    _write_padding_and_block_experts(sorted_token_ids_ptr + num_sorted, block_expert_ids_ptr + num_sorted // BLOCK_M,
-                                     tail_end, numel, num_experts, tail_len, TAIL_BLOCK, FILL, BLOCK_CHUNK)
+    if WRITE:
+        _write_padding_and_block_experts(sorted_token_ids_ptr + num_sorted,
+                                         block_expert_ids_ptr + num_sorted // BLOCK_M, tail_end, numel, num_experts,
+                                         tail_len, TAIL_BLOCK, FILL, BLOCK_CHUNK)
     first_tail_row = main_start + main
-    return first_tail_row, num_sorted + tail_end - tail_padded - first_tail_row
+    return first_tail_row, num_sorted + tail_end - tail_padded - first_tail_row, tail_end
 
 
 @triton.jit
@@ -96,16 +99,29 @@ def _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr,
                                      num_sorted, BLOCK_M: tl.constexpr, FILL: tl.constexpr,
                                      BLOCK_CHUNK: tl.constexpr):
     """Every sorted row to the sentinel ``numel`` (the pairs are scattered over it afterwards) and each
-    block's expert: the number of groups that end at or before the block's first row (-1: absent)."""
-    for start in range(0, num_sorted, FILL):
+    block's expert."""
+    _fill_sentinel(sorted_token_ids_ptr, numel, 0, num_sorted, FILL)
+    _block_experts(block_expert_ids_ptr, padded_end, num_experts, 0, num_sorted // BLOCK_M, BLOCK_M, BLOCK_CHUNK)
+
+
+@triton.jit
+def _fill_sentinel(sorted_token_ids_ptr, numel, first, end, FILL: tl.constexpr):
+    """Sorted rows [first, end) to the sentinel ``numel``."""
+    for start in range(first, end, FILL):
         rows = start + tl.arange(0, FILL)
-        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < num_sorted)
-    num_blocks = num_sorted // BLOCK_M
-    for start in range(0, num_blocks, BLOCK_CHUNK):
+        tl.store(sorted_token_ids_ptr + rows, numel, mask=rows < end)
+
+
+@triton.jit
+def _block_experts(block_expert_ids_ptr, padded_end, num_experts, first, end, BLOCK_M: tl.constexpr,
+                   BLOCK_CHUNK: tl.constexpr):
+    """Blocks [first, end): each block's expert, the number of groups that end at or before its first row
+    (-1: absent)."""
+    for start in range(first, end, BLOCK_CHUNK):
         blocks = start + tl.arange(0, BLOCK_CHUNK)
         group_of_block = tl.sum((padded_end[None, :] <= (blocks * BLOCK_M)[:, None]).to(tl.int32), 1)
         tl.store(block_expert_ids_ptr + blocks, tl.where(group_of_block < num_experts, group_of_block, -1),
-                 mask=blocks < num_blocks)
+                 mask=blocks < end)
 
 
 @triton.jit
@@ -148,10 +164,10 @@ def align_single_program_kernel(
     _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
                                      num_sorted, BLOCK_M, CHUNK, BLOCK_CHUNK)
     if TAIL_ROWS:
-        first_tail_row, tail_shift = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
-                                                  num_tokens_post_padded_ptr, tail, padded_end - padded, main, numel,
-                                                  num_experts, num_sorted, tail_len, BLOCK_M, TAIL_BLOCK, CHUNK,
-                                                  BLOCK_CHUNK)
+        first_tail_row, tail_shift, _ = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
+                                                     num_tokens_post_padded_ptr, tail, padded_end - padded, main,
+                                                     numel, num_experts, num_sorted, tail_len, BLOCK_M, TAIL_BLOCK,
+                                                     CHUNK, BLOCK_CHUNK, True)
     tl.debug_barrier()  # the sentinel stores above are overwritten below
 
     # Stable sort of the pairs by group: sort keys (group, pair index). The shift of each pair's group
@@ -167,17 +183,23 @@ def align_single_program_kernel(
 
 
 @triton.jit
-def align_count_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, numel, num_experts, num_global,
-                       HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, GROUPS: tl.constexpr):
-    """Grid (num_chunks,): the group histogram of one chunk of CHUNK pairs -> ``counts[chunk, :]``."""
+def align_count_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_token_ids_ptr, numel, num_experts, num_global,
+                       num_rows, rows_per_chunk, HAS_MAP: tl.constexpr, CHUNK: tl.constexpr, GROUPS: tl.constexpr,
+                       FILL: tl.constexpr):
+    """Grid (num_chunks,): the group histogram of one chunk of CHUNK pairs -> ``counts[chunk, :]``, and
+    the sentinel in this chunk's share of the ``num_rows`` sorted rows (both regions; the scatter launch
+    writes the pairs' rows over it). One program wrote them all before: 9-37 µs of its launch at 64-128
+    experts (benchmarks/NOTES.md item 121)."""
     chunk = tl.program_id(0)
     group = _pair_groups(topk_ids_ptr, expert_map_ptr, chunk * CHUNK + tl.arange(0, CHUNK), numel, num_experts,
                          num_global, HAS_MAP)
     tl.store(counts_ptr + chunk * GROUPS + tl.arange(0, GROUPS), tl.histogram(group, GROUPS))
+    first = chunk * rows_per_chunk
+    _fill_sentinel(sorted_token_ids_ptr, numel, first, tl.minimum(first + rows_per_chunk, num_rows), FILL)
 
 
 @triton.jit
-def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
+def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, ends_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
                          num_tokens_post_padded_ptr, num_chunks, numel, num_experts, num_sorted, tail_len,
                          BLOCK_M: tl.constexpr, TAIL_ROWS: tl.constexpr, TAIL_BLOCK: tl.constexpr,
                          GROUPS: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
@@ -185,9 +207,10 @@ def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, b
 
     ``base[chunk, g]`` = where group g starts (padded) + the group's pairs in earlier chunks - where
     group g starts inside this chunk's sorted order, so the scatter kernel's destination of its i-th
-    sorted pair is ``base[chunk, group] + i``. Also writes the sentinel padding, the block experts and
-    the padded length, as the single-program kernel does; with a tail, ``tail[0, g]`` and ``tail[1, g]``
-    are group g's first tail row in the main region and how far its tail rows move.
+    sorted pair is ``base[chunk, group] + i``. Also writes the padded lengths, and in ``ends[0, g]`` and
+    ``ends[1, g]`` where group g's padded rows end in the main and the tail region (the scatter launch
+    derives the block experts from them); with a tail, ``tail[0, g]`` and ``tail[1, g]`` are group g's
+    first tail row in the main region and how far its tail rows move.
     """
     g = tl.arange(0, GROUPS)
     real = g <= num_experts
@@ -201,13 +224,15 @@ def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, b
     padded = (main + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end = tl.cumsum(padded, 0)
     tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
+    tl.store(ends_ptr + g, padded_end)
     if TAIL_ROWS:
-        first_tail_row, tail_shift = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
-                                                  num_tokens_post_padded_ptr, tail, padded_end - padded, main, numel,
-                                                  num_experts, num_sorted, tail_len, BLOCK_M, TAIL_BLOCK, FILL,
-                                                  BLOCK_CHUNK)
+        first_tail_row, tail_shift, tail_end = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
+                                                            num_tokens_post_padded_ptr, tail, padded_end - padded,
+                                                            main, numel, num_experts, num_sorted, tail_len, BLOCK_M,
+                                                            TAIL_BLOCK, FILL, BLOCK_CHUNK, False)
         tl.store(tail_ptr + g, first_tail_row)
         tl.store(tail_ptr + GROUPS + g, tail_shift)
+        tl.store(ends_ptr + GROUPS + g, tail_end)
     before = padded_end - padded  # pairs of each group placed so far (earlier chunks), from its start
     for start in range(0, num_chunks, ROWS):
         rows = start + tl.arange(0, ROWS)
@@ -218,16 +243,25 @@ def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, b
         tl.store(base_ptr + rows[:, None] * GROUPS + g[None, :], before[None, :] + earlier_chunks - earlier_groups,
                  mask=mask)
         before += tl.sum(c, 0)
-    _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
-                                     num_sorted, BLOCK_M, FILL, BLOCK_CHUNK)
 
 
 @triton.jit
-def align_scatter_kernel(topk_ids_ptr, expert_map_ptr, base_ptr, tail_ptr, sorted_token_ids_ptr, numel,
-                         num_experts, num_global, HAS_MAP: tl.constexpr, TAIL_ROWS: tl.constexpr, CHUNK: tl.constexpr,
-                         GROUPS: tl.constexpr):
-    """Grid (num_chunks,): a stable sort of one chunk's pairs by group, written to their places."""
+def align_scatter_kernel(topk_ids_ptr, expert_map_ptr, base_ptr, tail_ptr, ends_ptr, sorted_token_ids_ptr,
+                         block_expert_ids_ptr, numel, num_experts, num_global, num_blocks, num_tail_blocks,
+                         blocks_per_chunk, tail_blocks_per_chunk, HAS_MAP: tl.constexpr, TAIL_ROWS: tl.constexpr,
+                         CHUNK: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                         BLOCK_CHUNK: tl.constexpr):
+    """Grid (num_chunks,): a stable sort of one chunk's pairs by group, written to their places; and the
+    experts of this chunk's share of the blocks (of both regions), from the groups' ends."""
     chunk = tl.program_id(0)
+    g = tl.arange(0, GROUPS)
+    first = chunk * blocks_per_chunk
+    _block_experts(block_expert_ids_ptr, tl.load(ends_ptr + g), num_experts, first,
+                   tl.minimum(first + blocks_per_chunk, num_blocks), BLOCK_M, BLOCK_CHUNK)
+    if TAIL_ROWS:
+        first = chunk * tail_blocks_per_chunk
+        _block_experts(block_expert_ids_ptr + num_blocks, tl.load(ends_ptr + GROUPS + g), num_experts, first,
+                       tl.minimum(first + tail_blocks_per_chunk, num_tail_blocks), TAIL_BLOCK, BLOCK_CHUNK)
     local = tl.arange(0, CHUNK)
     group = _pair_groups(topk_ids_ptr, expert_map_ptr, chunk * CHUNK + local, numel, num_experts, num_global,
                          HAS_MAP)
@@ -376,19 +410,26 @@ def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024
     num_chunks = triton.cdiv(numel, chunk)
     counts = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
     base = torch.empty((num_chunks, groups), dtype=torch.int32, device=device)
+    ends = torch.empty((2, groups), dtype=torch.int32, device=device)
     tail = torch.empty((2, groups), dtype=torch.int32, device=device) if tail_rows else base
     has_map = expert_map is not None
     ids = topk_ids.reshape(-1)
     emap = expert_map if has_map else ids
     num_global = expert_map.numel() if has_map else 0
-    align_count_kernel[(num_chunks,)](ids, emap, counts, numel, num_experts, num_global,
-                                      HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, num_warps=4)
-    align_offsets_kernel[(1,)](counts, base, tail, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
+    block_chunk = max(16, 8192 // groups)
+    # the sentinel fill and the block experts spread over the chunks' programs (NOTES item 121)
+    num_blocks, num_tail_blocks = num_sorted // block_m, tail_len // tail_block
+    align_count_kernel[(num_chunks,)](ids, emap, counts, sorted_token_ids, numel, num_experts, num_global,
+                                      num_sorted + tail_len, triton.cdiv(num_sorted + tail_len, num_chunks),
+                                      HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, FILL=1024, num_warps=4)
+    align_offsets_kernel[(1,)](counts, base, tail, ends, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                num_chunks, numel, num_experts, num_sorted, tail_len, BLOCK_M=block_m,
                                TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block, GROUPS=groups,
-                               ROWS=max(1, min(64, 8192 // groups)), FILL=1024, BLOCK_CHUNK=max(16, 8192 // groups),
+                               ROWS=max(1, min(64, 8192 // groups)), FILL=1024, BLOCK_CHUNK=block_chunk,
                                num_warps=4)
-    align_scatter_kernel[(num_chunks,)](ids, emap, base, tail, sorted_token_ids, numel, num_experts, num_global,
+    align_scatter_kernel[(num_chunks,)](ids, emap, base, tail, ends, sorted_token_ids, block_expert_ids, numel,
+                                        num_experts, num_global, num_blocks, num_tail_blocks,
+                                        triton.cdiv(num_blocks, num_chunks), triton.cdiv(num_tail_blocks, num_chunks),
                                         HAS_MAP=has_map, TAIL_ROWS=tail_rows, CHUNK=chunk, GROUPS=groups,
-                                        num_warps=4)
+                                        BLOCK_M=block_m, TAIL_BLOCK=tail_block, BLOCK_CHUNK=block_chunk, num_warps=4)
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded

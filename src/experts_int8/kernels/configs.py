@@ -83,9 +83,10 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     down = out.get("down", {})
     if down.get("SUM_TOPK") and (not out.get("PAIRS") or down.get("SPLIT_K", 1) > 1):
         raise ValueError("config: down SUM_TOPK (one block per token) needs PAIRS and no SPLIT_K")
-    if down.get("SUM_LAST") and (down.get("SUM_TOPK") or out.get("GLUON") or out.get("WSRR")):
+    align_path_gluon = not out.get("PAIRS") and (out.get("GLUON") or out.get("WSRR"))  # (whose down does not count)
+    if down.get("SUM_LAST") and (down.get("SUM_TOPK") or align_path_gluon):
         raise ValueError("config: down SUM_LAST (the last program of a token's tile adds it up) runs on the Triton "
-                         "kernels, without SUM_TOPK, GLUON or WSRR")
+                         "kernels: without SUM_TOPK, and on the align path without GLUON or WSRR")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
     if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(
