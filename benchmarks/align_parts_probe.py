@@ -3,9 +3,10 @@
 At M=8192 on qwen3 (65536 pairs, 128 experts) the offsets launch took 30 µs for bf16's blocks of 64 and
 47 µs for the int8 entry's blocks of 256 with a tail region (item 120's breakdown). It does four
 things: the group totals, each chunk's base offsets, the sentinel fill of every sorted row, and each
-block's expert (plus the same two for the tail region). This times the three launches one at a time,
-then the offsets launch told that there are no sorted rows (no fill, no block experts) and without
-the tail region, in CUDA-graph replays (medians of 50). Writes align_parts_probe.json to --out.
+block's expert (plus the same two for the tail region). Since item 121 the fill runs in the count
+launch and the block experts in the scatter launch, spread over their programs. This times the three
+launches one at a time, and the count and scatter launches without those shares, in CUDA-graph
+replays (medians of 50). Writes align_parts_probe.json to --out.
 
     PYTHONPATH=src python3 benchmarks/align_parts_probe.py --out /tmp/r
 """
@@ -31,29 +32,35 @@ def parts(numel: int, num_experts: int, block_m: int, tail_rows: int, tail_block
     num_chunks = triton.cdiv(numel, chunk)
     counts = torch.empty((num_chunks, groups), dtype=torch.int32, device="cuda")
     base = torch.empty_like(counts)
+    ends = torch.empty((2, groups), dtype=torch.int32, device="cuda")
     tail = torch.empty((2, groups), dtype=torch.int32, device="cuda") if tail_rows else base
+    num_blocks, num_tail_blocks = num_sorted // block_m, tail_len // tail_block
+    block_chunk = max(16, 8192 // groups)
     meta = dict(GROUPS=groups, num_warps=4)
 
-    def count():
-        align.align_count_kernel[(num_chunks,)](ids, ids, counts, numel, num_experts, 0, HAS_MAP=False, CHUNK=chunk,
+    def count(rows=num_sorted + tail_len):
+        align.align_count_kernel[(num_chunks,)](ids, ids, counts, sorted_ids, numel, num_experts, 0, rows,
+                                                triton.cdiv(rows, num_chunks), HAS_MAP=False, CHUNK=chunk, FILL=1024,
                                                 **meta)
 
-    def offsets(rows=num_sorted, tails=tail_rows, tail_rows_len=tail_len):
-        align.align_offsets_kernel[(1,)](counts, base, tail, sorted_ids, blocks, num_post, num_chunks, numel,
-                                         num_experts, rows, tail_rows_len, BLOCK_M=block_m, TAIL_ROWS=tails,
+    def offsets():
+        align.align_offsets_kernel[(1,)](counts, base, tail, ends, sorted_ids, blocks, num_post, num_chunks, numel,
+                                         num_experts, num_sorted, tail_len, BLOCK_M=block_m, TAIL_ROWS=tail_rows,
                                          TAIL_BLOCK=tail_block, ROWS=max(1, min(64, 8192 // groups)), FILL=1024,
-                                         BLOCK_CHUNK=max(16, 8192 // groups), **meta)
+                                         BLOCK_CHUNK=block_chunk, **meta)
 
-    def scatter():
-        align.align_scatter_kernel[(num_chunks,)](ids, ids, base, tail, sorted_ids, numel, num_experts, 0,
-                                                  HAS_MAP=False, TAIL_ROWS=tail_rows, CHUNK=chunk, **meta)
+    def scatter(nb=num_blocks, ntb=num_tail_blocks):
+        align.align_scatter_kernel[(num_chunks,)](ids, ids, base, tail, ends, sorted_ids, blocks, numel, num_experts,
+                                                  0, nb, ntb, triton.cdiv(nb, num_chunks), triton.cdiv(ntb, num_chunks),
+                                                  HAS_MAP=False, TAIL_ROWS=tail_rows, CHUNK=chunk, BLOCK_M=block_m,
+                                                  TAIL_BLOCK=tail_block, BLOCK_CHUNK=block_chunk, **meta)
 
     count()
+    offsets()
     return dict(pairs=numel, experts=num_experts, block_m=block_m, tail_rows=tail_rows, num_sorted=num_sorted,
-                tail_len=tail_len, count_us=graph_time_us(count), offsets_us=graph_time_us(offsets),
-                offsets_no_rows_us=graph_time_us(lambda: offsets(rows=0, tail_rows_len=0)),
-                offsets_no_tail_us=graph_time_us(lambda: offsets(tails=0, tail_rows_len=0)),
-                scatter_us=graph_time_us(scatter), whole_us=graph_time_us(
+                tail_len=tail_len, count_us=graph_time_us(count), count_no_fill_us=graph_time_us(lambda: count(0)),
+                offsets_us=graph_time_us(offsets), scatter_us=graph_time_us(scatter),
+                scatter_no_blocks_us=graph_time_us(lambda: scatter(0, 0)), whole_us=graph_time_us(
                     lambda: align._align(ids.view(-1, 1), block_m, num_experts, None, tail_rows, tail_block)))
 
 
