@@ -405,15 +405,24 @@ def test_sum_last_on_the_align_path(dtype, swap, split_k, group, monkeypatch):
     cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=group, num_warps=4, num_stages=2,
                SWAP_AB=swap, down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, SUM_LAST=1))
     with override_config(cfg):
-        check(1, 6, 67, 45, 2, dtype, "triton")
-        check(7, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
-        check(40, 3, 32, 45, 2, dtype, "triton")  # ~27 pairs an expert: two blocks each
-        check(9, 5, 32, 32, 3, dtype, "triton", topk_ids=torch.randint(0, 5, (9, 3)))  # repeats in a token
-        check(3, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
-        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
-        check(7, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
-        check(2, 4, 32, 45, 1, dtype, "triton", topk_ids=torch.tensor([[1], [3]]), expert_map=expert_map,
+        check_gathered_routings(dtype)
+        check(2, 4, 32, 45, 1, dtype, "triton", topk_ids=torch.tensor([[1], [3]]), expert_map=EXPERT_MAP,
               global_num_experts=6)  # no expert on this rank: zeros, summed once
+
+
+EXPERT_MAP = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)  # 6 global experts, 4 here
+
+
+def check_gathered_routings(dtype):
+    """The routings a program that gathers several pairs' rows must handle, against the oracle: one
+    token, tokens sharing experts, ~27 pairs an expert (two blocks or leaders each), repeated ids within
+    a token, routing weights on the input, experts on another rank."""
+    check(1, 6, 67, 45, 2, dtype, "triton")
+    check(7, 4, 64, 32, 3, dtype, "triton", quantized=False)
+    check(40, 3, 32, 45, 2, dtype, "triton")
+    check(9, 5, 32, 32, 3, dtype, "triton", topk_ids=torch.randint(0, 5, (9, 3)))
+    check(3, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
+    check(7, 4, 32, 45, 2, dtype, "triton", expert_map=EXPERT_MAP, global_num_experts=6)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -438,13 +447,7 @@ def test_dedup_pairs_reads_each_expert_once(dtype, swap, split_k, sum_last, monk
                SWAP_AB=swap, PAIRS=1, DEDUP_PAIRS=1,
                down=dict(BLOCK_SIZE_N=16, SPLIT_K=split_k, **({"SUM_LAST": 1} if sum_last else {})))
     with override_config(cfg):
-        check(1, 6, 67, 45, 2, dtype, "triton")
-        check(5, 4, 64, 32, 3, dtype, "triton", quantized=False)  # tokens sharing experts
-        check(40, 3, 32, 45, 2, dtype, "triton")  # ~27 pairs per expert: two leaders each
-        check(9, 5, 32, 32, 3, dtype, "triton", topk_ids=torch.randint(0, 5, (9, 3)))  # repeats in a token
-        check(3, 4, 64, 32, 1, dtype, "triton", apply_router_weight_on_input=True)
-        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
-        check(7, 4, 32, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+        check_gathered_routings(dtype)
         assert not align_calls and not (sum_last and sum_calls)
         monkeypatch.setattr(fused_moe, "DEDUP_MAX_PAIRS", 8)
         monkeypatch.setattr(ops, "DEDUP_MAX_PAIRS", 8)
