@@ -476,8 +476,10 @@ def test_wsrr_kernels_on_other_ring_depths(rows, stages, h, i):
 
 @pytest.mark.parametrize("rows", [256, 192, 128])
 def test_wsrr_kernels_on_expert_blocks_around_full(rows):
-    """Experts with 256, 257, 1, 0, 255, 512, 100 and 300 rows: whole blocks, one row over, a few, none."""
-    x, w, ids = routed_by_counts([256, 257, 1, 0, 255, 512, 100, 300], 512)
+    """Experts with 256, 257, 1, 0, 255, 512, 100 and 300 rows: whole blocks, one row over, a few, none
+    (on the 192-row tile 192, 193, 1, 0, 191, 384, 100 and 385: its boundaries, both wgmma widths' rows)."""
+    counts = [192, 193, 1, 0, 191, 384, 100, 385] if rows == 192 else [256, 257, 1, 0, 255, 512, 100, 300]
+    x, w, ids = routed_by_counts(counts, 512)
     ex = layer(h=512, i=384)
     out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
     assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
