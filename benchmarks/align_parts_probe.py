@@ -44,10 +44,9 @@ def parts(numel: int, num_experts: int, block_m: int, tail_rows: int, tail_block
                                                 **meta)
 
     def offsets():
-        align.align_offsets_kernel[(1,)](counts, base, tail, ends, sorted_ids, blocks, num_post, num_chunks, numel,
-                                         num_experts, num_sorted, tail_len, BLOCK_M=block_m, TAIL_ROWS=tail_rows,
-                                         TAIL_BLOCK=tail_block, ROWS=max(1, min(64, 8192 // groups)), FILL=1024,
-                                         BLOCK_CHUNK=block_chunk, **meta)
+        align.align_offsets_kernel[(1,)](counts, base, tail, ends, num_post, num_chunks, num_experts, num_sorted,
+                                         BLOCK_M=block_m, TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block,
+                                         ROWS=max(1, min(64, 8192 // groups)), **meta)
 
     def scatter(nb=num_blocks, ntb=num_tail_blocks):
         align.align_scatter_kernel[(num_chunks,)](ids, ids, base, tail, ends, sorted_ids, blocks, numel, num_experts,

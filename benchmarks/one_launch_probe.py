@@ -17,7 +17,6 @@ shapes (and 8x7b) at M = 1, 2, 4, and writes one_launch_probe.json to --out.
 import argparse
 import json
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
@@ -172,7 +171,6 @@ def main() -> None:
     with open(os.path.join(args.out, "one_launch_probe.json"), "w") as f:
         json.dump(dict(benchmark="one_launch_probe", gpu=torch.cuda.get_device_name(), commit=bench.library_commit()[0],
                        command=" ".join(sys.argv), blocks={k: v for k, v in BLOCKS.items()}, rows=rows), f, indent=1)
-    _ = statistics  # (medians come from bench.time_run)
 
 
 if __name__ == "__main__":

@@ -64,19 +64,13 @@ def _main_and_tail(counts, g, num_experts, BLOCK_M: tl.constexpr, TAIL_ROWS: tl.
 
 
 @triton.jit
-def _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr, num_tokens_post_padded_ptr, tail, main_start, main,
-                 numel, num_experts, num_sorted, tail_len, BLOCK_M: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-                 FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr, WRITE: tl.constexpr):
-    """The tail region's length and (with WRITE) its padding and block experts; returns, per group, the
-    main-region row from which its pairs are tail rows, how far those move (into the region at
-    ``num_sorted``) and where its tail blocks end."""
+def _tail_region(num_tokens_post_padded_ptr, tail, main_start, main, num_sorted, TAIL_BLOCK: tl.constexpr):
+    """The tail region's length (stored after the main region's); returns, per group, the main-region
+    row from which its pairs are tail rows, how far those move (into the region at ``num_sorted``) and
+    where its tail blocks end."""
     tail_padded = (tail + TAIL_BLOCK - 1) // TAIL_BLOCK * TAIL_BLOCK
     tail_end = tl.cumsum(tail_padded, 0)
     tl.store(num_tokens_post_padded_ptr + 1, tl.sum(tail_padded, 0))
-    if WRITE:
-        _write_padding_and_block_experts(sorted_token_ids_ptr + num_sorted,
-                                         block_expert_ids_ptr + num_sorted // BLOCK_M, tail_end, numel, num_experts,
-                                         tail_len, TAIL_BLOCK, FILL, BLOCK_CHUNK)
     first_tail_row = main_start + main
     return first_tail_row, num_sorted + tail_end - tail_padded - first_tail_row, tail_end
 
@@ -164,10 +158,11 @@ def align_single_program_kernel(
     _write_padding_and_block_experts(sorted_token_ids_ptr, block_expert_ids_ptr, padded_end, numel, num_experts,
                                      num_sorted, BLOCK_M, CHUNK, BLOCK_CHUNK)
     if TAIL_ROWS:
-        first_tail_row, tail_shift, _ = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
-                                                     num_tokens_post_padded_ptr, tail, padded_end - padded, main,
-                                                     numel, num_experts, num_sorted, tail_len, BLOCK_M, TAIL_BLOCK,
-                                                     CHUNK, BLOCK_CHUNK, True)
+        first_tail_row, tail_shift, tail_end = _tail_region(num_tokens_post_padded_ptr, tail, padded_end - padded,
+                                                            main, num_sorted, TAIL_BLOCK)
+        _write_padding_and_block_experts(sorted_token_ids_ptr + num_sorted,
+                                         block_expert_ids_ptr + num_sorted // BLOCK_M, tail_end, numel, num_experts,
+                                         tail_len, TAIL_BLOCK, CHUNK, BLOCK_CHUNK)
     tl.debug_barrier()  # the sentinel stores above are overwritten below
 
     # Stable sort of the pairs by group: sort keys (group, pair index). The shift of each pair's group
@@ -199,10 +194,9 @@ def align_count_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, sorted_token_id
 
 
 @triton.jit
-def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, ends_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
-                         num_tokens_post_padded_ptr, num_chunks, numel, num_experts, num_sorted, tail_len,
-                         BLOCK_M: tl.constexpr, TAIL_ROWS: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-                         GROUPS: tl.constexpr, ROWS: tl.constexpr, FILL: tl.constexpr, BLOCK_CHUNK: tl.constexpr):
+def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, ends_ptr, num_tokens_post_padded_ptr, num_chunks,
+                         num_experts, num_sorted, BLOCK_M: tl.constexpr, TAIL_ROWS: tl.constexpr,
+                         TAIL_BLOCK: tl.constexpr, GROUPS: tl.constexpr, ROWS: tl.constexpr):
     """Grid (1,): group sizes padded to BLOCK_M and where each chunk's pairs of each group go.
 
     ``base[chunk, g]`` = where group g starts (padded) + the group's pairs in earlier chunks - where
@@ -226,10 +220,8 @@ def align_offsets_kernel(counts_ptr, base_ptr, tail_ptr, ends_ptr, sorted_token_
     tl.store(num_tokens_post_padded_ptr, tl.sum(padded, 0))
     tl.store(ends_ptr + g, padded_end)
     if TAIL_ROWS:
-        first_tail_row, tail_shift, tail_end = _tail_region(sorted_token_ids_ptr, block_expert_ids_ptr,
-                                                            num_tokens_post_padded_ptr, tail, padded_end - padded,
-                                                            main, numel, num_experts, num_sorted, tail_len, BLOCK_M,
-                                                            TAIL_BLOCK, FILL, BLOCK_CHUNK, False)
+        first_tail_row, tail_shift, tail_end = _tail_region(num_tokens_post_padded_ptr, tail, padded_end - padded,
+                                                            main, num_sorted, TAIL_BLOCK)
         tl.store(tail_ptr + g, first_tail_row)
         tl.store(tail_ptr + GROUPS + g, tail_shift)
         tl.store(ends_ptr + GROUPS + g, tail_end)
@@ -422,11 +414,9 @@ def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024
     align_count_kernel[(num_chunks,)](ids, emap, counts, sorted_token_ids, numel, num_experts, num_global,
                                       num_sorted + tail_len, triton.cdiv(num_sorted + tail_len, num_chunks),
                                       HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, FILL=1024, num_warps=4)
-    align_offsets_kernel[(1,)](counts, base, tail, ends, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                               num_chunks, numel, num_experts, num_sorted, tail_len, BLOCK_M=block_m,
-                               TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block, GROUPS=groups,
-                               ROWS=max(1, min(64, 8192 // groups)), FILL=1024, BLOCK_CHUNK=block_chunk,
-                               num_warps=4)
+    align_offsets_kernel[(1,)](counts, base, tail, ends, num_tokens_post_padded, num_chunks, num_experts, num_sorted,
+                               BLOCK_M=block_m, TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block, GROUPS=groups,
+                               ROWS=max(1, min(64, 8192 // groups)), num_warps=4)
     align_scatter_kernel[(num_chunks,)](ids, emap, base, tail, ends, sorted_token_ids, block_expert_ids, numel,
                                         num_experts, num_global, num_blocks, num_tail_blocks,
                                         triton.cdiv(num_blocks, num_chunks), triton.cdiv(num_tail_blocks, num_chunks),
