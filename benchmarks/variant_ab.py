@@ -67,6 +67,9 @@ CUDA-graph timing as bench_kernel:
             config, WSRR entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR
             first take WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR
             entries on their tile's own ring                                              (prefill sizes)
+  waves     gate_up programs narrower than their dot's tile (TILE_N), so the grid fills whole waves of 1, 2,
+            3, 4 or 6 resident programs a SM: the shipped config, then those, then 128-wide dots of K 128
+            with 4 stages filling waves of 2 (value 12)                                    (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -362,6 +365,19 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
     return dict(cfg, WSRR_STAGES=stages)
 
 
+def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
+    """Gate_up programs narrowed (TILE_N) to fill whole waves of ``value`` resident programs a SM; on the
+    align path the row blocks are estimated as the routing's expected distinct experts (decode blocks)."""
+    if not value or cfg["BLOCK_SIZE_M"] > 32 or any(
+            cfg.get(key) for key in ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE", "DEDUP_PAIRS")):
+        return cfg
+    blocks = m * top_k if cfg.get("PAIRS") else round(tune.expected_distinct_experts(m, num_experts, top_k))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if value == 12:  # 128-wide dots of K 128 and 4 stages (two programs a SM), the down GEMM as shipped
+        cfg, value = dict(cfg, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_stages=4, down=_down_pinned(cfg)), 2
+    return dict(cfg, TILE_N=tune.wave_tile_n(blocks, inter, cfg["BLOCK_SIZE_N"], value, sms))
+
+
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -377,7 +393,8 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3, 4)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4, 5)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5))}
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4, 5)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
+            "waves": (waves, (0, 1, 2, 3, 4, 6, 12))}
 
 
 def main() -> None:

@@ -601,6 +601,35 @@ def test_tma_variants_where_the_device_has_tma():
     assert "TMA" in tune._short(both)
 
 
+@pytest.mark.parametrize("blocks, inter, block_n, slots, sms", [
+    (2, 14336, 64, 2, 132), (8, 768, 64, 1, 132), (6, 1408, 64, 2, 132), (2, 16384, 128, 1, 132), (16, 768, 32, 6, 132),
+    (3, 100, 16, 4, 7), (1, 8, 32, 1, 132), (40, 5000, 128, 3, 20)])
+def test_wave_tile_n_fills_whole_waves(blocks, inter, block_n, slots, sms):
+    """TILE_N: no wider than the dot's tile, a multiple of 8 below it, and a grid of no more waves of
+    ``slots`` programs a SM than BLOCK_SIZE_N-wide programs take, filling the last of them more."""
+    import math
+    tile_n = tune.wave_tile_n(blocks, inter, block_n, slots, sms)
+    assert 8 <= tile_n <= block_n and (tile_n == block_n or tile_n % 8 == 0)
+    capacity = slots * sms
+    waves = math.ceil(blocks * math.ceil(inter / block_n) / capacity)
+    programs = blocks * math.ceil(inter / tile_n)
+    assert math.ceil(inter / block_n) * blocks <= programs <= waves * capacity
+    # no wider multiple of 8 narrower than block_n would also fit those waves with more programs' worth of columns
+    assert tile_n in (8, block_n) or blocks * math.ceil(inter / (tile_n - 8)) > waves * capacity
+    if (blocks, inter, block_n, slots) == (2, 14336, 64, 2):  # 8x7b at M=1: 448 programs (1.7 waves) -> 512
+        assert (tile_n, programs) == (56, 512)
+
+
+def test_wave_variants_for_pairs_winners():
+    pairs = dict(PINNED, BLOCK_SIZE_N=64, PAIRS=1)
+    got = tune.wave_variants(pairs, 1, 2, 14336, 132)
+    assert [v["TILE_N"] for v in got] == [56, 40] and all(configs.check_config(v) == v for v in got)
+    assert tune.wave_variants(PINNED, 1, 2, 14336, 132) == []  # the align path's block count depends on routing
+    for other in (dict(DEDUP_PAIRS=1), dict(TMA=1), dict(TILE_N=56)):
+        assert tune.wave_variants(dict(pairs, **other), 1, 2, 14336, 132) == []
+    assert tune.tma_variants(got[0], True) == []  # TMA loads whole tiles
+
+
 def test_fp16_dot_variants_at_prefill_sizes_of_int8():
     assert tune.fp16_dot_variants(PINNED, 256, "int8") == [dict(PINNED, FP16_DOT=1)]
     assert configs.check_config(tune.fp16_dot_variants(dict(PINNED, GLUON=1), 2048, "int8")[0])

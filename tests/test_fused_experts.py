@@ -8,7 +8,7 @@ import triton.language as tl
 from conftest import DEVICE
 from experts_int8 import dequantize_weights, fused_experts, fused_moe, quantize_weights, reference, select_experts
 from experts_int8.kernels.align import align_block_size
-from experts_int8.kernels.fused_moe import _dedup_pair_rows
+from experts_int8.kernels.fused_moe import _dedup_pair_rows, _weight_tile
 
 DTYPES = [torch.float16, torch.float32] if DEVICE == "cpu" else [torch.bfloat16, torch.float16, torch.float32]
 TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
@@ -819,6 +819,58 @@ def test_tma_weight_tiles_match(dtype, extra, down):
         check(2, 4, 64, 32, 2, dtype, "triton", quantized=False)
         expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
         check(4, 4, 80, 48, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("extra, tile_n", [
+    (dict(PAIRS=1), 24), (dict(PAIRS=1, SWAP_AB=1), 8), (dict(FUSE_GATE_UP=1), 17), (dict(SWAP_AB=1), 24),
+    (dict(PAIRS=1, down=dict(SPLIT_K=2, SUM_LAST=1)), 16)])
+def test_narrow_gate_up_programs_match(dtype, extra, tile_n):
+    """TILE_N: each gate_up program computes TILE_N columns of I on its BLOCK_SIZE_N-wide dot (the grid
+    counts cdiv(I, TILE_N) programs a row block): I=45 on 32-wide tiles, so programs end mid-tile, past I,
+    and at widths that are not multiples of 8; PAIRS and the align path, swapped and fused operands."""
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
+               TILE_N=tile_n, **extra)
+    with override_config(cfg):
+        check(3, 5, 80, 45, 2, dtype, "triton")
+        check(2, 4, 64, 45, 2, dtype, "triton", quantized=False)
+        expert_map = torch.tensor([0, -1, 1, -1, 2, 3], dtype=torch.int32, device=DEVICE)
+        check(4, 4, 80, 45, 2, dtype, "triton", expert_map=expert_map, global_num_experts=6)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_weight_tile_loads_only_its_columns(swap):
+    """MASK_N: the columns of a weight tile past a program's own come back as zeros (they are not read)."""
+    @triton.jit
+    def tile_kernel(w_ptr, out_ptr, n, K: tl.constexpr, N: tl.constexpr, SWAP: tl.constexpr):
+        offs_k, offs_n = tl.arange(0, K), tl.arange(0, N)
+        cols = offs_n < n
+        if SWAP:
+            ptrs = w_ptr + offs_n[:, None] * K + offs_k[None, :]
+            out = out_ptr + offs_n[:, None] * K + offs_k[None, :]
+        else:
+            ptrs = w_ptr + offs_n[None, :] * K + offs_k[:, None]
+            out = out_ptr + offs_n[None, :] * K + offs_k[:, None]
+        tl.store(out, _weight_tile(ptrs, None, 0, 0, K, offs_k, cols, K, SWAP, False, True))
+
+    w = torch.randint(1, 100, (32, 16), dtype=torch.int8, device=DEVICE)  # (N, K), no zeros
+    out = torch.full_like(w, -1)
+    tile_kernel[(1,)](w, out, 20, K=16, N=32, SWAP=swap)
+    assert torch.equal(out[:20], w[:20]) and not out[20:].any()
+
+
+def test_tile_n_config_checks():
+    from experts_int8.kernels.configs import check_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    assert check_config(dict(cfg, TILE_N=56))["TILE_N"] == 56
+    for bad in (dict(TILE_N=72), dict(TILE_N=0), dict(TILE_N=56, TMA=1), dict(TILE_N=56, GLUON=1)):
+        with pytest.raises(ValueError):
+            check_config(dict(cfg, **bad))
+    with pytest.raises(ValueError, match="keys"):  # gate_up's key: not a down override
+        check_config(dict(cfg, down=dict(TILE_N=56)))
 
 
 def test_tma_needs_aligned_contiguous_weights():

@@ -67,6 +67,13 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                              num_stages=4, FP16_DOT=1, TMA=1),
     "fuse_gate_up_8_warps": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8,
                                  num_stages=3, FUSE_GATE_UP=1),
+    # TILE_N: gate_up programs narrower than their dot (columns past TILE_N masked, their rows not read)
+    "tile_n_pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
+                         PAIRS=1, TILE_N=56, down=dict(SPLIT_K=4)),
+    "tile_n_swap_ab": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                           num_stages=3, SWAP_AB=1, TILE_N=40),
+    "tile_n_fused": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
+                         FUSE_GATE_UP=1, TILE_N=24),
 }
 
 
@@ -75,7 +82,8 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
 def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
+                   "tile_n_pairs") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -263,7 +271,8 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m):
     from experts_int8.kernels import fused_moe as kernels
     from experts_int8.kernels.configs import override_config
 
-    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot") and m > 5:
+    if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
+                   "tile_n_pairs") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")

@@ -11,7 +11,7 @@ and accumulator registers, then a fixed pseudo-random sample of ``max_candidates
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
 it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on
-sm_90+) and, for int8 at prefill sizes, FP16_DOT and the dequantize-once path (DEQUANT_ONCE). The
+sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the dequantize-once path (DEQUANT_ONCE). The
 config serving M before the run (the shipped or cached table's) and the heuristic are always the
 first candidates, so a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
@@ -182,7 +182,7 @@ def tma_variants(best: dict, tma_ok: bool) -> list[dict]:
     tensor-descriptor copies in both GEMMs, and in the down GEMM only (on the H200: 3-6% faster at some
     decode and prefill rows, 1-12% slower at others, benchmarks/NOTES.md item 73). Not for the
     kernels that do not read the key (GLUON, FUSED_DECODE)."""
-    if not tma_ok or best.get("TMA") or best.get("GLUON") or best.get("FUSED_DECODE"):
+    if not tma_ok or any(best.get(key) for key in ("TMA", "GLUON", "FUSED_DECODE", "TILE_N")):
         return []
     return [dict(best, TMA=1), dict(best, down={**best.get("down", {}), "TMA": 1})]
 
@@ -282,6 +282,30 @@ def fused_decode_variants(best: dict, m: int, top_k: int) -> list[dict]:
         return []
     return [dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=block_i, BLOCK_SIZE_K=block_h, GROUP_SIZE_M=1, num_warps=4,
                  num_stages=2, PAIRS=1, FUSED_DECODE=1) for block_i, block_h in FUSED_DECODE_BLOCKS]
+
+
+def wave_tile_n(blocks: int, inter: int, block_n: int, slots: int, num_sms: int) -> int:
+    """TILE_N for a gate_up grid of ``blocks`` row blocks: the columns of I a program computes so that
+    ``blocks x cdiv(I, TILE_N)`` programs fill (nearly) whole waves of ``slots`` resident programs on each of
+    ``num_sms`` SMs, as many waves as BLOCK_SIZE_N-wide programs need; at most ``block_n``, a multiple of 8.
+    (A decode grid of 1.7 waves leaves 30% of the GPU's program slots idle in its last wave.)"""
+    waves = math.ceil(blocks * math.ceil(inter / block_n) / (slots * num_sms))
+    per_block = waves * slots * num_sms // blocks  # >= cdiv(I, block_n), so the result is <= block_n
+    return min(block_n, math.ceil(math.ceil(inter / per_block) / 8) * 8)
+
+
+WAVE_SLOTS = (1, 2, 3, 4, 6)  # resident gate_up programs a SM that wave_variants size grids for
+
+
+def wave_variants(best: dict, m: int, top_k: int, inter: int, num_sms: int) -> list[dict]:
+    """A PAIRS winner (exactly M x k row blocks; the align path's count depends on the routing) with
+    narrower gate_up programs (TILE_N) that fill whole waves of 1, 2, 3, 4 or 6 resident programs a SM:
+    the occupancy that holds is the one that measures fastest."""
+    if (not best.get("PAIRS") or best.get("DEDUP_PAIRS") or "TILE_N" in best
+            or any(best.get(key) for key in ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE"))):
+        return []
+    widths = {wave_tile_n(m * top_k, inter, best["BLOCK_SIZE_N"], s, num_sms) for s in WAVE_SLOTS}
+    return [dict(best, TILE_N=t) for t in sorted(widths, reverse=True) if t < best["BLOCK_SIZE_N"]]
 
 
 def expected_distinct_experts(m: int, num_experts: int, top_k: int) -> float:
@@ -616,7 +640,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + fp16_dot_variants(cfg, m, d)
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem)
                                 + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
-                                + tail_variants(cfg, m, top_k),
+                                + tail_variants(cfg, m, top_k)
+                                + wave_variants(cfg, m, top_k, inter, num_sms),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

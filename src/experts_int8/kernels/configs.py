@@ -40,9 +40,12 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, 192 or 128) tokens
 # with a ring of WSRR_STAGES (2-8; default the tile's own, kernels.gluon_wsrr.TILES) K tiles;
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
-# on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own.
+# on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own;
+# TILE_N (the Triton gate_up, at most BLOCK_SIZE_N) is the columns of I a program computes, so that the grid
+# fills whole waves of resident programs (tune.wave_tile_n).
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
-                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "down")
+                 "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "TILE_N",
+                 "down")
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
@@ -59,7 +62,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS) and "down",
+    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N and "down",
     whose overrides may add SPLIT_K, TMA, SUM_LAST or, with PAIRS, SUM_TOPK for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -112,6 +115,11 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                          f"mode or DEQUANT_ONCE; got {out['TAIL_ROWS']!r}")
     if "TAIL_ENTRY_ROWS" in out and "TAIL_ROWS" not in out:
         raise ValueError("config: TAIL_ENTRY_ROWS (which entry runs the tail pass) needs TAIL_ROWS")
+    if "TILE_N" in out and (out["TILE_N"] > out.get("BLOCK_SIZE_N", 0) or any(
+            out.get(key) for key in ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE"))):
+        raise ValueError(f"config: TILE_N (columns of I a Triton gate_up program computes) is at most BLOCK_SIZE_N, "
+                         f"without TMA (whose copies load whole tiles), GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE; "
+                         f"got {out['TILE_N']!r}")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

@@ -149,21 +149,27 @@ def _dot_operand(w, a, FAST_CVT: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(w_ptrs, w_desc, row0, kb, k_left, offs_k, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
-                 TMA: tl.constexpr):
+def _weight_tile(w_ptrs, w_desc, row0, kb, k_left, offs_k, cols, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr,
+                 TMA: tl.constexpr, MASK_N: tl.constexpr):
     """The K step ``kb`` of a weight tile: ``(BLOCK_K, BLOCK_N)`` for the right dot operand,
-    ``(BLOCK_N, BLOCK_K)`` under SWAP_AB. By pointers (masked along K), or with TMA as one
-    tensor-descriptor copy of rows ``[row0, row0 + BLOCK_N)`` of the ``(E*N, K)`` weight view (the
-    copy engine fills zeros past K and past the last row; rows past this expert's N only feed masked
-    output columns)."""
+    ``(BLOCK_N, BLOCK_K)`` under SWAP_AB. By pointers (masked along K, and with MASK_N along N to the
+    tile's ``cols``: the rows not loaded cost no bytes), or with TMA as one tensor-descriptor copy of
+    rows ``[row0, row0 + BLOCK_N)`` of the ``(E*N, K)`` weight view (the copy engine fills zeros past K
+    and past the last row; rows past this expert's N only feed masked output columns)."""
     if TMA:
         w = w_desc.load([row0, kb * BLOCK_K])
         if not SWAP_AB:
             w = tl.trans(w)
     elif SWAP_AB:
-        w = tl.load(w_ptrs, mask=offs_k[None, :] < k_left, other=0)
+        mask = offs_k[None, :] < k_left
+        if MASK_N:
+            mask &= cols[:, None]
+        w = tl.load(w_ptrs, mask=mask, other=0)
     else:
-        w = tl.load(w_ptrs, mask=offs_k[:, None] < k_left, other=0)
+        mask = offs_k[:, None] < k_left
+        if MASK_N:
+            mask &= cols[None, :]
+        w = tl.load(w_ptrs, mask=mask, other=0)
     return w
 
 
@@ -214,6 +220,7 @@ def moe_gate_up_kernel(
     TMA: tl.constexpr,
     FAST_CVT: tl.constexpr,
     ROW_SCALE: tl.constexpr,
+    TILE_N: tl.constexpr,  # columns of I a program computes, <= BLOCK_N (the rest of its tile is masked)
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -221,15 +228,21 @@ def moe_gate_up_kernel(
             for start in range(0, num_counts, 1024):
                 offs = start + tl.arange(0, 1024)
                 tl.store(counts_ptr + offs, tl.zeros((1024,), dtype=tl.int32), mask=offs < num_counts)
-    pid_m, n0 = _program_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    # TILE_N < BLOCK_N: narrower programs than the dot's tile, so that the grid fills whole waves of the
+    # GPU's resident programs (a last wave half full leaves half the SMs streaming nothing)
+    pid_m, n0 = _program_block(num_sorted, I, BLOCK_M, TILE_N, GROUP_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
+    MASK_N: tl.constexpr = TILE_N < BLOCK_N
+    cols = offs_n < I
+    if MASK_N:
+        cols &= tl.arange(0, BLOCK_N) < TILE_N
     if not PAIRS:  # with PAIRS the grid holds exactly one block per pair
         if pid_m * BLOCK_M >= tl.load(num_tokens_post_padded_ptr):
             return
     rows, row_mask, expert = _block_rows(pid_m, sorted_token_ids_ptr, block_expert_ids_ptr, num_valid, BLOCK_M,
                                          PAIRS, DEDUP_PAIRS, PAIRS_P2)
     out_ptrs = out_ptr + rows[:, None] * stride_om + offs_n[None, :]
-    out_mask = row_mask[:, None] & (offs_n[None, :] < I)
+    out_mask = row_mask[:, None] & cols[None, :]
     if expert < 0:
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         return
@@ -254,8 +267,8 @@ def moe_gate_up_kernel(
     g_row = (expert * 2 * I + n0).to(tl.int32)  # TMA: the tile's first gate row in the (E*2I, H) view
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
-        g = _weight_tile(g_ptrs, w_desc, g_row, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
-        u = _weight_tile(u_ptrs, w_desc, g_row + I, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
+        g = _weight_tile(g_ptrs, w_desc, g_row, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
+        u = _weight_tile(u_ptrs, w_desc, g_row + I, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
             acc_g = tl.dot(_dot_operand(g, a, FAST_CVT), a, acc_g, input_precision=DOT_PRECISION)
@@ -438,7 +451,7 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
     w_row = (expert * H + n0).to(tl.int32)  # TMA: the tile's first row in the (E*H, I) view
     for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
-        w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, BLOCK_K, SWAP_AB, TMA)
+        w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, offs_wn, BLOCK_K, SWAP_AB, TMA, False)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
             acc = tl.dot(_dot_operand(w, a, FAST_CVT), a, acc, input_precision=DOT_PRECISION)
@@ -671,7 +684,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters)."""
     inter = w13.shape[1] // 2
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
-    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
+    tile_n = config.get("TILE_N", config["BLOCK_SIZE_N"])
+    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, tile_n),)
     has_scale, has_bias = w13_scale is not None, w13_bias is not None
     x, x_inv_scale = fp16_dot_input(x, w13, config)
     return _kernel(moe_gate_up_kernel, x.device)[grid](
@@ -686,7 +700,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), **_launch_meta(config, topk_weights.numel()),
+        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=tile_n, **_launch_meta(config, topk_weights.numel()),
         **pdl_meta(x.device),
     )
 
