@@ -70,8 +70,6 @@ CUDA-graph timing as bench_kernel:
   waves     gate_up programs narrower than their dot's tile (TILE_N), so the grid fills whole waves of 1, 2,
             3, 4 or 6 resident programs a SM: the shipped config, then those, then 128-wide dots of K 128
             with 4 stages filling waves of 2 (value 12)                                    (M <= 16)
-  wsrr_decode  decode entries on the register-form kernels' 16-row tile (align path, decode modes dropped):
-            the shipped config, then its ring of 16 slots, 8, 12                           (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -380,15 +378,6 @@ def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: in
     return dict(cfg, TILE_N=tune.wave_tile_n(blocks, inter, cfg["BLOCK_SIZE_N"], value, sms))
 
 
-def wsrr_decode(cfg: dict, value: int, *lookup) -> dict:
-    """Decode entries (blocks of up to 32 rows) on the register-form kernels' 16-row tile, on the align
-    path (their decode modes dropped): its own ring of 16 slots, or 8, or 12."""
-    if not value or cfg["BLOCK_SIZE_M"] > 32:
-        return cfg
-    plain = configs.without(cfg, *configs.DECODE_KEYS, *configs.TAIL_KEYS, "TILE_N", "WSRR_STAGES")
-    return dict(plain, WSRR=1, WSRR_ROWS=16, **({} if value == 1 else {"WSRR_STAGES": {2: 8, 3: 12}[value]}))
-
-
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
     return cfg
@@ -405,7 +394,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3, 4)), "tail": (tail, (0, 1, 2, 3)),
             "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4, 5)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
-            "waves": (waves, (0, 1, 2, 3, 4, 6, 12)), "wsrr_decode": (wsrr_decode, (0, 1, 2, 3))}
+            "waves": (waves, (0, 1, 2, 3, 4, 6, 12))}
 
 
 def main() -> None:

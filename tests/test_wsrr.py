@@ -66,7 +66,7 @@ def test_wsrr_config_key():
     assert check_config(dict(ENTRY, WSRR=1, WSRR_STAGES=5))["WSRR_STAGES"] == 5
     for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1), dict(ENTRY, WSRR=1, PAIRS=1, FUSED_DECODE=1),
                 dict(ENTRY, WSRR=1, WSRR_ROWS=64), dict(ENTRY, WSRR_ROWS=128), dict(ENTRY, WSRR_STAGES=5),
-                dict(ENTRY, WSRR=1, WSRR_STAGES=1), dict(ENTRY, WSRR=1, WSRR_STAGES=17)):
+                dict(ENTRY, WSRR=1, WSRR_STAGES=1), dict(ENTRY, WSRR=1, WSRR_STAGES=9)):
         with pytest.raises(ValueError):
             check_config(bad)
 
@@ -126,8 +126,7 @@ cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = {}
 cases = [(w, d, 256, 4) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
     ("gate_up", torch.bfloat16, 128, 4), ("down", torch.bfloat16, 128, 4), ("gate_up", torch.bfloat16, 256, 5),
-    ("down", torch.bfloat16, 128, 5), ("gate_up", torch.bfloat16, 192, 4), ("down", torch.float16, 192, 4),
-    ("gate_up", torch.bfloat16, 16, 16), ("down", torch.bfloat16, 16, 16)]
+    ("down", torch.bfloat16, 128, 5), ("gate_up", torch.bfloat16, 192, 4), ("down", torch.float16, 192, 4)]
 for which, dtype, rows, stages in cases:
     path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}.cubin")
     with open(path, "wb") as f:
@@ -154,8 +153,7 @@ def compiled(tmp_path_factory):
 @pytest.mark.parametrize("kernel", ["gate_up torch.bfloat16 256", "gate_up torch.float16 256",
                                     "down torch.bfloat16 256", "down torch.float16 256",
                                     "gate_up torch.bfloat16 128", "down torch.bfloat16 128",
-                                    "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5",
-                                    "gate_up torch.bfloat16 16 16", "down torch.bfloat16 16 16"])
+                                    "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
     sass, usage = compiled[kernel]
@@ -172,5 +170,5 @@ def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(co
     assert result["exit_depbar"].endswith("0x0")
     rows = int(kernel.split()[2])
     assert f"HGMMA.64x{rows}x16.F32" in sass.replace(" ", "")  # the tile's tokens: wgmma's N
-    if rows in (128, 16):  # two programs a SM: launched at 128 registers a thread
+    if rows == 128:  # two programs a SM: launched at 128 registers a thread
         assert re.search(r"REG:128\b", usage)

@@ -88,10 +88,7 @@ class Tile:
 # faster than 4 at M=256; items 110-112). 192 rows as the 256-row tile's programs with two wgmma widths,
 # 128 + 64 token rows of a 256-row ring slot (Triton's shapes are powers of two), for experts of ~384
 # rows (deepseek-v2-lite at M=4096: a third of two 256-row blocks is padding; item 122)
-# 16 rows: a decode tile (wgmma's N = 16 tokens), one consumer warpgroup and a deep ring, two programs a SM:
-# the loader runs up to 16 K tiles ahead (item 126)
-TILES = {256: Tile(256, 8, 72, 4), 128: Tile(128, 4, 56, 5, maxnreg=128), 192: Tile(192, 8, 72, 4),
-         16: Tile(16, 4, 56, 16, maxnreg=128)}
+TILES = {256: Tile(256, 8, 72, 4), 128: Tile(128, 4, 56, 5, maxnreg=128), 192: Tile(192, 8, 72, 4)}
 
 
 def permute_k(x: torch.Tensor) -> torch.Tensor:
@@ -452,19 +449,17 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
         _store_rows(out_ptr, y2, sorted_token_ids_ptr, first + ROWS1, n0, num_valid, stride_om, topk_weights_ptr,
                     True)
         return
-    if BLOCK_M <= 16:  # a decode tile: few addresses, one store
-        _store_rows(out_ptr, y, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
-    else:  # in quarters of the pair rows: the whole tile's 64-bit addresses would spill
-        y0, y1 = _column_halves(y)
-        y00, y01 = _column_halves(y0)
-        _store_rows(out_ptr, y00, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
-        _store_rows(out_ptr, y01, sorted_token_ids_ptr, first + BLOCK_M // 4, n0, num_valid, stride_om,
-                    topk_weights_ptr, True)
-        y10, y11 = _column_halves(y1)
-        _store_rows(out_ptr, y10, sorted_token_ids_ptr, first + BLOCK_M // 2, n0, num_valid, stride_om,
-                    topk_weights_ptr, True)
-        _store_rows(out_ptr, y11, sorted_token_ids_ptr, first + 3 * BLOCK_M // 4, n0, num_valid, stride_om,
-                    topk_weights_ptr, True)
+    # in quarters of the pair rows: the whole tile's 64-bit addresses would spill
+    y0, y1 = _column_halves(y)
+    y00, y01 = _column_halves(y0)
+    _store_rows(out_ptr, y00, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
+    _store_rows(out_ptr, y01, sorted_token_ids_ptr, first + BLOCK_M // 4, n0, num_valid, stride_om,
+                topk_weights_ptr, True)
+    y10, y11 = _column_halves(y1)
+    _store_rows(out_ptr, y10, sorted_token_ids_ptr, first + BLOCK_M // 2, n0, num_valid, stride_om,
+                topk_weights_ptr, True)
+    _store_rows(out_ptr, y11, sorted_token_ids_ptr, first + 3 * BLOCK_M // 4, n0, num_valid, stride_om,
+                topk_weights_ptr, True)
 
 
 def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -> dict:
