@@ -347,8 +347,8 @@ def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, s
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, BLOCK_N, BLOCK_K, gl.bfloat16, X_SMEM)
-    acc, _ = gl.warp_specialize([  # (the library's consumer on one wgmma width: its second result is the first)
-        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, gl.bfloat16, 0, acc_layout)),
+    acc, = gl.warp_specialize([
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, gl.bfloat16)),
         (_ws_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
     ], [LOADER_WARPS], [LOADER_REGS])
 

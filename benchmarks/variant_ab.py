@@ -55,14 +55,13 @@ CUDA-graph timing as bench_kernel:
             padding runs on half the rows): the shipped config (trimmed where it applies), then
             TRIM_TAIL 0                                                                  (prefill sizes)
   wsrr      both GEMMs on the warp-specialized register-form kernels (kernels/gluon_wsrr.py): the shipped
-            config, with WSRR (256-row tiles), without WSRR, with WSRR on 128-row tiles, on 192-row
-            tiles                                                                        (prefill sizes)
+            config, with WSRR (256-row tiles), without WSRR, with WSRR on 128-row tiles    (prefill sizes)
   tail      an expert's last 1..TAIL_ROWS rows past a whole row block in a second pass on the small-M entry
             (configs.tail_config) instead of a block of their own: the shipped config, then TAIL_ROWS 16,
             32, 64 (prefill entries on the align path)                                    (prefill sizes)
   wsrr_tail the register-form kernels with a tail pass: the shipped config, WSRR 256 with TAIL_ROWS 32,
             with 64, WSRR 128 with TAIL_ROWS 32, WSRR 256 with TAIL_ROWS 192 on the entry for 128 rows an
-            expert (TAIL_ENTRY_ROWS), WSRR 192 with TAIL_ROWS 32                          (prefill sizes)
+            expert (TAIL_ENTRY_ROWS)                                                      (prefill sizes)
   wsrr_stages  the register-form kernels' ring depth (WSRR_STAGES; the tile's own unless set): the shipped
             config, WSRR entries with 3 stages, with 5, every prefill entry with 5 (entries not on WSRR
             first take WSRR 256 with TAIL_ROWS 32), every prefill entry on the 128-row tile with 5, WSRR
@@ -321,9 +320,8 @@ def deep(cfg: dict, value: int, *lookup) -> dict:
 
 
 def wsrr(cfg: dict, value: int, *lookup) -> dict:
-    if value in (1, 3, 4) and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
-        rows = {3: {"WSRR_ROWS": 128}, 4: {"WSRR_ROWS": 192}}.get(value, {})
-        return dict(configs.without(cfg, "WSRR_ROWS", "WSRR_STAGES"), WSRR=1, **rows)
+    if value in (1, 3) and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
+        return dict(configs.without(cfg, "WSRR_ROWS"), WSRR=1, **({"WSRR_ROWS": 128} if value == 3 else {}))
     return configs.without(cfg, *configs.WSRR_KEYS) if value == 2 else cfg
 
 
@@ -337,8 +335,8 @@ def tail(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int
 def wsrr_tail(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
     if not value:
         return cfg
-    rows, tail_rows = {1: (256, 32), 2: (256, 64), 3: (128, 32), 4: (256, 192), 5: (192, 32)}[value]
-    on_tile = configs.without(wsrr(cfg, {256: 1, 128: 3, 192: 4}[rows]), "TAIL_ROWS", "TAIL_ENTRY_ROWS")
+    rows, tail_rows = {1: (256, 32), 2: (256, 64), 3: (128, 32), 4: (256, 192)}[value]
+    on_tile = configs.without(wsrr(cfg, 1 if rows == 256 else 3), "TAIL_ROWS", "TAIL_ENTRY_ROWS")
     if value == 4:  # rows past a whole 256-row block, up to 192 of them, on the entry for 128 rows an expert
         try:
             return configs.check_config(dict(on_tile, TAIL_ROWS=tail_rows, TAIL_ENTRY_ROWS=128))
@@ -392,8 +390,8 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
-            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3, 4)), "tail": (tail, (0, 1, 2, 3)),
-            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4, 5)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
+            "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
+            "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
             "waves": (waves, (0, 1, 2, 3, 4, 6, 12))}
 
 

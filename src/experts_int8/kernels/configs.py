@@ -37,7 +37,7 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # FP16_DOT (int8 weights, bf16 x) runs gate_up's dot in fp16 on x's rows scaled by powers of two;
 # TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
 # WSRR (int8 weights, sm_90, prefill) runs both GEMMs on kernels.gluon_wsrr's warp-specialized register-form
-# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256, 192 or 128) tokens
+# kernels where they apply (elsewhere the entry's other keys), on their tile of WSRR_ROWS (256 or 128) tokens
 # with a ring of WSRR_STAGES (2-8; default the tile's own, kernels.gluon_wsrr.TILES) K tiles;
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
 # on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own;
@@ -97,8 +97,8 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: FUSED_DECODE is a PAIRS mode without DEDUP_PAIRS, SUM_TOPK, GLUON or DEQUANT_ONCE")
     if out.get("GLUON") and out.get("DEQUANT_ONCE"):
         raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
-    if "WSRR_ROWS" in out and (out["WSRR_ROWS"] not in (128, 192, 256) or not out.get("WSRR")):
-        raise ValueError(f"config: WSRR_ROWS (the register-form kernels' tile) is 128, 192 or 256, with WSRR=1; got "
+    if "WSRR_ROWS" in out and (out["WSRR_ROWS"] not in (128, 256) or not out.get("WSRR")):
+        raise ValueError(f"config: WSRR_ROWS (the register-form kernels' tile) is 128 or 256, with WSRR=1; got "
                          f"{out['WSRR_ROWS']!r}")
     if "WSRR_STAGES" in out and (not 2 <= out["WSRR_STAGES"] <= 8 or not out.get("WSRR")):
         raise ValueError(f"config: WSRR_STAGES (the register-form kernels' ring depth) is 2 to 8, with WSRR=1; got "

@@ -51,8 +51,8 @@ LOADER_WARPS = gl.constexpr(4)
 
 @dataclasses.dataclass(frozen=True)
 class Tile:
-    """A program's tile: ``rows`` tokens (pair rows: wgmma's N, in :attr:`pieces`) and 16 weight rows a
-    consumer warp (gate/up: 8 columns of I a warp, gate and up interleaved; down: 16 columns of H a warp)."""
+    """A program's tile: ``rows`` tokens (pair rows: wgmma's N) and 16 weight rows a consumer warp (gate/up:
+    8 columns of I a warp, gate and up interleaved; down: 16 columns of H a warp)."""
     rows: int
     consumer_warps: int
     loader_regs: int  # registers a loader thread keeps; the consumers get the rest (setmaxnreg)
@@ -67,28 +67,16 @@ class Tile:
     def down_cols(self) -> int:
         return 16 * self.consumer_warps
 
-    @property
-    def pieces(self) -> tuple[int, int]:
-        """The tile's rows as wgmma widths (Triton's shapes are powers of two): (rows, 0), or 192 as (128, 64)."""
-        first = 1 << (self.rows.bit_length() - 1)
-        return first, self.rows - first
-
-    @property
-    def ring_rows(self) -> int:  # a ring slot's token rows: the power of two that holds the tile
-        return triton.next_power_of_2(self.rows)
-
     def smem_bytes(self, stages: Optional[int] = None) -> int:  # the ring (x and int8 weight tiles) and barriers
-        return (stages or self.stages) * (self.ring_rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
+        return (stages or self.stages) * (self.rows * BLOCK_K * 2 + 16 * self.consumer_warps * BLOCK_K) + 1024
 
 
 # 256 rows on two consumer warpgroups, one program a SM (72 loader registers: 56 spill 8 bytes; the
 # consumers get 216-240); 128 rows on one warpgroup, two programs a SM (the launch capped at 128
 # registers: consumers 200-232, loader 56), for experts of few rows (benchmarks/NOTES.md item 99).
 # Rings: 4 slots on the 256-row tile (3 lose 3-17%, 5 gain nothing), 5 on the 128-row one (2.5-6%
-# faster than 4 at M=256; items 110-112). 192 rows as the 256-row tile's programs with two wgmma widths,
-# 128 + 64 token rows of a 256-row ring slot (Triton's shapes are powers of two), for experts of ~384
-# rows (deepseek-v2-lite at M=4096: a third of two 256-row blocks is padding; item 122)
-TILES = {256: Tile(256, 8, 72, 4), 128: Tile(128, 4, 56, 5, maxnreg=128), 192: Tile(192, 8, 72, 4)}
+# faster than 4 at M=256; items 110-112)
+TILES = {256: Tile(256, 8, 72, 4), 128: Tile(128, 4, 56, 5, maxnreg=128)}
 
 
 def permute_k(x: torch.Tensor) -> torch.Tensor:
@@ -182,23 +170,17 @@ def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLO
 
 @gluon.jit
 def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
-            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr, ROWS: gl.constexpr):
-    """Fills the ring: the block's ROWS token rows sorted_token_ids // top_k of x (padding rows, and a
-    slot's rows past ROWS, zero-filled) and the expert's weight rows; for GATE_UP slot row r is
-    :func:`_gate_up_rows`, else row n0 + r."""
+            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr):
+    """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
+    expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows`, else row n0 + r."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
     W_ROWS: gl.constexpr = w_ring.type.shape[1]
     x_load: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // BLOCK_K, BLOCK_K // 8], [LOADER_WARPS, 1], [1, 0])
     w_load: gl.constexpr = gl.BlockedLayout([1, 16], [32 * 16 // BLOCK_K, BLOCK_K // 16], [LOADER_WARPS, 1], [1, 0])
-    if ROWS == BLOCK_M:
-        rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
-        row_mask = rows < num_valid
-    else:  # a 192-row tile in a slot of 256: the last rows stay unread (zero-filled, never multiplied)
-        r = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load))
-        rows = gl.load(sorted_token_ids_ptr + first_row + r, mask=r < ROWS, other=num_valid)
-        row_mask = (r < ROWS) & (rows < num_valid)
+    rows = gl.load(sorted_token_ids_ptr + first_row + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, x_load)))
+    row_mask = rows < num_valid
     offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
     x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
@@ -230,23 +212,10 @@ def _operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, 
 
 
 @gluon.jit
-def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr,
-              ROWS2: gl.constexpr, acc_layout2: gl.constexpr):
+def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr):
     """The K loop: two register operands in turn, tile j's wgmma in flight while tile j+1 is read and
     converted; each operand a dependency of the wait that retires its wgmma, so nothing rewrites it
-    earlier; a slot freed once its wgmma has retired in every consumer warpgroup. With ROWS2 the tile
-    is two wgmma widths (a slot's first rows, then ROWS2 more: :func:`_consumer_pieces`)."""
-    if ROWS2:
-        acc, acc2 = _consumer_pieces(x_ring, w_ring, loaded, free, K, acc_layout, dtype, ROWS2, acc_layout2)
-    else:
-        acc = _consumer_one(x_ring, w_ring, loaded, free, K, acc_layout, dtype)
-        acc2 = acc
-    return (acc, acc2)  # (warp_specialize returns a tuple; without ROWS2 the second is the first)
-
-
-@gluon.jit
-def _consumer_one(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr):
-    """:func:`_consumer`'s loop on one wgmma width, the whole ring slot."""
+    earlier; a slot freed once its wgmma has retired in every consumer warpgroup."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -270,62 +239,23 @@ def _consumer_one(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dty
         _cta_barrier()
         mbarrier.arrive(free.index(j % STAGES))
     acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
-    return acc
-
-
-@gluon.jit
-def _consumer_pieces(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr,
-                     ROWS2: gl.constexpr, acc_layout2: gl.constexpr):
-    """:func:`_consumer` for a tile of two wgmma widths: each K tile's register operand feeds a wgmma
-    over the slot's first ROWS1 token rows and one over the next ROWS2 (two accumulators); the wait
-    that retires tile j-1 leaves tile j's two in flight."""
-    STAGES: gl.constexpr = x_ring.type.shape[0]
-    BLOCK_K: gl.constexpr = x_ring.type.shape[2]
-    W_ROWS: gl.constexpr = w_ring.type.shape[1]
-    ROWS1: gl.constexpr = acc_layout.instr_shape[1]
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-    w_layout: gl.constexpr = _fragment_layout(gl.to_linear_layout(a_layout, [W_ROWS, BLOCK_K]))
-    acc = gl.zeros((W_ROWS, ROWS1), dtype=gl.float32, layout=acc_layout)
-    acc2 = gl.zeros((W_ROWS, ROWS2), dtype=gl.float32, layout=acc_layout2)
-    a_odd = gl.zeros((W_ROWS, BLOCK_K), dtype=dtype, layout=a_layout)
-    for i in range(gl.cdiv(K, BLOCK_K) // 2):  # (an even number of tiles: supported() checks)
-        j = 2 * i
-        a_even = _operand(w_ring, loaded, j, w_layout, a_layout, dtype)
-        slot = x_ring.index(j % STAGES)
-        fence_async_shared()  # x landed by cp.async (generic proxy), read by the wgmma (async proxy)
-        acc = warpgroup_mma(a_even, slot.slice(0, ROWS1).permute((1, 0)), acc, is_async=True)
-        acc2 = warpgroup_mma(a_even, slot.slice(ROWS1, ROWS2).permute((1, 0)), acc2, is_async=True)
-        acc, acc2, a_odd = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2, a_odd))  # tile j-1 retired
-        _cta_barrier()  # ... in every warpgroup (a barrier of the consumer warps only)
-        mbarrier.arrive(free.index((j + STAGES - 1) % STAGES), pred=j > 0)
-        a_odd = _operand(w_ring, loaded, j + 1, w_layout, a_layout, dtype)
-        slot = x_ring.index((j + 1) % STAGES)
-        fence_async_shared()
-        acc = warpgroup_mma(a_odd, slot.slice(0, ROWS1).permute((1, 0)), acc, is_async=True)
-        acc2 = warpgroup_mma(a_odd, slot.slice(ROWS1, ROWS2).permute((1, 0)), acc2, is_async=True)
-        acc, acc2, a_even = warpgroup_mma_wait(num_outstanding=2, deps=(acc, acc2, a_even))  # tile j retired
-        _cta_barrier()
-        mbarrier.arrive(free.index(j % STAGES))
-    acc, acc2, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, acc2, a_odd))
-    return acc, acc2
+    return (acc, )  # (warp_specialize returns a tuple)
 
 
 @gluon.jit
 def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
           stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
-          GATE_UP: gl.constexpr, ROWS2: gl.constexpr, RING_ROWS: gl.constexpr, acc_layout2: gl.constexpr):
-    """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions. Returns
-    ``(acc, acc2)``: with ROWS2 the product of the block's first BLOCK_M - ROWS2 rows and of its last
-    ROWS2 (a ring slot of RING_ROWS rows holds them); without, ``acc`` twice."""
+          GATE_UP: gl.constexpr):
+    """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions."""
     dtype: gl.constexpr = x_ptr.dtype.element_ty
-    x_ring, w_ring, loaded, free = _ring(STAGES, RING_ROWS, W_ROWS, BLOCK_K, dtype, X_SMEM)
-    acc, acc2 = gl.warp_specialize([
-        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype, ROWS2, acc_layout2)),
+    x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
+    acc, = gl.warp_specialize([
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype)),
         (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
-                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP, BLOCK_M)),
+                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP)),
     ], [LOADER_WARPS], [LOADER_REGS])
-    return acc, acc2
+    return acc
 
 
 @gluon.jit
@@ -354,62 +284,30 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
                             stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, ROWS2: gl.constexpr,
-                            RING_ROWS: gl.constexpr, num_warps: gl.constexpr):
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
-    K-permuted (h's column n0 + j holds column memory_position(n0 + j)): what the down kernel reads.
-    With ROWS2 the block is two wgmma widths, BLOCK_M - ROWS2 rows and ROWS2 more."""
+    K-permuted (h's column n0 + j holds column memory_position(n0 + j)): what the down kernel reads."""
     W_ROWS: gl.constexpr = 2 * BLOCK_N
-    ROWS1: gl.constexpr = BLOCK_M - ROWS2
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
-    first = pid_m * BLOCK_M
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:  # an expert on another rank: zeros, as the other kernels write
-        _store_zeros(out_ptr, sorted_token_ids_ptr, first, n0, num_valid, stride_om, BLOCK_N, ROWS1, ROWS2, num_warps)
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
+                    sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, ROWS1, 16])
-    acc_layout2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                          instr_shape=[16, ROWS2 if ROWS2 else ROWS1, 16])
-    acc, acc2 = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm,
-                      stride_we, stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True,
-                      ROWS2, RING_ROWS, acc_layout2)
-    _gate_up_store(acc, out_ptr, scale_ptr, sorted_token_ids_ptr, expert, first, n0, I, num_valid, stride_se,
-                   stride_om, BLOCK_N)
-    if ROWS2:
-        _gate_up_store(acc2, out_ptr, scale_ptr, sorted_token_ids_ptr, expert, first + ROWS1, n0, I, num_valid,
-                       stride_se, stride_om, BLOCK_N)
-
-
-@gluon.jit
-def _gate_up_store(acc, out_ptr, scale_ptr, sorted_token_ids_ptr, expert, first, n0, I, num_valid, stride_se,
-                   stride_om, BLOCK_N: gl.constexpr):
-    """The gate/up epilogue of one accumulator (pair rows from sorted position ``first``): scales,
-    SiLU(gate) * up, the store."""
-    acc_layout: gl.constexpr = acc.type.layout
-    W_ROWS: gl.constexpr = acc.type.shape[0]
-    ROWS: gl.constexpr = acc.type.shape[1]
+                                                         instr_shape=[16, BLOCK_M, 16])
+    acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
+                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True)
     # accumulator row r: gate (r % 16 < 8) or up of column memory_position(n0 + 8 (r // 16) + r % 8);
     # a thread holds rows r and r + 8: the split below pairs them without moving data
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
     acc = acc * gl.load(scale_ptr + expert * stride_se + _gate_up_rows(n0, r, I))[:, None]
-    gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, ROWS]), [0, 2, 3, 1]))
-    h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, ROWS])  # row j: h's column n0 + j
-    _store_rows(out_ptr, h, sorted_token_ids_ptr, first, n0, num_valid, stride_om, scale_ptr, False)
-
-
-@gluon.jit
-def _store_zeros(out_ptr, sorted_token_ids_ptr, first, n0, num_valid, stride_om, BLOCK_N: gl.constexpr,
-                 ROWS1: gl.constexpr, ROWS2: gl.constexpr, num_warps: gl.constexpr):
-    """A block of an expert on another rank: zeros in its rows, as the other kernels write."""
-    zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
-    _store_rows(out_ptr, gl.zeros((BLOCK_N, ROWS1), dtype=gl.float32, layout=zeros_layout), sorted_token_ids_ptr,
-                first, n0, num_valid, stride_om, out_ptr, False)
-    if ROWS2:
-        _store_rows(out_ptr, gl.zeros((BLOCK_N, ROWS2), dtype=gl.float32, layout=zeros_layout), sorted_token_ids_ptr,
-                    first + ROWS1, n0, num_valid, stride_om, out_ptr, False)
+    gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
+    h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
+    _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
 
 
 @gluon.jit
@@ -417,38 +315,25 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                          block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
                          stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, ROWS2: gl.constexpr,
-                         RING_ROWS: gl.constexpr, num_warps: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
-    kernel writes it). With ROWS2 the block is two wgmma widths, BLOCK_M - ROWS2 rows and ROWS2 more."""
-    ROWS1: gl.constexpr = BLOCK_M - ROWS2
+    kernel writes it)."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
     first = pid_m * BLOCK_M
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:
-        _store_zeros(out_ptr, sorted_token_ids_ptr, first, n0, num_valid, stride_om, BLOCK_N, ROWS1, ROWS2, num_warps)
+        zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
+                    sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, False)
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                         instr_shape=[16, ROWS1, 16])
-    acc_layout2: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                          instr_shape=[16, ROWS2 if ROWS2 else ROWS1, 16])
-    acc, acc2 = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am,
-                      stride_we, stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False,
-                      ROWS2, RING_ROWS, acc_layout2)
+                                                         instr_shape=[16, BLOCK_M, 16])
+    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
+                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False)
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     y = acc * gl.load(scale_ptr + expert * stride_se + cols)[:, None]
-    if ROWS2:  # two pieces: the first in halves, the second whole (64 pair rows a store)
-        y0, y1 = _column_halves(y)
-        _store_rows(out_ptr, y0, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
-        _store_rows(out_ptr, y1, sorted_token_ids_ptr, first + ROWS1 // 2, n0, num_valid, stride_om,
-                    topk_weights_ptr, True)
-        cols2 = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout2))
-        y2 = acc2 * gl.load(scale_ptr + expert * stride_se + cols2)[:, None]
-        _store_rows(out_ptr, y2, sorted_token_ids_ptr, first + ROWS1, n0, num_valid, stride_om, topk_weights_ptr,
-                    True)
-        return
     # in quarters of the pair rows: the whole tile's 64-bit addresses would spill
     y0, y1 = _column_halves(y)
     y00, y01 = _column_halves(y0)
@@ -464,9 +349,8 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
 
 def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -> dict:
     meta = dict(BLOCK_M=tile.rows, BLOCK_N=block_n, BLOCK_K=BLOCK_K, GROUP_M=GROUP_M, STAGES=stages or tile.stages,
-                LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps, ROWS2=tile.pieces[1],
-                RING_ROWS=tile.ring_rows,
-                X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.ring_rows, BLOCK_K], _GL_DTYPES[dtype]))
+                LOADER_REGS=tile.loader_regs, num_warps=tile.consumer_warps,
+                X_SMEM=gl.NVMMASharedLayout.get_default_for([tile.rows, BLOCK_K], _GL_DTYPES[dtype]))
     return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
 
 
