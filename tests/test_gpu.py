@@ -225,7 +225,10 @@ def test_inductor_fullgraph():
     def f(x, logits):
         return fused_moe(x, logits, **ex, top_k=2)
 
-    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, logits), f(x, logits))
+    # inductor's fused softmax may round the routing weights differently: bf16 tolerance at the output's scale
+    eager = f(x, logits)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x, logits), eager, rtol=2e-2,
+                               atol=2e-2 * eager.abs().max().item())
 
 
 @pytest.mark.parametrize("m", [1, 300])
