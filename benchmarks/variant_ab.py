@@ -68,7 +68,8 @@ CUDA-graph timing as bench_kernel:
             entries on their tile's own ring                                              (prefill sizes)
   waves     gate_up programs narrower than their dot's tile (TILE_N), so the grid fills whole waves of 1, 2,
             3, 4 or 6 resident programs a SM: the shipped config, then those, then 128-wide dots of K 128
-            with 4 stages filling waves of 2 (value 12)                                    (M <= 16)
+            with 4 stages filling waves of 2 (value 12), then waves of 2 with the down GEMM's SUM_LAST on
+            PAIRS entries (value 22)                                                       (M <= 16)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -373,6 +374,10 @@ def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: in
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if value == 12:  # 128-wide dots of K 128 and 4 stages (two programs a SM), the down GEMM as shipped
         cfg, value = dict(cfg, BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_stages=4, down=_down_pinned(cfg)), 2
+    if value == 22:  # waves of 2 on a PAIRS entry whose down GEMM adds up its token's tiles itself (SUM_LAST)
+        if not cfg.get("PAIRS"):
+            return cfg
+        cfg, value = sum_last(cfg, 1), 2
     return dict(cfg, TILE_N=tune.wave_tile_n(blocks, inter, cfg["BLOCK_SIZE_N"], value, sms))
 
 
@@ -392,7 +397,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
             "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
-            "waves": (waves, (0, 1, 2, 3, 4, 6, 12))}
+            "waves": (waves, (0, 1, 2, 3, 4, 6, 12, 22))}
 
 
 def main() -> None:
