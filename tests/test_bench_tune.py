@@ -628,6 +628,7 @@ def test_wave_variants_for_pairs_winners():
     for other in (dict(DEDUP_PAIRS=1), dict(TMA=1), dict(TILE_N=56)):
         assert tune.wave_variants(dict(pairs, **other), 1, 2, 14336, 132) == []
     assert tune.tma_variants(got[0], True) == []  # TMA loads whole tiles
+    assert "TILE_N=56" in tune._short(got[0])
 
 
 def test_fp16_dot_variants_at_prefill_sizes_of_int8():

@@ -670,7 +670,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 def _short(cfg: dict) -> str:
     flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
                          "FUSED_DECODE", "TMA", "FP16_DOT") if cfg.get(k)]
-    flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", "WSRR_STAGES", *configs.TAIL_KEYS) if cfg.get(k)]
+    flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", "WSRR_STAGES", *configs.TAIL_KEYS, "TILE_N") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)
