@@ -5,6 +5,8 @@ Everything here runs on CPU (Triton's interpreter for the one kernel run); the e
 """
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -970,3 +972,31 @@ def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs(monkeypatch):
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90
     # 128 KB of shared memory: only the 128-row tile's rings (82 and 103 KB) fit, not the 256-row one's
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", True, 128 * 1024) == variants[2:]
+
+
+def test_readme_table_is_rewritten_from_bench_runs(tmp_path):
+    """benchmarks/readme_table.py: each row from the first run (time, fraction of the ceiling that applies
+    at its M, speed-up, the int8 entry's kernel marks), then each further run's speed-up; rows as listed."""
+    script = Path(__file__).parent.parent / "benchmarks" / "readme_table.py"
+    readme = tmp_path / "README.md"
+    readme.write_text("before\n\n| shape (E, H, I, k) | M | bf16 | int8 | x | runs before |\n|---|---|---|---|---|---|\n"
+                      "| qwen3 (1) | 1 | old | old | 1x | 1x |\n|  | 2048 § | old | old | 1x | 1x |\n\nafter\n")
+
+    def run(scale, wsrr):
+        rows = [dict(shape="qwen3", M=m, dtype=d, time_us=t * scale, bw_frac=0.5, flop_frac=0.25,
+                     config=dict(WSRR=1) if wsrr and m > 16 else {})
+                for m, d, t in ((1, "bf16", 30.0), (1, "int8", 20.0), (2048, "bf16", 500.0), (2048, "int8", 400.0))]
+        path = tmp_path / f"run{scale}.json"
+        path.write_text(json.dumps(dict(rows=rows)))
+        return str(path)
+
+    new, old = run(1.0, False), run(2.0, True)
+    done = subprocess.run([sys.executable, str(script), new, old, "--readme", str(readme)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0, done.stderr
+    assert readme.read_text().split("\n")[4:6] == ["| qwen3 (1) | 1 | 30 µs (50%) | 20 µs (50%) | 1.50x | 1.50x |",
+                                                   "|  | 2048 | 500 µs (25%) | 400 µs (25%) | 1.25x | 1.25x |"]
+    assert readme.read_text().startswith("before\n") and readme.read_text().endswith("\nafter\n")
+    missing = subprocess.run([sys.executable, str(script), new, str(tmp_path / "nothing.json"), "--readme",
+                              str(readme)], capture_output=True, text=True)
+    assert missing.returncode != 0 and "not a bench_kernel JSON" in missing.stderr
