@@ -229,7 +229,7 @@ def moe_gate_up_kernel(
                 offs = start + tl.arange(0, 1024)
                 tl.store(counts_ptr + offs, tl.zeros((1024,), dtype=tl.int32), mask=offs < num_counts)
     # TILE_N < BLOCK_N: narrower programs than the dot's tile, so that the grid fills whole waves of the
-    # GPU's resident programs (a last wave half full leaves half the SMs streaming nothing)
+    # GPU's resident programs (8x7b at M=1: 1.70 -> 1.94 waves, 2% faster; benchmarks/NOTES.md item 128)
     pid_m, n0 = _program_block(num_sorted, I, BLOCK_M, TILE_N, GROUP_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     MASK_N: tl.constexpr = TILE_N < BLOCK_N
