@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="int8", choices=["int8", "bf16"])
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--variant", help="NAME=VALUE: a variant_ab.py variant on top of the shipped entries "
-                                      "(e.g. prefetch_down=1); the JSON is then decode_breakdown_NAME=VALUE.json")
+                                      "(e.g. waves=2); the JSON is then decode_breakdown_NAME_VALUE.json")
     args = ap.parse_args()
     if args.variant:
         import variant_ab

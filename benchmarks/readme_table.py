@@ -50,7 +50,8 @@ def main() -> None:
         first, m = (c.strip() for c in lines[end].split("|")[1:3])
         label = first or label  # a shape's label is on its first row only
         shape, m = label.split(" ")[0], int(m.split()[0])
-        missing = [p for p, run in zip(args.runs, runs) if (shape, m, "int8") not in run or (shape, m, "bf16") not in run]
+        missing = [p for p, run in zip(args.runs, runs)
+                   if (shape, m, "int8") not in run or (shape, m, "bf16") not in run]
         if missing:
             raise SystemExit(f"{shape} M={m} is not in {missing[0]}: the table's rows need every run to have them")
         bf16, int8 = runs[0][(shape, m, "bf16")], runs[0][(shape, m, "int8")]

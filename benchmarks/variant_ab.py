@@ -367,8 +367,7 @@ def wsrr_stages(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
 def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
     """Gate_up programs narrowed (TILE_N) to fill whole waves of ``value`` resident programs a SM; on the
     align path the row blocks are estimated as the routing's expected distinct experts (decode blocks)."""
-    if not value or cfg["BLOCK_SIZE_M"] > 32 or any(
-            cfg.get(key) for key in ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE", "DEDUP_PAIRS")):
+    if not value or cfg["BLOCK_SIZE_M"] > 32 or any(cfg.get(key) for key in (*configs.TILE_N_EXCLUDES, "DEDUP_PAIRS")):
         return cfg
     blocks = m * top_k if cfg.get("PAIRS") else round(tune.expected_distinct_experts(m, num_experts, top_k))
     sms = torch.cuda.get_device_properties(0).multi_processor_count

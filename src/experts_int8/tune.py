@@ -11,7 +11,8 @@ and accumulator registers, then a fixed pseudo-random sample of ``max_candidates
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
 it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on
-sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the dequantize-once path (DEQUANT_ONCE). The
+sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the
+dequantize-once path (DEQUANT_ONCE). The
 config serving M before the run (the shipped or cached table's) and the heuristic are always the
 first candidates, so a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
@@ -302,7 +303,7 @@ def wave_variants(best: dict, m: int, top_k: int, inter: int, num_sms: int) -> l
     narrower gate_up programs (TILE_N) that fill whole waves of 1, 2, 3, 4 or 6 resident programs a SM:
     the occupancy that holds is the one that measures fastest."""
     if (not best.get("PAIRS") or best.get("DEDUP_PAIRS") or "TILE_N" in best
-            or any(best.get(key) for key in ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE"))):
+            or any(best.get(key) for key in configs.TILE_N_EXCLUDES)):
         return []
     widths = {wave_tile_n(m * top_k, inter, best["BLOCK_SIZE_N"], s, num_sms) for s in WAVE_SLOTS}
     return [dict(best, TILE_N=t) for t in sorted(widths, reverse=True) if t < best["BLOCK_SIZE_N"]]

@@ -50,6 +50,8 @@ OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONC
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
 TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")  # an align-path mode: a variant adding a decode mode drops them
+# Keys whose kernels or loads do not take TILE_N (TMA's copies load whole tiles; the others run other kernels)
+TILE_N_EXCLUDES = ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")
 WSRR_KEYS = ("WSRR", "WSRR_ROWS", "WSRR_STAGES")
 MAIN_PASS_KEYS = (*WSRR_KEYS, "DEQUANT_ONCE", *TAIL_KEYS)
 # By default the tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item
@@ -115,8 +117,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                          f"mode or DEQUANT_ONCE; got {out['TAIL_ROWS']!r}")
     if "TAIL_ENTRY_ROWS" in out and "TAIL_ROWS" not in out:
         raise ValueError("config: TAIL_ENTRY_ROWS (which entry runs the tail pass) needs TAIL_ROWS")
-    if "TILE_N" in out and (out["TILE_N"] > out.get("BLOCK_SIZE_N", 0) or any(
-            out.get(key) for key in ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE"))):
+    if "TILE_N" in out and (out["TILE_N"] > out.get("BLOCK_SIZE_N", 0) or any(out.get(k) for k in TILE_N_EXCLUDES)):
         raise ValueError(f"config: TILE_N (columns of I a Triton gate_up program computes) is at most BLOCK_SIZE_N, "
                          f"without TMA (whose copies load whole tiles), GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE; "
                          f"got {out['TILE_N']!r}")
