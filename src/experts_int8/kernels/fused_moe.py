@@ -265,6 +265,20 @@ def moe_gate_up_kernel(
             acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     u_ptrs = g_ptrs + I * stride_wn
     g_row = (expert * 2 * I + n0).to(tl.int32)  # TMA: the tile's first gate row in the (E*2I, H) view
+    # The epilogue's operands are loaded before the K loop, so that a short (decode) program does not end
+    # on one more memory round trip after its last dot
+    if HAS_SCALE:
+        s_ptrs = scale_ptr + expert * stride_se + offs_wn
+        scale_g = tl.load(s_ptrs)
+        scale_u = tl.load(s_ptrs + I)
+    if ROW_SCALE:  # FP16_DOT: undo the power-of-two scale of each token's row (exact)
+        inv = tl.load(x_inv_scale_ptr + x_rows, mask=row_mask, other=0.0)
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_wn
+        bias_g = tl.load(b_ptrs).to(tl.float32)
+        bias_u = tl.load(b_ptrs + I).to(tl.float32)
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
         g = _weight_tile(g_ptrs, w_desc, g_row, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
@@ -291,19 +305,15 @@ def moe_gate_up_kernel(
         acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
     if HAS_SCALE:
-        s_ptrs = scale_ptr + expert * stride_se + offs_wn
-        acc_g *= tl.load(s_ptrs)[None, :]
-        acc_u *= tl.load(s_ptrs + I)[None, :]
-    if ROW_SCALE:  # FP16_DOT: undo the power-of-two scale of each token's row (exact)
-        inv = tl.load(x_inv_scale_ptr + x_rows, mask=row_mask, other=0.0)[:, None]
-        acc_g *= inv
-        acc_u *= inv
+        acc_g *= scale_g[None, :]
+        acc_u *= scale_u[None, :]
+    if ROW_SCALE:
+        acc_g *= inv[:, None]
+        acc_u *= inv[:, None]
     if HAS_BIAS:  # (never together with MUL_ROUTED_WEIGHT: the launcher's caller checks)
-        b_ptrs = bias_ptr + expert * stride_be + offs_wn
-        acc_g += tl.load(b_ptrs).to(tl.float32)[None, :]
-        acc_u += tl.load(b_ptrs + I).to(tl.float32)[None, :]
+        acc_g += bias_g[None, :]
+        acc_u += bias_u[None, :]
     if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
         acc_g *= rw[:, None]
         acc_u *= rw[:, None]
     h = _activate(acc_g, acc_u, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT)
@@ -449,6 +459,13 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
     a_ptrs += kb_start * BLOCK_K
     w_ptrs += kb_start * BLOCK_K
     w_row = (expert * H + n0).to(tl.int32)  # TMA: the tile's first row in the (E*H, I) view
+    # The epilogue's operands before the K loop (as in the gate_up kernel): no round trip after the last dot
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + expert * stride_se + offs_wn)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
         w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, offs_wn, BLOCK_K, SWAP_AB, TMA, False)
@@ -464,14 +481,13 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
         acc = tl.trans(acc)
 
     if HAS_SCALE:
-        acc *= tl.load(scale_ptr + expert * stride_se + offs_wn)[None, :]
+        acc *= scale[None, :]
     if HAS_BIAS:
-        bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
         if SPLIT_K > 1:  # the bias belongs to one of the partial sums
             bias = tl.where(tl.program_id(1) == 0, bias, 0.0)
         acc += bias[None, :]
     if MUL_ROUTED_WEIGHT:
-        acc *= tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)[:, None]
+        acc *= rw[:, None]
     return acc
 
 
