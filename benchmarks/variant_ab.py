@@ -385,6 +385,14 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
     return cfg
 
 
+def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
+    # The epilogue's loads after the K loop (NOTES items 131-132): 1 both GEMMs, 2 gate_up only, 3 down only
+    if not value:
+        return cfg
+    top, down = {1: (1, 1), 2: (1, 0), 3: (0, 1)}[value]
+    return dict(cfg, LATE_EPILOGUE=top, down={**cfg.get("down", {}), "LATE_EPILOGUE": down})
+
+
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
@@ -396,7 +404,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
             "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
-            "waves": (waves, (0, 1, 2, 3, 4, 6, 12, 22))}
+            "waves": (waves, (0, 1, 2, 3, 4, 6, 12, 22)), "late_epilogue": (late_epilogue, (0, 1, 2, 3))}
 
 
 def main() -> None:

@@ -633,6 +633,14 @@ def test_wave_variants_for_pairs_winners():
     assert "TILE_N=56" in tune._short(got[0])
 
 
+def test_late_epilogue_variants():
+    got = tune.late_epilogue_variants(dict(PINNED, down=dict(SPLIT_K=2)))
+    assert [(v["LATE_EPILOGUE"], v["down"].get("LATE_EPILOGUE")) for v in got] == [(1, None), (1, 0)]
+    assert all(configs.check_config(v) == v and v["down"]["SPLIT_K"] == 2 for v in got)
+    for other in (dict(LATE_EPILOGUE=1), dict(GLUON=1), dict(WSRR=1), dict(FUSED_DECODE=1, PAIRS=1)):
+        assert tune.late_epilogue_variants(dict(PINNED, **other)) == []
+
+
 def test_fp16_dot_variants_at_prefill_sizes_of_int8():
     assert tune.fp16_dot_variants(PINNED, 256, "int8") == [dict(PINNED, FP16_DOT=1)]
     assert configs.check_config(tune.fp16_dot_variants(dict(PINNED, GLUON=1), 2048, "int8")[0])

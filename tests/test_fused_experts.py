@@ -861,6 +861,30 @@ def test_weight_tile_loads_only_its_columns(swap):
     assert torch.equal(out[:20], w[:20]) and not out[20:].any()
 
 
+@pytest.mark.parametrize("extra", [dict(PAIRS=1, down=dict(SPLIT_K=2, SUM_LAST=1)), dict(SWAP_AB=1),
+                                   dict(FUSE_GATE_UP=1, down=dict(SPLIT_K=3))])
+def test_late_epilogue_moves_loads_not_results(extra):
+    """LATE_EPILOGUE only moves the epilogue's loads (scales, biases, routing weights) from before the K
+    loop to after it: the outputs are bit-identical with it in both GEMMs, in gate_up alone and in down
+    alone, and match the oracle; quantized and float weights, biases, weights on the input."""
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2, **extra)
+    down = cfg.pop("down", {})
+    forms = [dict(cfg, down=down), dict(cfg, LATE_EPILOGUE=1, down=down),
+             dict(cfg, LATE_EPILOGUE=1, down=dict(down, LATE_EPILOGUE=0)), dict(cfg, down=dict(down, LATE_EPILOGUE=1))]
+    cases = [lambda: check(5, 4, 64, 45, 2, torch.float32, "triton"),
+             lambda: check(3, 6, 67, 45, 2, torch.float16, "triton", activation="swiglu_oai", **_biases(6, 67, 45)),
+             lambda: check(4, 4, 32, 32, 1, torch.float32, "triton", quantized=False, apply_router_weight_on_input=True)]
+    for j, case in enumerate(cases):
+        outs = []
+        for form in forms:
+            torch.manual_seed(100 + j)  # the same inputs for every form
+            with override_config(form):
+                outs.append(case()[0])
+        assert all(torch.equal(outs[0], out) for out in outs[1:]), j
+
+
 def test_tile_n_config_checks():
     from experts_int8.kernels.configs import check_config
 
@@ -871,6 +895,18 @@ def test_tile_n_config_checks():
             check_config(dict(cfg, **bad))
     with pytest.raises(ValueError, match="keys"):  # gate_up's key: not a down override
         check_config(dict(cfg, down=dict(TILE_N=56)))
+
+
+def test_late_epilogue_config_checks():
+    from experts_int8.kernels.configs import check_config, split_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=1, num_warps=4, num_stages=2)
+    both = check_config(dict(cfg, LATE_EPILOGUE=1, down=dict(LATE_EPILOGUE=0)))
+    gate_up, down = split_config(both)
+    assert (gate_up["LATE_EPILOGUE"], down["LATE_EPILOGUE"]) == (1, 0)  # a top-level key, overridden for down
+    for bad in (dict(LATE_EPILOGUE=2), dict(down=dict(LATE_EPILOGUE=-1))):
+        with pytest.raises(ValueError, match="LATE_EPILOGUE"):
+            check_config(dict(cfg, **bad))
 
 
 def test_tma_needs_aligned_contiguous_weights():

@@ -188,6 +188,16 @@ def tma_variants(best: dict, tma_ok: bool) -> list[dict]:
     return [dict(best, TMA=1), dict(best, down={**best.get("down", {}), "TMA": 1})]
 
 
+def late_epilogue_variants(best: dict) -> list[dict]:
+    """The winner with its epilogue's loads after the K loop, in both Triton GEMMs and in gate_up only: the
+    loads before the loop end each short program one memory round trip sooner (1-3% at decode on the H200),
+    but the registers that hold them through the loop can cost a resident program a SM (qwen3 M=4: +10%,
+    benchmarks/NOTES.md items 131-132). Not for the kernels that do not read the key."""
+    if best.get("LATE_EPILOGUE") or any(best.get(key) for key in ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")):
+        return []
+    return [dict(best, LATE_EPILOGUE=1), dict(best, LATE_EPILOGUE=1, down={**best.get("down", {}), "LATE_EPILOGUE": 0})]
+
+
 def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     """At prefill sizes (M >= 128) of int8 weights: the winner with gate_up's dot in fp16 on
     power-of-two-scaled rows of x (FP16_DOT; 2-3% faster at some H200 rows, none at decode, where its
@@ -642,7 +652,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem)
                                 + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
                                 + tail_variants(cfg, m, top_k)
-                                + wave_variants(cfg, m, top_k, inter, num_sms),
+                                + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best

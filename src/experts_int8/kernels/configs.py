@@ -42,10 +42,13 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # TAIL_ROWS (prefill entries) sends an expert's last 1..TAIL_ROWS rows past a whole row block to a second pass
 # on the entry for TAIL_ENTRY_ROWS rows an expert (tail_config) instead of a block of their own;
 # TILE_N (the Triton gate_up, at most BLOCK_SIZE_N) is the columns of I a program computes, so that the grid
-# fills whole waves of resident programs (tune.wave_tile_n).
+# fills whole waves of resident programs (tune.wave_tile_n);
+# LATE_EPILOGUE 1 (the Triton GEMMs; also a "down" override) loads the epilogue's operands (scales, biases,
+# routing weights) after the K loop instead of before it, for tiles that would lose a resident program a SM
+# to the registers that hold them through the loop.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
                  "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "TILE_N",
-                 "down")
+                 "LATE_EPILOGUE", "down")
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
@@ -64,11 +67,13 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N and "down",
-    whose overrides may add SPLIT_K, TMA, SUM_LAST or, with PAIRS, SUM_TOPK for the down GEMM),
+    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N, LATE_EPILOGUE
+    and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE or, with PAIRS, SUM_TOPK for the
+    down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA"} if _nested
+    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA", "LATE_EPILOGUE"}
+               if _nested
                else set(CONFIG_KEYS) | set(OPTIONAL_KEYS))
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
         got = sorted(config) if isinstance(config, dict) else type(config).__name__
@@ -79,7 +84,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         if key == "down":
             out[key] = check_config(value, _nested=True)
         elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
-                     "SUM_TOPK", "SUM_LAST", "TMA", "FP16_DOT", "TRIM_TAIL", "WSRR"):
+                     "SUM_TOPK", "SUM_LAST", "TMA", "FP16_DOT", "TRIM_TAIL", "WSRR", "LATE_EPILOGUE"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
             out[key] = int(value)

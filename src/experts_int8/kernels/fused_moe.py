@@ -174,6 +174,28 @@ def _weight_tile(w_ptrs, w_desc, row0, kb, k_left, offs_k, cols, BLOCK_K: tl.con
 
 
 @triton.jit
+def _gate_up_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scale_ptr, expert, offs_wn, rows, x_rows,
+                               row_mask, I, stride_se, stride_be, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                               MUL_ROUTED_WEIGHT: tl.constexpr, ROW_SCALE: tl.constexpr):
+    """The gate_up epilogue's loads: the weight rows' scales (gate, up), x's row scales (FP16_DOT), the
+    biases (gate, up) and the routing weights; 1.0 / 0.0 for those the launch does not have."""
+    scale_g, scale_u, inv, bias_g, bias_u, rw = 1.0, 1.0, 1.0, 0.0, 0.0, 1.0
+    if HAS_SCALE:
+        s_ptrs = scale_ptr + expert * stride_se + offs_wn
+        scale_g = tl.load(s_ptrs)
+        scale_u = tl.load(s_ptrs + I)
+    if ROW_SCALE:  # FP16_DOT: the power-of-two scale of each token's row, undone on the accumulators (exact)
+        inv = tl.load(x_inv_scale_ptr + x_rows, mask=row_mask, other=0.0)
+    if HAS_BIAS:
+        b_ptrs = bias_ptr + expert * stride_be + offs_wn
+        bias_g = tl.load(b_ptrs).to(tl.float32)
+        bias_u = tl.load(b_ptrs + I).to(tl.float32)
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    return scale_g, scale_u, inv, bias_g, bias_u, rw
+
+
+@triton.jit
 def moe_gate_up_kernel(
     x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
     w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
@@ -221,6 +243,7 @@ def moe_gate_up_kernel(
     FAST_CVT: tl.constexpr,
     ROW_SCALE: tl.constexpr,
     TILE_N: tl.constexpr,  # columns of I a program computes, <= BLOCK_N (the rest of its tile is masked)
+    LATE_EPILOGUE: tl.constexpr,
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -266,19 +289,12 @@ def moe_gate_up_kernel(
     u_ptrs = g_ptrs + I * stride_wn
     g_row = (expert * 2 * I + n0).to(tl.int32)  # TMA: the tile's first gate row in the (E*2I, H) view
     # The epilogue's operands are loaded before the K loop, so that a short (decode) program does not end
-    # on one more memory round trip after its last dot
-    if HAS_SCALE:
-        s_ptrs = scale_ptr + expert * stride_se + offs_wn
-        scale_g = tl.load(s_ptrs)
-        scale_u = tl.load(s_ptrs + I)
-    if ROW_SCALE:  # FP16_DOT: undo the power-of-two scale of each token's row (exact)
-        inv = tl.load(x_inv_scale_ptr + x_rows, mask=row_mask, other=0.0)
-    if HAS_BIAS:
-        b_ptrs = bias_ptr + expert * stride_be + offs_wn
-        bias_g = tl.load(b_ptrs).to(tl.float32)
-        bias_u = tl.load(b_ptrs + I).to(tl.float32)
-    if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    # on one more memory round trip after its last dot (benchmarks/NOTES.md item 131); LATE_EPILOGUE keeps
+    # them after it, for entries whose programs would lose a resident slot to the registers they hold
+    if not LATE_EPILOGUE:
+        scale_g, scale_u, inv, bias_g, bias_u, rw = _gate_up_epilogue_operands(
+            scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scale_ptr, expert, offs_wn, rows, x_rows, row_mask, I,
+            stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, ROW_SCALE)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
         g = _weight_tile(g_ptrs, w_desc, g_row, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
@@ -304,6 +320,10 @@ def moe_gate_up_kernel(
     elif FUSE_GATE_UP:  # a thread holds adjacent accumulator columns, so this split moves no data
         acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
+    if LATE_EPILOGUE:
+        scale_g, scale_u, inv, bias_g, bias_u, rw = _gate_up_epilogue_operands(
+            scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scale_ptr, expert, offs_wn, rows, x_rows, row_mask, I,
+            stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, ROW_SCALE)
     if HAS_SCALE:
         acc_g *= scale_g[None, :]
         acc_u *= scale_u[None, :]
@@ -439,11 +459,26 @@ def moe_pair_slice_kernel(
 
 
 @triton.jit
+def _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows, row_mask, stride_se,
+                            stride_be, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr):
+    """The down epilogue's loads: the weight rows' scales, the biases, the routing weights (1.0 / 0.0 when absent)."""
+    scale, bias, rw = 1.0, 0.0, 1.0
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr + expert * stride_se + offs_wn)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
+    if MUL_ROUTED_WEIGHT:
+        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    return scale, bias, rw
+
+
+@triton.jit
 def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, n0, offs_wn,
                H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, FAST_CVT: tl.constexpr):
+               SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, FAST_CVT: tl.constexpr,
+               LATE_EPILOGUE: tl.constexpr):
     """fp32 ``(BLOCK_M, BLOCK_N)`` tile of ``a[rows] @ w2[expert, offs_wn]^T`` over K blocks
     ``[kb_start, kb_end)``, times the row scales, plus the bias (in the first split-K partial only),
     times the routing weights."""
@@ -459,13 +494,9 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
     a_ptrs += kb_start * BLOCK_K
     w_ptrs += kb_start * BLOCK_K
     w_row = (expert * H + n0).to(tl.int32)  # TMA: the tile's first row in the (E*H, I) view
-    # The epilogue's operands before the K loop (as in the gate_up kernel): no round trip after the last dot
-    if HAS_SCALE:
-        scale = tl.load(scale_ptr + expert * stride_se + offs_wn)
-    if HAS_BIAS:
-        bias = tl.load(bias_ptr + expert * stride_be + offs_wn).to(tl.float32)
-    if MUL_ROUTED_WEIGHT:
-        rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    if not LATE_EPILOGUE:  # the epilogue's operands before the K loop, as in the gate_up kernel
+        scale, bias, rw = _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows,
+                                                  row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT)
     for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
         w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, offs_wn, BLOCK_K, SWAP_AB, TMA, False)
@@ -480,6 +511,9 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
     if SWAP_AB:
         acc = tl.trans(acc)
 
+    if LATE_EPILOGUE:
+        scale, bias, rw = _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows,
+                                                  row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT)
     if HAS_SCALE:
         acc *= scale[None, :]
     if HAS_BIAS:
@@ -536,6 +570,7 @@ def moe_down_kernel(
     PDL: tl.constexpr,
     TMA: tl.constexpr,
     FAST_CVT: tl.constexpr,
+    LATE_EPILOGUE: tl.constexpr,  # the epilogue's loads after the K loop (see the gate_up kernel)
 ):
     _pdl_prologue(PDL)
     pid_m, n0 = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
@@ -553,7 +588,7 @@ def moe_down_kernel(
                                     expert, n0, offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se,
                                     stride_be, 0, tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
                                     DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1, TMA,
-                                    FAST_CVT)
+                                    FAST_CVT, LATE_EPILOGUE)
         out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
         return
@@ -582,7 +617,7 @@ def moe_down_kernel(
     acc = _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, n0,
                      offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                      HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                     SPLIT_K, TMA, FAST_CVT)
+                     SPLIT_K, TMA, FAST_CVT, LATE_EPILOGUE)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if SUM_LAST:
         _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
@@ -716,7 +751,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=tile_n, **_launch_meta(config, topk_weights.numel()),
+        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=tile_n, LATE_EPILOGUE=bool(config.get("LATE_EPILOGUE", 0)),
+        **_launch_meta(config, topk_weights.numel()),
         **pdl_meta(x.device),
     )
 
@@ -766,7 +802,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         w_desc=weight_descriptor(w2, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(a.device),
         TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
+        LATE_EPILOGUE=bool(config.get("LATE_EPILOGUE", 0)), **_launch_meta(config, topk_weights.numel()),
+        **pdl_meta(a.device),
     )
     return sums if sum_last else out
 
