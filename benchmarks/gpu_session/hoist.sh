@@ -1,8 +1,9 @@
 #!/bin/bash
 # NOTES item 131: the Triton GEMMs with their epilogue loads (row scales, biases, routing weights, FP16_DOT's
 # row scales) issued before the K loop (this tree) against the kernels before that change (untracked,
-# carried for this run: git show 9d23607:src/experts_int8/kernels/fused_moe.py > benchmarks/gpu_session/old_fused_moe.py), the shipped entries alternating old/new in three rounds (value
-# 1 of "fuse" is the same entry again below BLOCK_M 64), after the GPU tests of the Triton kernels.
+# carried for this run: git show 9d23607:src/experts_int8/kernels/fused_moe.py
+# > benchmarks/gpu_session/old_fused_moe.py), the shipped entries alternating old/new in three rounds
+# (value 1 of "fuse" is the same entry again below BLOCK_M 64), after the GPU tests of the Triton kernels.
 source benchmarks/gpu_session/common.sh "$1"
 step "gpu tests (triton kernels)"; timeout 240 python3 -m pytest -q -m gpu tests/ -k "not gluon and not wsrr and not tail and not chunked_align" -p no:cacheprovider 2>&1 | tail -3
 rm -rf /tmp/old && mkdir -p /tmp/old && cp -r src benchmarks /tmp/old/ \
