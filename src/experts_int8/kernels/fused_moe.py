@@ -946,3 +946,50 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
     _kernel(dequantize_kernel, q.device)[(num_experts * n, triton.cdiv(k, block_k))](
         q, scale, out, n, k, q.stride(0), q.stride(1), scale.stride(0), BLOCK_K=block_k, num_warps=4)
     return out
+
+
+def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, top_k: int = 2,
+                 num_pairs: int = 16):
+    """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
+    (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
+    ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
+    for the shared memory a program takes. TMA entries take a tensor descriptor and are not compiled here. Run it in a process without
+    ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .configs import check_config, split_config
+
+    gate_up, down = split_config(check_config(config))
+    cfg = gate_up if which == "gate_up" else down
+    if cfg.get("TMA"):
+        raise ValueError(f"sm90_compile: the {which} GEMM of this entry loads by TMA (a tensor descriptor argument)")
+    meta = _launch_meta(cfg, num_pairs)
+    num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
+    act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
+    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=False, TMA=False,
+                      FAST_CVT=True, LATE_EPILOGUE=bool(cfg.get("LATE_EPILOGUE", 0)), w_desc=None)
+    split_k, sum_last = cfg.get("SPLIT_K", 1), bool(cfg.get("SUM_LAST", 0))
+    if which == "gate_up":
+        kernel = moe_gate_up_kernel
+        constexprs.update(ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
+                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=bool(down.get("SUM_LAST")),
+                          ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16,
+                          FUSE_GATE_UP=bool(cfg.get("FUSE_GATE_UP", 0)), TILE_N=cfg.get("TILE_N", cfg["BLOCK_SIZE_N"]))
+        pointers = dict(x_ptr="*fp16" if constexprs["ROW_SCALE"] else act, out_ptr=act)
+    else:
+        kernel = moe_down_kernel
+        constexprs.update(MUL_ROUTED_WEIGHT=True, SPLIT_K=split_k, SUM_TOPK=bool(cfg.get("SUM_TOPK", 0)),
+                          SUM_LAST=sum_last)
+        pointers = dict(a_ptr=act, out_ptr="*fp32" if split_k > 1 or sum_last else act, sums_ptr=act)
+    pointers.update(w_ptr="*i8", scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32", x_inv_scale_ptr="*fp32",
+                    sorted_token_ids_ptr="*i32", block_expert_ids_ptr="*i32", num_tokens_post_padded_ptr="*i32",
+                    counts_ptr="*i32")
+    signature = {name: "constexpr" if name in constexprs else pointers[name] if name.endswith("_ptr") else "i32"
+                 for name in kernel.arg_names}
+    # pointers, strides and the GEMM's K and N as multiples of 16, as Triton's launcher specializes them
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if signature[name] != "constexpr" and (name.endswith("_ptr") or name.startswith("stride")
+                                                       or name in ("H", "I"))}
+    return triton.compile(ASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
+                          options=dict(num_warps=num_warps, num_stages=num_stages))
