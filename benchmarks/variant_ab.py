@@ -70,6 +70,10 @@ CUDA-graph timing as bench_kernel:
             3, 4 or 6 resident programs a SM: the shipped config, then those, then 128-wide dots of K 128
             with 4 stages filling waves of 2 (value 12), then waves of 2 with the down GEMM's SUM_LAST on
             PAIRS entries (value 22)                                                       (M <= 16)
+  late_epilogue  the Triton GEMMs' epilogue loads (scales, biases, routing weights) after the K loop
+            (LATE_EPILOGUE): the shipped config, both GEMMs late, gate_up only, down only      (any M)
+  retuned   a fresh tune's entry: the shipped config, then the entry `experts-int8 tune --out-dir`
+            wrote for that M into the folder $RETUNED_TABLES (the shipped one where it wrote none) (any M)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
             time; the kernels are recompiled on each switch): wgmma with the shipped config, mma.sync
             with it, mma.sync with 8 warps in both GEMMs                               (prefill sizes)
@@ -101,6 +105,7 @@ counts (one run's noise is up to ~7% at some rows: NOTES item 111).
     PYTHONPATH=src python3 benchmarks/variant_ab.py down_gluon --m 512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py untrim --m 512,1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py tail --m 512,1024,2048,4096,8192
+    PYTHONPATH=src RETUNED_TABLES=/tmp/retuned python3 benchmarks/variant_ab.py retuned --m 128,256,512 --rounds 3
 """
 import argparse
 import json
@@ -385,6 +390,22 @@ def pdl(cfg: dict, value: int, *lookup) -> dict:
     return cfg
 
 
+def retuned(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, dtype, *rest) -> dict:
+    """Value 1: the entry a fresh tune wrote for this M into the folder $RETUNED_TABLES (``experts-int8 tune
+    --out-dir``), where it has one; so a re-tune is timed against the shipped entry in interleaved rounds
+    and folded by fold_ab.py like any variant (NOTES item 136)."""
+    folder = os.environ.get("RETUNED_TABLES")
+    if not value or not folder:
+        return cfg
+    name = configs.table_name(num_experts, inter, configs.device_name(), configs.weight_format(dtype))
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return cfg
+    with open(path) as f:
+        table = {int(key): entry for key, entry in json.load(f).items()}
+    return configs.check_config(table[m]) if m in table else cfg
+
+
 def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
     # The epilogue's loads after the K loop (NOTES items 131-132): 1 both GEMMs, 2 gate_up only, 3 down only
     if not value:
@@ -404,7 +425,8 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
             "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
-            "waves": (waves, (0, 1, 2, 3, 4, 6, 12, 22)), "late_epilogue": (late_epilogue, (0, 1, 2, 3))}
+            "waves": (waves, (0, 1, 2, 3, 4, 6, 12, 22)), "late_epilogue": (late_epilogue, (0, 1, 2, 3)),
+            "retuned": (retuned, (0, 1))}
 
 
 def main() -> None:

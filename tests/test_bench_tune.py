@@ -1008,3 +1008,23 @@ def test_readme_table_is_rewritten_from_bench_runs(tmp_path):
     missing = subprocess.run([sys.executable, str(script), new, str(tmp_path / "nothing.json"), "--readme",
                               str(readme)], capture_output=True, text=True)
     assert missing.returncode != 0 and "not a bench_kernel JSON" in missing.stderr
+
+
+def test_variant_ab_retuned_takes_the_fresh_tables_entry(tmp_path, monkeypatch):
+    """variant_ab's ``retuned`` value 1: the entry a tune wrote for that M into $RETUNED_TABLES, the
+    shipped one where it wrote none (no folder, no table for the shape, no entry at M)."""
+    import runpy
+
+    variant = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "variant_ab.py"),
+                             run_name="variant_ab")["retuned"]
+    shipped = dict(PINNED)
+    fresh = dict(PINNED, BLOCK_SIZE_N=128, num_stages=2)
+    name = configs.table_name(64, 1408, configs.device_name(), configs.weight_format(torch.int8))
+    (tmp_path / name).write_text(json.dumps({"256": fresh}))
+    monkeypatch.delenv("RETUNED_TABLES", raising=False)
+    assert variant(shipped, 1, 256, 64, 1408, 6, torch.int8) == shipped
+    monkeypatch.setenv("RETUNED_TABLES", str(tmp_path))
+    assert variant(shipped, 1, 256, 64, 1408, 6, torch.int8) == configs.check_config(fresh)
+    assert variant(shipped, 0, 256, 64, 1408, 6, torch.int8) == shipped
+    assert variant(shipped, 1, 512, 64, 1408, 6, torch.int8) == shipped  # no entry at M
+    assert variant(shipped, 1, 256, 128, 768, 8, torch.int8) == shipped  # no table for the shape

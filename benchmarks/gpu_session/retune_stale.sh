@@ -1,0 +1,23 @@
+#!/bin/bash
+# NOTES item 136 (the next session's first run): the entries no graph-timed tune has seen since the first
+# (eager-timed) tables, re-tuned into a folder of their own, then timed against the shipped entries in
+# three interleaved rounds (variant_ab.py retuned) and folded under the 1% floor and the rounds rule, then
+# the 8x22b TP=4 shard's M=2 row on LATE_EPILOGUE (item 135's one unmeasured candidate), then the full
+# bench on the result. ~9 minutes: start.sh retune_stale.sh, then wait.sh twice.
+source benchmarks/gpu_session/common.sh "$1"
+export RETUNED_TABLES=/tmp/retuned
+rm -rf "$RETUNED_TABLES" && mkdir -p "$RETUNED_TABLES"
+for spec in "64,2048,1408,6 --m 256,512" "8,6144,16384,2 --m 128" "16,4096,14336,2 --m 128" "8,4096,14336,2 --m 64"; do
+  step "tune $spec"; timeout 200 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes int8 \
+    --out-dir "$RETUNED_TABLES" --budget-s 60 --no-progress 2>&1 | grep -E "int8 M=|took|Error|error"
+done
+mkdir -p "$R/retuned"
+step "A/B retuned"; timeout 300 python3 benchmarks/variant_ab.py retuned --values 0,1 --rounds 3 --out "$R/retuned" \
+    --m 64,128,256,512 --shapes deepseek-v2-lite mixtral-8x22b jamba-1.5-mini mixtral-8x7b 2>&1 | grep -v -i warn | tail -16
+step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_retuned.json" --out-dir $D --min-gain 0.01
+step "A/B late_epilogue, 8x22b TP=4"; timeout 120 python3 benchmarks/variant_ab.py late_epilogue --values 0,2 --rounds 3 \
+    --out "$R/retuned" --m 2 --shapes 8:6144:4096:2 2>&1 | grep -v -i warn | tail -2
+step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_late_epilogue.json" --out-dir $D --min-gain 0.01
+tar czf "$R/configs.tgz" $D/*.json
+step "bench_kernel"; timeout 330 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
+step "done"; echo CHAIN_DONE
