@@ -3,7 +3,8 @@ tables for a device that runs the Triton GEMMs, each GEMM compiled for sm_90 as 
 with the epilogue's loads on the other side of the K loop (LATE_EPILOGUE flipped), its registers and
 shared memory per program turned into programs a SM (benchmarks/NOTES.md items 131-133: the early loads
 cost qwen3 M=4's gate_up one of its six). Rows marked "<-" run fewer programs a SM in the entry's form
-than in the other: the A/B candidates for ``variant_ab.py late_epilogue``.
+than in the other, or spill registers where the other does not: the A/B candidates for
+``variant_ab.py late_epilogue``.
 
     python3 benchmarks/occupancy.py                     # the shipped NVIDIA_H200 tables
     python3 benchmarks/occupancy.py --device NVIDIA_H100_80GB_HBM3 --m 1,2,4,8,16
@@ -39,21 +40,23 @@ def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
     return min(by_registers, by_shared, SM_WARPS // num_warps, SM_PROGRAMS)
 
 
-def registers(cubin: bytes) -> int:
+def resources(cubin: bytes) -> tuple[int, bool]:
+    """(registers a thread, whether it spills to local memory) of a compiled kernel."""
     cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
         usage = subprocess.run([cuobjdump, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1))
+    spills = int(re.search(r"STACK:(\d+)", usage).group(1)) + int(re.search(r"LOCAL:(\d+)", usage).group(1))
+    return int(re.search(r"REG:(\d+)", usage).group(1)), spills > 0
 
 
-def count(which: str, entry: dict, top_k: int, num_pairs: int) -> tuple[int, int, int]:
-    """(registers, shared bytes, programs a SM) of one GEMM of ``entry``."""
+def count(which: str, entry: dict, top_k: int, num_pairs: int) -> tuple[int, int, int, bool]:
+    """(registers, shared bytes, programs a SM, spills) of one GEMM of ``entry``."""
     compiled = fused_moe.sm90_compile(which, entry, top_k=top_k, num_pairs=num_pairs)
-    regs, shared = registers(compiled.asm["cubin"]), compiled.metadata.shared
+    (regs, spills), shared = resources(compiled.asm["cubin"]), compiled.metadata.shared
     num_warps = configs.split_config(entry)[0 if which == "gate_up" else 1]["num_warps"]
-    return regs, shared, programs_per_sm(regs, shared, num_warps)
+    return regs, shared, programs_per_sm(regs, shared, num_warps), spills
 
 
 def flipped(entry: dict, which: str) -> dict:
@@ -91,13 +94,11 @@ def main() -> None:
             for which in ("gate_up", "down"):
                 kernel_cfg = configs.split_config(entry)[0 if which == "gate_up" else 1]
                 form = "late" if kernel_cfg.get("LATE_EPILOGUE") else "early"
-                if kernel_cfg.get("TMA"):
-                    print(f"E={e},N={n:<6d} {m:5d} {which:8s} {form:5s} (TMA: not compiled offline)")
-                    continue
                 num_pairs = m * top_k
                 mine = count(which, entry, top_k, num_pairs)
                 other = count(which, flipped(entry, which), top_k, num_pairs)
-                mark = "  <-" if mine[2] < other[2] else ""
+                mark = ("  <-" if mine[2] < other[2] or (mine[3] and not other[3]) else "") + (
+                    "  spills" + ("" if other[3] else " (the other form does not)") if mine[3] else "")
                 print(f"E={e},N={n:<6d} {m:5d} {which:8s} {form:5s} {mine[0]:4d}/{other[0]:<4d} {mine[1] / 1024:8.0f} "
                       f"{mine[2]:6d}/{other[2]:<5d}{mark}", flush=True)
 

@@ -953,7 +953,7 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
     (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
     ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
-    for the shared memory a program takes. TMA entries take a tensor descriptor and are not compiled here. Run it in a process without
+    for the shared memory a program takes. Run it in a process without
     ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -962,13 +962,14 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
 
     gate_up, down = split_config(check_config(config))
     cfg = gate_up if which == "gate_up" else down
-    if cfg.get("TMA"):
-        raise ValueError(f"sm90_compile: the {which} GEMM of this entry loads by TMA (a tensor descriptor argument)")
+    tma = bool(cfg.get("TMA", 0))
     meta = _launch_meta(cfg, num_pairs)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=False, TMA=False,
-                      FAST_CVT=True, LATE_EPILOGUE=bool(cfg.get("LATE_EPILOGUE", 0)), w_desc=None)
+    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=False, TMA=tma,
+                      FAST_CVT=True, LATE_EPILOGUE=bool(cfg.get("LATE_EPILOGUE", 0)))
+    if not tma:
+        constexprs["w_desc"] = None
     split_k, sum_last = cfg.get("SPLIT_K", 1), bool(cfg.get("SUM_LAST", 0))
     if which == "gate_up":
         kernel = moe_gate_up_kernel
@@ -985,8 +986,10 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     pointers.update(w_ptr="*i8", scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32", x_inv_scale_ptr="*fp32",
                     sorted_token_ids_ptr="*i32", block_expert_ids_ptr="*i32", num_tokens_post_padded_ptr="*i32",
                     counts_ptr="*i32")
-    signature = {name: "constexpr" if name in constexprs else pointers[name] if name.endswith("_ptr") else "i32"
-                 for name in kernel.arg_names}
+    # with TMA the weights come as a tensor descriptor of (BLOCK_SIZE_N, BLOCK_SIZE_K) int8 tiles (weight_descriptor)
+    pointers["w_desc"] = f"tensordesc<i8[{cfg['BLOCK_SIZE_N']}, {cfg['BLOCK_SIZE_K']}]>"
+    signature = {name: "constexpr" if name in constexprs else pointers[name] if name.endswith(("_ptr", "_desc"))
+                 else "i32" for name in kernel.arg_names}
     # pointers, strides and the GEMM's K and N as multiples of 16, as Triton's launcher specializes them
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name] != "constexpr" and (name.endswith("_ptr") or name.startswith("stride")
