@@ -33,6 +33,10 @@ for late in (0, 1):
             f.write(compiled.asm["cubin"])
         out[f"{which} {late}"] = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True,
                                                 check=True).stdout
+path = os.path.join(sys.argv[2], "gate_up_tma.cubin")  # an entry whose weights come by TMA (a descriptor)
+with open(path, "wb") as f:
+    f.write(fused_moe.sm90_compile("gate_up", dict(entry, TMA=1), top_k=8, num_pairs=32).asm["cubin"])
+out["gate_up tma"] = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, check=True).stdout
 sys.stdout.write(json.dumps(out))
 """
 
@@ -61,6 +65,10 @@ def test_epilogue_loads_move_across_the_k_loop(sass, which):
     early, late = sass[f"{which} 0"], sass[f"{which} 1"]
     assert plain_global_loads_after_the_last_mma(early) == 0
     assert plain_global_loads_after_the_last_mma(late) >= 1  # the row scales (and down's routing weights)
+
+
+def test_tma_entries_compile_with_their_descriptor(sass):
+    assert "UTMALDG" in sass["gate_up tma"] and "UTMALDG" not in sass["gate_up 0"]
 
 
 def test_programs_per_sm_from_registers_and_shared_memory():
