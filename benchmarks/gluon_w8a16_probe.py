@@ -29,7 +29,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from experts_int8.kernels.gluon_wsrr import _consumer, _fragment_layout, _ring, sm90_compile  # noqa: E402
+from experts_int8.kernels.fused_moe import compile_for_sm90  # noqa: E402
+from experts_int8.kernels.gluon_wsrr import _consumer, _fragment_layout, _ring  # noqa: E402
 
 # Gluon names that Triton 3.7 changed (the probe ran on 3.6)
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -430,9 +431,9 @@ def w8a16_gemm_wsrr(x, w_repacked, scale, *, block_m=256, block_n=128, block_k=6
 
 
 def sm90_cubin(kernel, constexprs: dict, pointer_types: dict, num_warps: int) -> bytes:
-    """``kernel`` (a Gluon kernel of this file) compiled for sm_90 without a GPU (gluon_wsrr.sm90_compile),
+    """``kernel`` (a Gluon kernel of this file) compiled for sm_90 without a GPU (fused_moe.compile_for_sm90),
     for benchmarks/wgmma_operand_check.py (its SASS by cuobjdump)."""
-    return sm90_compile(kernel, constexprs, pointer_types, num_warps).asm["cubin"]
+    return compile_for_sm90(kernel, constexprs, pointer_types, num_warps).asm["cubin"]
 
 
 def bench_us(fn, reps=50):

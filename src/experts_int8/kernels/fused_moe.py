@@ -707,9 +707,22 @@ def _launch_meta(config: dict, num_pairs: int) -> dict:
         PAIRS=bool(config.get("PAIRS", 0)),
         DEDUP_PAIRS=dedup,
         PAIRS_P2=max(16, triton.next_power_of_2(num_pairs)) if dedup else 16,
+        TMA=bool(config.get("TMA", 0)),
+        LATE_EPILOGUE=bool(config.get("LATE_EPILOGUE", 0)),
         num_warps=config["num_warps"],
         num_stages=config["num_stages"],
     )
+
+
+def _gate_up_meta(config: dict) -> dict:
+    """The gate_up kernel's own config keys (beside :func:`_launch_meta`'s)."""
+    return dict(FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=config.get("TILE_N", config["BLOCK_SIZE_N"]))
+
+
+def _down_meta(config: dict) -> dict:
+    """The down kernel's own config keys (beside :func:`_launch_meta`'s)."""
+    return dict(SPLIT_K=config.get("SPLIT_K", 1), SUM_TOPK=bool(config.get("SUM_TOPK", 0)),
+                SUM_LAST=bool(config.get("SUM_LAST", 0)))
 
 
 def weight_descriptor(w: torch.Tensor, config: dict) -> TensorDescriptor | None:
@@ -735,8 +748,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters)."""
     inter = w13.shape[1] // 2
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
-    tile_n = config.get("TILE_N", config["BLOCK_SIZE_N"])
-    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, tile_n),)
+    own = _gate_up_meta(config)
+    grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, own["TILE_N"]),)
     has_scale, has_bias = w13_scale is not None, w13_bias is not None
     x, x_inv_scale = fp16_dot_input(x, w13, config)
     return _kernel(moe_gate_up_kernel, x.device)[grid](
@@ -746,14 +759,12 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
         w13_bias.stride(0) if has_bias else 0, out.stride(0),
         sorted_token_ids if counts is None else counts, 0 if counts is None else counts.numel(),
-        w_desc=weight_descriptor(w13, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(x.device),
+        w_desc=weight_descriptor(w13, config), FAST_CVT=fast_cvt(x.device),
         x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None, TOP_K=top_k,
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=tile_n, LATE_EPILOGUE=bool(config.get("LATE_EPILOGUE", 0)),
-        **_launch_meta(config, topk_weights.numel()),
-        **pdl_meta(x.device),
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(x.device),
     )
 
 
@@ -767,9 +778,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     at least :func:`sum_last_counts` of them) must be zero on entry (the gate_up launch zeroes them)."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
-    split_k = config.get("SPLIT_K", 1)
-    sum_topk = bool(config.get("SUM_TOPK", 0))
-    sum_last = bool(config.get("SUM_LAST", 0))
+    own = _down_meta(config)
+    split_k, sum_topk, sum_last = own["SPLIT_K"], own["SUM_TOPK"], own["SUM_LAST"]
     if (split_k > 1 or sum_last) and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
         raise ValueError(f"SPLIT_K={split_k}{' with SUM_LAST' if sum_last else ''} needs an fp32 out of shape "
                          f"[{split_k}, M*k, H], got {out.dtype} {tuple(out.shape)}")
@@ -799,11 +809,10 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         a.stride(0), w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
         w2_bias.stride(0) if has_bias else 0, out.stride(-2), out.stride(0) if out.dim() == 3 else 0,
         sums if sum_last else out, counts if sum_last else sorted_token_ids, sums.stride(0) if sum_last else 0,
-        w_desc=weight_descriptor(w2, config), TMA=bool(config.get("TMA", 0)), FAST_CVT=fast_cvt(a.device),
-        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias, SPLIT_K=split_k, SUM_TOPK=sum_topk, SUM_LAST=sum_last,
+        w_desc=weight_descriptor(w2, config), FAST_CVT=fast_cvt(a.device),
+        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        LATE_EPILOGUE=bool(config.get("LATE_EPILOGUE", 0)), **_launch_meta(config, topk_weights.numel()),
-        **pdl_meta(a.device),
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
     )
     return sums if sum_last else out
 
@@ -953,46 +962,61 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
     (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
     ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
-    for the shared memory a program takes. Run it in a process without
-    ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    for the shared memory a program takes. Run it in a process without ``TRITON_INTERPRET``, whose
+    patches of Triton's language break compilation."""
     from .configs import check_config, split_config
 
     gate_up, down = split_config(check_config(config))
     cfg = gate_up if which == "gate_up" else down
-    tma = bool(cfg.get("TMA", 0))
     meta = _launch_meta(cfg, num_pairs)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=False, TMA=tma,
-                      FAST_CVT=True, LATE_EPILOGUE=bool(cfg.get("LATE_EPILOGUE", 0)))
-    if not tma:
+    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=False, FAST_CVT=True)
+    if not meta["TMA"]:
         constexprs["w_desc"] = None
-    split_k, sum_last = cfg.get("SPLIT_K", 1), bool(cfg.get("SUM_LAST", 0))
     if which == "gate_up":
         kernel = moe_gate_up_kernel
-        constexprs.update(ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
-                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=bool(down.get("SUM_LAST")),
-                          ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16,
-                          FUSE_GATE_UP=bool(cfg.get("FUSE_GATE_UP", 0)), TILE_N=cfg.get("TILE_N", cfg["BLOCK_SIZE_N"]))
+        constexprs.update(_gate_up_meta(cfg), ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False,
+                          SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
+                          ZERO_COUNTS=bool(down.get("SUM_LAST")),
+                          ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16)
         pointers = dict(x_ptr="*fp16" if constexprs["ROW_SCALE"] else act, out_ptr=act)
     else:
         kernel = moe_down_kernel
-        constexprs.update(MUL_ROUTED_WEIGHT=True, SPLIT_K=split_k, SUM_TOPK=bool(cfg.get("SUM_TOPK", 0)),
-                          SUM_LAST=sum_last)
-        pointers = dict(a_ptr=act, out_ptr="*fp32" if split_k > 1 or sum_last else act, sums_ptr=act)
+        constexprs.update(_down_meta(cfg), MUL_ROUTED_WEIGHT=True)
+        partials = constexprs["SPLIT_K"] > 1 or constexprs["SUM_LAST"]
+        pointers = dict(a_ptr=act, out_ptr="*fp32" if partials else act, sums_ptr=act)
     pointers.update(w_ptr="*i8", scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32", x_inv_scale_ptr="*fp32",
                     sorted_token_ids_ptr="*i32", block_expert_ids_ptr="*i32", num_tokens_post_padded_ptr="*i32",
-                    counts_ptr="*i32")
-    # with TMA the weights come as a tensor descriptor of (BLOCK_SIZE_N, BLOCK_SIZE_K) int8 tiles (weight_descriptor)
-    pointers["w_desc"] = f"tensordesc<i8[{cfg['BLOCK_SIZE_N']}, {cfg['BLOCK_SIZE_K']}]>"
-    signature = {name: "constexpr" if name in constexprs else pointers[name] if name.endswith(("_ptr", "_desc"))
-                 else "i32" for name in kernel.arg_names}
-    # pointers, strides and the GEMM's K and N as multiples of 16, as Triton's launcher specializes them
+                    counts_ptr="*i32",
+                    # with TMA the weights come as a descriptor of (BLOCK_SIZE_N, BLOCK_SIZE_K) tiles (weight_descriptor)
+                    w_desc=f"tensordesc<i8[{cfg['BLOCK_SIZE_N']}, {cfg['BLOCK_SIZE_K']}]>")
+    return compile_for_sm90(kernel, constexprs, pointers, num_warps, num_stages=num_stages)
+
+
+def compile_for_sm90(kernel, constexprs: dict, arg_types: dict, num_warps: int, *, num_stages: int | None = None,
+                     maxnreg: int | None = None):
+    """A Triton or Gluon ``kernel`` compiled for sm_90 without a GPU (Triton ships ptxas): arguments named in
+    ``arg_types`` take those types (pointers, tensor descriptors), the others not in ``constexprs`` int32;
+    pointers, strides and a GEMM's K (K, H or I) taken as multiples of 16, as Triton's launcher specializes
+    them at run time. Run it in a process without ``TRITON_INTERPRET``."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature = {name: "constexpr" if name in constexprs else arg_types.get(name, "i32") for name in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name] != "constexpr" and (name.endswith("_ptr") or name.startswith("stride")
-                                                       or name in ("H", "I"))}
-    return triton.compile(ASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+                                                       or name in ("K", "H", "I"))}
+    options = dict(num_warps=num_warps)
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
+    source = ASTSource(kernel, signature, constexprs, aligned)
+    try:
+        from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+    except ImportError:  # a Triton without Gluon: only Triton kernels to compile
+        GluonJITFunction = ()
+    if isinstance(kernel, GluonJITFunction):  # (Gluon takes num_warps as a constexpr too)
+        source = GluonASTSource(kernel, signature, dict(constexprs, num_warps=num_warps), aligned)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)

@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from .fused_moe import _kernel
+from .fused_moe import _kernel, compile_for_sm90
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
@@ -406,22 +406,4 @@ def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256,
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
                  "block_expert_ids_ptr": "*i32", "num_tokens_post_padded_ptr": "*i32"}
     pointers = {name: ptr_types.get(name, act) for name in kernel.arg_names if name.endswith("_ptr")}
-    return sm90_compile(kernel, constexprs, pointers, num_warps, maxnreg).asm["cubin"]
-
-
-def sm90_compile(kernel, constexprs: dict, pointer_types: dict, num_warps: int, maxnreg: Optional[int] = None):
-    """A Gluon ``kernel`` compiled for sm_90 without a GPU (Triton ships ptxas): arguments named in
-    ``pointer_types`` are pointers of those types, the others not in ``constexprs`` int32; pointers,
-    strides and a GEMM's K (K, H or I) taken as multiples of 16, as Triton's launcher specializes them
-    at run time. Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language
-    break compilation."""
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32")
-                 for name in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-               if name in pointer_types or name.startswith("stride") or name in ("K", "H", "I")}
-    options = dict(num_warps=num_warps) if maxnreg is None else dict(num_warps=num_warps, maxnreg=maxnreg)
-    return triton.compile(GluonASTSource(kernel, signature, dict(constexprs, num_warps=num_warps), aligned),
-                          target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_for_sm90(kernel, constexprs, pointers, num_warps, maxnreg=maxnreg).asm["cubin"]
