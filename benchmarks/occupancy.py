@@ -28,7 +28,6 @@ from experts_int8.kernels import configs, fused_moe  # noqa: E402
 
 SM_REGISTERS, SM_SHARED, SM_WARPS, SM_PROGRAMS = 65536, 228 * 1024, 64, 32
 RESERVED_SHARED = 1024  # a program's share the hardware keeps for itself
-OTHER_KERNELS = ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")  # entries whose GEMMs are not these kernels
 
 
 def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
@@ -89,7 +88,7 @@ def main() -> None:
             table = {int(m): entry for m, entry in json.load(f).items()}
         top_k = args.top_k or top_ks.get((e, n), 2)
         for m, entry in sorted(table.items()):
-            if (wanted and m not in wanted) or any(entry.get(key) for key in OTHER_KERNELS):
+            if (wanted and m not in wanted) or any(entry.get(key) for key in configs.OTHER_KERNEL_KEYS):
                 continue
             for which in ("gate_up", "down"):
                 kernel_cfg = configs.split_config(entry)[0 if which == "gate_up" else 1]

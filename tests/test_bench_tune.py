@@ -639,6 +639,7 @@ def test_late_epilogue_variants():
     assert all(configs.check_config(v) == v and v["down"]["SPLIT_K"] == 2 for v in got)
     for other in (dict(LATE_EPILOGUE=1), dict(GLUON=1), dict(WSRR=1), dict(FUSED_DECODE=1, PAIRS=1)):
         assert tune.late_epilogue_variants(dict(PINNED, **other)) == []
+    assert "LATE_EPILOGUE" in tune._short(got[0])  # the tuner's summary shows the key
 
 
 def test_fp16_dot_variants_at_prefill_sizes_of_int8():

@@ -193,7 +193,7 @@ def late_epilogue_variants(best: dict) -> list[dict]:
     loads before the loop end each short program one memory round trip sooner (1-3% at decode on the H200),
     but the registers that hold them through the loop can cost a resident program a SM (qwen3 M=4: +10%,
     benchmarks/NOTES.md items 131-132). Not for the kernels that do not read the key."""
-    if best.get("LATE_EPILOGUE") or any(best.get(key) for key in ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")):
+    if best.get("LATE_EPILOGUE") or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return []
     return [dict(best, LATE_EPILOGUE=1), dict(best, LATE_EPILOGUE=1, down={**best.get("down", {}), "LATE_EPILOGUE": 0})]
 
@@ -680,7 +680,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 def _short(cfg: dict) -> str:
     flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
-                         "FUSED_DECODE", "TMA", "FP16_DOT") if cfg.get(k)]
+                         "FUSED_DECODE", "TMA", "FP16_DOT", "LATE_EPILOGUE") if cfg.get(k)]
     flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", "WSRR_STAGES", *configs.TAIL_KEYS, "TILE_N") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "

@@ -53,8 +53,11 @@ OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONC
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
 TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")  # an align-path mode: a variant adding a decode mode drops them
+# Keys of entries whose GEMMs are not the two Triton kernels (fused_moe's gate_up and down), so keys that only
+# those kernels read (TILE_N, LATE_EPILOGUE) do nothing there
+OTHER_KERNEL_KEYS = ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")
 # Keys whose kernels or loads do not take TILE_N (TMA's copies load whole tiles; the others run other kernels)
-TILE_N_EXCLUDES = ("TMA", "GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")
+TILE_N_EXCLUDES = ("TMA", *OTHER_KERNEL_KEYS)
 WSRR_KEYS = ("WSRR", "WSRR_ROWS", "WSRR_STAGES")
 MAIN_PASS_KEYS = (*WSRR_KEYS, "DEQUANT_ONCE", *TAIL_KEYS)
 # By default the tail pass runs the entry tuned for this many rows an expert (benchmarks/NOTES.md item
