@@ -108,6 +108,7 @@ counts (one run's noise is up to ~7% at some rows: NOTES item 111).
     PYTHONPATH=src RETUNED_TABLES=/tmp/retuned python3 benchmarks/variant_ab.py retuned --m 128,256,512 --rounds 3
 """
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -398,12 +399,17 @@ def retuned(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: 
     if not value or not folder:
         return cfg
     name = configs.table_name(num_experts, inter, configs.device_name(), configs.weight_format(dtype))
-    path = os.path.join(folder, name)
+    table = _table_in(os.path.join(folder, name))
+    return dict(table[m]) if m in table else cfg
+
+
+@functools.lru_cache(maxsize=None)
+def _table_in(path: str) -> dict:
+    """A table file's validated entries by M (empty when there is no such file), read once a process."""
     if not os.path.isfile(path):
-        return cfg
+        return {}
     with open(path) as f:
-        table = {int(key): entry for key, entry in json.load(f).items()}
-    return configs.check_config(table[m]) if m in table else cfg
+        return {int(key): configs.check_config(entry) for key, entry in json.load(f).items()}
 
 
 def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
