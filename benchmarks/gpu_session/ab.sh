@@ -10,6 +10,6 @@ step "fused decode"; timeout 200 python3 benchmarks/variant_ab.py fused_decode -
 step "fold";         for v in gluon fused_decode; do
                        [ -f "$R/variant_ab_$v.json" ] && python3 benchmarks/fold_ab.py "$R/variant_ab_$v.json" --out-dir $D
                      done
-                     tar czf "$R/configs.tgz" $D/*.json
+                     tables_tgz
 step "bench_kernel"; timeout 420 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

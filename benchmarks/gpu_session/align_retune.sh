@@ -9,6 +9,6 @@ step "tune prefill"; for shape in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2;
                        timeout 90 bash benchmarks/gpu_session/cli.sh tune --shape $shape --dtypes int8 --out-dir $D \
                          --budget-s 60 --no-progress --m 512,1024,2048 2>&1 | grep -E " M=|took|rror"
                      done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench prefill"; timeout 200 python3 benchmarks/bench_kernel.py --m 256,512,1024,2048,4096,8192 --out "$R" 2>&1 | tail -34
 step "done"; echo CHAIN_DONE

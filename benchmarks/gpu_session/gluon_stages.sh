@@ -8,6 +8,6 @@ step "gluon a/b";    timeout 200 python3 benchmarks/variant_ab.py gluon --values
                      timeout 80 python3 benchmarks/variant_ab.py gluon --values 0,3,5 --m 1024,2048,4096,8192 --out "$R" \
                        --shapes qwen3-30b-a3b deepseek-v2-lite
 step "fold";         for f in "$R"/variant_ab_gluon*.json; do python3 benchmarks/fold_ab.py "$f" --out-dir $D; done
-                     tar czf "$R/configs.tgz" $D/*.json
+                     tables_tgz
 step "bench_kernel"; timeout 200 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

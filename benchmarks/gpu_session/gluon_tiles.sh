@@ -9,6 +9,6 @@ step "gluon a/b";    timeout 240 python3 benchmarks/variant_ab.py gluon --m 512,
                      timeout 90 python3 benchmarks/variant_ab.py gluon --m 2048,4096,8192 --out "$R" \
                        --shapes qwen3-30b-a3b deepseek-v2-lite
 step "fold";         for f in "$R"/variant_ab_gluon*.json; do python3 benchmarks/fold_ab.py "$f" --out-dir $D; done
-                     tar czf "$R/configs.tgz" $D/*.json
+                     tables_tgz
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

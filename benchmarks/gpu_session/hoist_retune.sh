@@ -10,7 +10,7 @@ for spec in "128,2048,768,8 --m 4" "16,4096,14336,2 --m 256"; do
   step "tune $spec"; timeout 150 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes int8 --out-dir $D \
     --budget-s 60 --no-progress 2>&1 | grep -E "int8 M=|took|Error|error"
 done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 NEW=$PWD
 for pass in old1 new1 old2 new2 old3 new3; do
   case $pass in old*) cd /tmp/old; export PYTHONPATH=/tmp/old/src;; *) cd "$NEW"; export PYTHONPATH=$NEW/src;; esac

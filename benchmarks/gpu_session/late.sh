@@ -11,6 +11,6 @@ step "A/B late_epilogue"; timeout 330 python3 benchmarks/variant_ab.py late_epil
     --out "$R/late" --m 1,2,4,8,16 --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini qwen3-30b-a3b \
     deepseek-v2-lite 2>&1 | grep -v -i warn | tail -26
 step "fold"; python3 benchmarks/fold_ab.py "$R/late/variant_ab_late_epilogue.json" --out-dir $D --min-gain 0.01
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "decode bench"; timeout 150 python3 benchmarks/bench_kernel.py --m 1,2,4,8,16 --out "$R" 2>&1 | tail -28
 step "done"; echo CHAIN_DONE

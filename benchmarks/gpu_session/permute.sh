@@ -8,7 +8,7 @@ step "gpu tests"; timeout 200 python3 -m pytest -q -m gpu tests/test_gpu.py -k w
 step "A/B"; timeout 200 python3 benchmarks/variant_ab.py wsrr_tail --values 0,4 --rounds 3 --out "$R" \
     --m 2048,4096,8192 --shapes deepseek-v2-lite qwen3-30b-a3b 2>&1 | grep -v -i warn | tail -7
 step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_wsrr_tail.json" --out-dir $D
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "breakdown"; timeout 100 python3 benchmarks/decode_breakdown.py --out "$R" --m 4096,8192 \
     --shapes deepseek-v2-lite 2>&1 | grep -v -i warn | tail -2
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75

@@ -26,7 +26,7 @@ mkdir -p "$R/decode"
 step "A/B retuned"; timeout 200 python3 benchmarks/variant_ab.py retuned --values 0,1 --rounds 3 --out "$R/decode" \
     --m 1,2 --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini 2>&1 | grep -v -i warn | tail -6
 step "fold"; python3 benchmarks/fold_ab.py "$R/decode/variant_ab_retuned.json" --out-dir $D --min-gain 0.01
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench decode"; timeout 150 python3 benchmarks/bench_kernel.py --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini \
     --m 1,2,4 --out "$R" --no-plot 2>&1 | grep -E "^(mixtral|jamba)"
 step "done"; echo CHAIN_DONE

@@ -26,6 +26,6 @@ step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_sum_last.json"
 step "A/B dedup, 8x7b M=2-4"; timeout 150 python3 benchmarks/variant_ab.py dedup --values 0,1 --rounds 3 \
     --out "$R/retuned" --m 2,4 --shapes mixtral-8x7b 2>&1 | grep -v -i warn | tail -3
 step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_dedup.json" --out-dir $D --min-gain 0.01
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench_kernel"; timeout 330 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

@@ -6,6 +6,6 @@ step "gpu tests";    timeout 60 python3 -m pytest -q -m gpu tests/test_gpu.py -k
 step "sum_last a/b"; timeout 70 python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8 --out "$R" \
                        --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini qwen3-30b-a3b deepseek-v2-lite
 step "fold";         python3 benchmarks/fold_ab.py "$R/variant_ab_sum_last.json" --out-dir $D
-                     tar czf "$R/configs.tgz" $D/*.json
+                     tables_tgz
 step "bench decode"; timeout 60 python3 benchmarks/bench_kernel.py --m 1,2,4,8,16 --no-plot --out "$R" 2>&1 | tail -30
 step "done"; echo CHAIN_DONE

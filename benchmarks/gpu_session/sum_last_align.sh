@@ -13,5 +13,5 @@ step "A/B small experts"; timeout 300 python3 benchmarks/variant_ab.py sum_last 
 step "A/B large experts"; timeout 400 python3 benchmarks/variant_ab.py sum_last --values 0,3,4 --rounds 3 \
     --out "$R/large" --m 1,2,4,8,16 --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b 2>&1 | grep -v -i warn | tail -16
 step "fold"; for g in small large; do python3 benchmarks/fold_ab.py "$R/$g/variant_ab_sum_last.json" --out-dir $D; done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "done"; echo CHAIN_DONE

@@ -11,6 +11,6 @@ step "A/B large experts"; timeout 300 python3 benchmarks/variant_ab.py tail --va
 step "A/B small experts"; timeout 200 python3 benchmarks/variant_ab.py tail --values 0,1,2,3 --out "$R/small" \
     --m 1024,2048,4096,8192 --shapes qwen3-30b-a3b deepseek-v2-lite 2>&1 | grep -v -i warn | tail -10
 step "fold"; for g in small large; do python3 benchmarks/fold_ab.py "$R/$g/variant_ab_tail.json" --out-dir $D; done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

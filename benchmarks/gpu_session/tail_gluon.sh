@@ -8,6 +8,6 @@ step "gpu tests"; timeout 420 python3 -m pytest -q -m gpu tests/ -p no:cacheprov
 step "A/B"; timeout 300 python3 benchmarks/variant_ab.py wsrr_tail --values 0,1,4 --out "$R" \
     --m 2048,4096,8192 --shapes deepseek-v2-lite qwen3-30b-a3b 2>&1 | grep -v -i warn | tail -10
 step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_wsrr_tail.json" --out-dir $D
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

@@ -4,5 +4,5 @@
 source benchmarks/gpu_session/common.sh "$1"
 step "tail A/B, TP shards"; timeout 280 python3 benchmarks/variant_ab.py tail --values 0,1,2,3 --out "$R" \
     --m 1024,2048 --shapes 8:4096:7168:2 8:4096:3584:2 8:6144:8192:2 8:6144:4096:2 2>&1 | grep -v -i warn | tail -10
-step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_tail.json" --out-dir $D && tar czf "$R/configs.tgz" $D/*.json
+step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_tail.json" --out-dir $D && tables_tgz
 step "done"; echo CHAIN_DONE

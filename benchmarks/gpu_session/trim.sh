@@ -11,6 +11,6 @@ step "A/B small experts"; timeout 200 python3 benchmarks/variant_ab.py wsrr --va
 step "A/B large experts"; timeout 200 python3 benchmarks/variant_ab.py wsrr --values 0,1,4 --out "$R/large" \
     --m 512,1024,2048,4096,8192 --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b 2>&1 | grep -v -i warn | tail -16
 step "fold"; for g in small large; do python3 benchmarks/fold_ab.py "$R/$g/variant_ab_wsrr.json" --out-dir $D; done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench_kernel"; timeout 240 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE

@@ -11,7 +11,7 @@ step "A/B waves"; timeout 420 python3 benchmarks/variant_ab.py waves --values 0,
     --out "$R/waves" --m 1,2,4 --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini qwen3-30b-a3b \
     deepseek-v2-lite 2>&1 | grep -v -i warn | tail -16
 step "fold"; python3 benchmarks/fold_ab.py "$R/waves/variant_ab_waves.json" --out-dir $D
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "breakdown"; for v in 1 2; do timeout 60 python3 benchmarks/decode_breakdown.py --out "$R" --m 1 \
     --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite --variant waves=$v 2>&1 | grep -v -i warn | tail -3; done
 step "done"; echo CHAIN_DONE

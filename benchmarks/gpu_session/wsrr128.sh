@@ -8,7 +8,7 @@ step "wsrr tests"; timeout 240 python3 -m pytest -q -m gpu tests/test_gpu.py -k 
 [ "${PIPESTATUS[0]}" = 0 ] || { step "wsrr tests failed: stop"; echo CHAIN_DONE; exit 1; }
 step "wsrr A/B"; timeout 300 python3 benchmarks/variant_ab.py wsrr --values 0,1,3 --out "$R" --m 256,512,1024,2048,4096,8192 \
     --shapes mixtral-8x7b jamba-1.5-mini mixtral-8x22b qwen3-30b-a3b deepseek-v2-lite 2>&1 | grep -v -i warn | tail -32
-step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_wsrr.json" --out-dir $D && tar czf "$R/configs.tgz" $D/*.json
+step "fold"; python3 benchmarks/fold_ab.py "$R/variant_ab_wsrr.json" --out-dir $D && tables_tgz
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "gpu tests"; timeout 330 python3 -m pytest -q -m gpu tests/ -p no:cacheprovider 2>&1 | tail -5
 step "done"; echo CHAIN_DONE

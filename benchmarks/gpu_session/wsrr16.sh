@@ -10,7 +10,7 @@ mkdir -p "$R/wsrr16"
 step "A/B"; timeout 400 python3 benchmarks/variant_ab.py wsrr_decode --rounds 2 --out "$R/wsrr16" --m 1,2,4,8,16 \
     --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini qwen3-30b-a3b deepseek-v2-lite 2>&1 | grep -v -i warn | tail -26
 step "fold"; python3 benchmarks/fold_ab.py "$R/wsrr16/variant_ab_wsrr_decode.json" --out-dir $D
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "breakdown"; timeout 60 python3 benchmarks/decode_breakdown.py --out "$R" --m 2,8 \
     --shapes mixtral-8x7b qwen3-30b-a3b --variant wsrr_decode=1 2>&1 | grep -v -i warn | tail -4
 step "done"; echo CHAIN_DONE

@@ -12,7 +12,7 @@ step "A/B tiles"; timeout 300 python3 benchmarks/variant_ab.py wsrr --values 0,1
 step "A/B tails"; timeout 300 python3 benchmarks/variant_ab.py wsrr_tail --values 0,4,5 --rounds 3 --out "$R/tail" \
     --m 2048,4096,8192 --shapes deepseek-v2-lite qwen3-30b-a3b 2>&1 | grep -v -i warn | tail -7
 step "fold"; for g in wsrr tail; do python3 benchmarks/fold_ab.py "$R/$g/variant_ab_$g.json" --out-dir $D; done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "breakdown"; timeout 100 python3 benchmarks/decode_breakdown.py --out "$R" --m 2048,4096 \
     --shapes deepseek-v2-lite --variant wsrr_tail=5 2>&1 | grep -v -i warn | tail -2
 step "bench_kernel"; timeout 300 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75

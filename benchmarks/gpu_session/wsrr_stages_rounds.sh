@@ -8,6 +8,6 @@ step "A/B large experts"; timeout 280 python3 benchmarks/variant_ab.py wsrr_stag
 step "A/B TP shards"; timeout 200 python3 benchmarks/variant_ab.py wsrr_stages --values 0,2,5 --rounds 3 --out "$R/tp" \
     --m 256,4096 --shapes 8:4096:7168:2 8:4096:3584:2 8:6144:8192:2 8:6144:4096:2 2>&1 | grep -v -i warn | tail -8
 step "fold"; for g in large tp; do python3 benchmarks/fold_ab.py "$R/$g/variant_ab_wsrr_stages.json" --out-dir $D; done
-tar czf "$R/configs.tgz" $D/*.json
+tables_tgz
 step "bench_kernel"; timeout 240 python3 benchmarks/bench_kernel.py --out "$R" 2>&1 | tail -75
 step "done"; echo CHAIN_DONE
