@@ -406,10 +406,7 @@ def retuned(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: 
 @functools.lru_cache(maxsize=None)
 def _table_in(path: str) -> dict:
     """A table file's validated entries by M (empty when there is no such file), read once a process."""
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        return {int(key): configs.check_config(entry) for key, entry in json.load(f).items()}
+    return configs.read_table(path) if os.path.isfile(path) else {}
 
 
 def late_epilogue(cfg: dict, value: int, *lookup) -> dict:

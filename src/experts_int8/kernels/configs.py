@@ -198,16 +198,20 @@ def table_name(num_experts: int, inter: int, device: str, fmt: str) -> str:
     return f"E={num_experts},N={inter},device={device},dtype={fmt}.json"
 
 
+def read_table(path: os.PathLike) -> dict[int, dict]:
+    """A table file's validated entries by M."""
+    with open(path) as f:
+        return {int(m): check_config(cfg) for m, cfg in json.load(f).items()}
+
+
 @functools.lru_cache(maxsize=None)
 def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[dict[int, dict]]:
     name = table_name(num_experts, inter, device, fmt)
     for folder in (user_config_dir(), PACKAGE_DIR):
         path = folder / name
         if path.is_file():
-            with open(path) as f:
-                raw = json.load(f)
             logger.info("experts_int8: using tuned MoE configs %s", path)
-            return {int(m): check_config(cfg) for m, cfg in raw.items()}
+            return read_table(path)
     if device != "cpu":
         logger.warning("experts_int8: no tuned MoE configs for %s; using heuristic block sizes", name)
     return None
