@@ -16,12 +16,8 @@ for m, e, i, k in [(256, 64, 1408, 6), (512, 64, 1408, 6), (128, 8, 16384, 2)]:
 PY
 step "bench the folded rows"; timeout 120 python3 benchmarks/bench_kernel.py --shapes deepseek-v2-lite mixtral-8x22b \
     --m 128,256,512 --out "$R" --no-plot 2>&1 | grep -E "^(deepseek|mixtral)"
-export RETUNED_TABLES=/tmp/retuned_decode
-rm -rf "$RETUNED_TABLES" && mkdir -p "$RETUNED_TABLES"
-for spec in "8,4096,14336,2 --m 2" "8,6144,16384,2 --m 1" "16,4096,14336,2 --m 1"; do
-  step "tune $spec"; timeout 150 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes int8 \
-    --out-dir "$RETUNED_TABLES" --budget-s 75 --no-progress 2>&1 | grep -E "int8 M=|took|Error|error"
-done
+retune /tmp/retuned_decode "8,4096,14336,2 --m 2 --budget-s 75" "8,6144,16384,2 --m 1 --budget-s 75" \
+  "16,4096,14336,2 --m 1 --budget-s 75"
 mkdir -p "$R/decode"
 step "A/B retuned"; timeout 200 python3 benchmarks/variant_ab.py retuned --values 0,1 --rounds 3 --out "$R/decode" \
     --m 1,2 --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini 2>&1 | grep -v -i warn | tail -6

@@ -4,13 +4,8 @@
 # epilogue's loads before the K loop, timed against the shipped entries in three interleaved rounds,
 # folded under the 1% floor, then the full kernel bench on the result. start.sh, then wait.sh.
 source benchmarks/gpu_session/common.sh "$1"
-export RETUNED_TABLES=/tmp/retuned_small
-rm -rf "$RETUNED_TABLES" && mkdir -p "$RETUNED_TABLES"
-for spec in "128,2048,768,8 --m 2,4,8 --budget-s 30" "64,2048,1408,6 --m 2,4,8 --budget-s 30" \
-            "64,2048,1408,6 --m 4096 --budget-s 60"; do
-  step "tune $spec"; timeout 200 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes int8 \
-    --out-dir "$RETUNED_TABLES" --no-progress 2>&1 | grep -E "int8 M=|took|Error|error"
-done
+retune /tmp/retuned_small "128,2048,768,8 --m 2,4,8 --budget-s 30" "64,2048,1408,6 --m 2,4,8 --budget-s 30" \
+  "64,2048,1408,6 --m 4096 --budget-s 60"
 mkdir -p "$R/small"
 step "A/B retuned"; timeout 200 python3 benchmarks/variant_ab.py retuned --values 0,1 --rounds 3 --out "$R/small" \
     --m 2,4,8,4096 --shapes qwen3-30b-a3b deepseek-v2-lite 2>&1 | grep -v -i warn | tail -8

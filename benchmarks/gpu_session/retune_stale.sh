@@ -7,12 +7,8 @@
 # closest to their targets), then the full bench on the result. ~12 minutes: start.sh retune_stale.sh,
 # then wait.sh twice.
 source benchmarks/gpu_session/common.sh "$1"
-export RETUNED_TABLES=/tmp/retuned
-rm -rf "$RETUNED_TABLES" && mkdir -p "$RETUNED_TABLES"
-for spec in "64,2048,1408,6 --m 256,512" "8,6144,16384,2 --m 128" "16,4096,14336,2 --m 128" "8,4096,14336,2 --m 64"; do
-  step "tune $spec"; timeout 200 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes int8 \
-    --out-dir "$RETUNED_TABLES" --budget-s 60 --no-progress 2>&1 | grep -E "int8 M=|took|Error|error"
-done
+retune /tmp/retuned "64,2048,1408,6 --m 256,512 --budget-s 60" "8,6144,16384,2 --m 128 --budget-s 60" \
+  "16,4096,14336,2 --m 128 --budget-s 60" "8,4096,14336,2 --m 64 --budget-s 60"
 mkdir -p "$R/retuned"
 step "A/B retuned"; timeout 300 python3 benchmarks/variant_ab.py retuned --values 0,1 --rounds 3 --out "$R/retuned" \
     --m 64,128,256,512 --shapes deepseek-v2-lite mixtral-8x22b jamba-1.5-mini mixtral-8x7b 2>&1 | grep -v -i warn | tail -16
