@@ -217,13 +217,25 @@ def test_bench_script_parses_options():
     assert (s.reps, s.ms, s.dtypes, s.shapes) == (5, [1, 4, 16], ["int8"], ["qwen3-30b-a3b", "8:64:32:2"])
     full = bench.settings_from_args(bench.build_parser().parse_args([]))
     assert len(full.shapes) * len(full.ms) * len(full.dtypes) == 5 * 14 * 2 and full.reps == 20
+    assert full.settle_s == 1.0 and bench.settings_from_args(bench.build_parser().parse_args(
+        ["--settle-s", "0"])).settle_s == 0
+
+
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
+def test_bench_settle_must_be_seconds(bad):
+    with pytest.raises(ValueError, match="--settle-s"):
+        bench.settings_from_args(bench.build_parser().parse_args(["--settle-s", bad]))
 
 
 @pytest.mark.gpu
-def test_bench_runs_on_gpu(tmp_path):
-    settings = bench.Settings.quick(shapes=["8:512:256:2"], ms=[1, 64], out_dir=str(tmp_path), pool_gb=0.1)
+def test_bench_runs_on_gpu(tmp_path, monkeypatch):
+    settled = []
+    monkeypatch.setattr(bench, "settle", settled.append)
+    settings = bench.Settings.quick(shapes=["8:512:256:2"], ms=[1, 64], out_dir=str(tmp_path), pool_gb=0.1,
+                                    settle_s=0.25)
     result = bench.run_benchmark(settings, command="pytest")
     assert all("time_us" in r for r in result["rows"]) and len(result["rows"]) == 4
+    assert settled == [0.25, 0.25] and result["settings"]["settle_s"] == 0.25  # once a (shape, dtype) section
     assert result["ceilings"]["copy_GBps"] > 100 and list(tmp_path.glob("*.json"))
 
 

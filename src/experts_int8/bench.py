@@ -387,6 +387,16 @@ def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int,
     return seconds / num_calls, method
 
 
+def settle(seconds: float) -> None:
+    """Let the GPU idle before a section's rows. The work before them (the last section's prefill rows,
+    this section's pool fill) can leave the GPU under its power cap for about half a second, and decode
+    rows timed then run on the capped SM clock: 8x22b int8 M=1 read 159 µs instead of 152, jamba int8
+    M=8 480 instead of 432 (NOTES 142). Each row should be timed in the state its own work sets."""
+    if seconds > 0:
+        torch.cuda.synchronize()
+        time.sleep(seconds)
+
+
 @dataclasses.dataclass
 class Settings:
     shapes: list = dataclasses.field(default_factory=lambda: list(SHAPES))
@@ -396,6 +406,7 @@ class Settings:
     reps: int = 20
     warmup: int = 2
     pool_gb: float = 4.0
+    settle_s: float = 1.0  # idle before each (shape, dtype) section's first row: see settle()
     use_graph: bool = True
     plot: bool = True
 
@@ -435,6 +446,7 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
             layers = make_layers(num_layers, e, h, i, dtype)
             pool_gb = num_layers * layer_bytes(e, h, i, dtype) / 1e9
             log(f"# {name} (E={e}, H={h}, I={i}, k={k}) {dtype}: {num_layers} layer(s), {pool_gb:.1f} GB of weights")
+            settle(settings.settle_s)
             for m in settings.ms:
                 row = dict(shape=name, E=e, H=h, I=i, k=k, M=m, dtype=dtype, layers=num_layers)
                 try:
@@ -613,6 +625,9 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="5 timed replays instead of 20, one warm-up")
     parser.add_argument("--reps", type=int, default=None, help="timed replays per row (median)")
     parser.add_argument("--pool-gb", type=float, default=4.0, help="weight pool budget per shape and dtype (GB)")
+    parser.add_argument("--settle-s", type=float, default=1.0,
+                        help="seconds the GPU idles before each shape and dtype's rows, so the power cap that "
+                             "the rows before left has lifted (default 1)")
     parser.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA graph replays")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return parser
@@ -621,7 +636,9 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
-              pool_gb=args.pool_gb, use_graph=not args.eager, plot=not args.no_plot)
+              pool_gb=args.pool_gb, settle_s=args.settle_s, use_graph=not args.eager, plot=not args.no_plot)
+    if not (args.settle_s >= 0 and math.isfinite(args.settle_s)):
+        raise ValueError(f"--settle-s must be a finite number of seconds >= 0, got {args.settle_s}")
     if args.reps is not None:
         kw["reps"] = args.reps
     for s in kw["shapes"]:
