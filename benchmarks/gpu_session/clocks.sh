@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=$q --format=csv,noheader >/dev/null 2>&1 || q=${q/clocks_
 for run in $(seq ${RUNS:-2}); do
   step "bench $run"
   nvidia-smi --query-gpu=$q --format=csv -lms 100 >"$R/clocks_$run.csv" 2>&1 & smi=$!
-  timeout 330 python3 -u benchmarks/bench_kernel.py --out "$R/run$run" --no-plot 2>&1 \
+  timeout 330 python3 -u benchmarks/bench_kernel.py --out "$R/run$run" 2>&1 \
     | while IFS= read -r line; do echo "$(date +%H:%M:%S.%3N) $line"; done >"$R/bench_$run.log"
   kill $smi; grep -E "^[0-9:.]+ +(# |  M=1 |mixtral-8x22b +1 )" "$R/bench_$run.log" | head -30
 done
