@@ -403,9 +403,12 @@ def test_tune_refuses_without_gpu():
 @pytest.mark.gpu
 def test_tune_runs_on_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
-    paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False)
+    settled = []
+    monkeypatch.setattr(bench, "settle", settled.append)
+    paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False,
+                      settle_s=0.5)
     table = json.loads(paths["int8"].read_text())
-    assert set(table) == {"1", "256"}
+    assert set(table) == {"1", "256"} and settled == [0.5]  # after the pool's fill, before M=1
     assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda")) == table["1"]
     configs.load_table.cache_clear()
 

@@ -579,13 +579,15 @@ def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float
 def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable[str] = ("int8", "bf16"),
          ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
          reps: int = 5, pool_gb: float = 2.0, budget_s: Optional[float] = 300.0, progress: bool = True,
-         log: Callable[[str], None] = print) -> dict[str, Path]:
+         settle_s: float = 1.0, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU.
 
     ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
     ``get_config``) and returns ``{dtype: path}``. ``budget_s`` (None: unbounded) caps the search
-    time; a search cut short keeps its best config so far and says so in the summary.
+    time; a search cut short keeps its best config so far and says so in the summary. ``settle_s``: the
+    GPU idles that long after each weight pool's fill, whose power cap would otherwise slow the first M's
+    first timings (the config serving it now among them; :func:`bench.settle`).
     """
     from . import bench
 
@@ -629,6 +631,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
         for d in dtypes:
             num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9)
             layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device)
+            bench.settle(settle_s)
             best: dict[int, dict] = {}
             for m in ms:
                 bar.describe(f"{d} M={m}")
