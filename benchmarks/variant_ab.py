@@ -387,7 +387,7 @@ def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: in
 
 
 def pdl(cfg: dict, value: int, *lookup) -> dict:
-    fused_moe.PDL = bool(value)  # a module switch, not a config key: set it for the calls that follow
+    fused_moe.PDL = value  # a module switch, not a config key: set it for the calls that follow (1, 2: its forms)
     return cfg
 
 
@@ -417,7 +417,7 @@ def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, LATE_EPILOGUE=top, down={**cfg.get("down", {}), "LATE_EPILOGUE": down})
 
 
-VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1)),
+VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1, 2)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),

@@ -728,14 +728,19 @@ def test_bench_routing_is_the_same_for_every_layer_and_weight_format():
 
 
 def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):
-    monkeypatch.setattr(fused_moe, "PDL", False)
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": False}
-    monkeypatch.setattr(fused_moe, "PDL", True)
-    assert fused_moe.pdl_meta(torch.device("cpu")) == {"PDL": False}  # the interpreter ignores it
+    monkeypatch.setattr(fused_moe, "PDL", 0)
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 0}
+    monkeypatch.setattr(fused_moe, "PDL", 2)
+    assert fused_moe.pdl_meta(torch.device("cpu")) == {"PDL": 0}  # the interpreter ignores it
     monkeypatch.setattr(fused_moe, "_capability", lambda device: (9, 0))
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": True, "launch_pdl": True}
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 2, "launch_pdl": True}
+    monkeypatch.setattr(fused_moe, "PDL", True)  # form 1
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 1, "launch_pdl": True}
     monkeypatch.setattr(fused_moe, "_capability", lambda device: (8, 9))
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": False}
+    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 0}
+    monkeypatch.setattr(fused_moe, "PDL", 3)
+    with pytest.raises(ValueError, match="0 .off., 1 or 2"):
+        fused_moe.pdl_meta(torch.device("cuda", 0))
 
 
 def test_sum_topk_variants_where_pairs_fit():

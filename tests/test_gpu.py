@@ -269,9 +269,10 @@ def test_chunked_align_equals_the_torch_sort(e, k, pairs):
             assert torch.equal(got[1][: n // block_m], want[1][: n // block_m])
 
 
-@pytest.mark.parametrize("variant", ["pairs", "sum_topk", "split_k"])
+@pytest.mark.parametrize("form", [1, 2])
+@pytest.mark.parametrize("variant", ["pairs", "sum_topk", "split_k", "sum_last"])
 @pytest.mark.parametrize("m", [1, 7, 300])
-def test_programmatic_dependent_launch(monkeypatch, variant, m):
+def test_programmatic_dependent_launch(monkeypatch, variant, m, form):
     """With fused_moe.PDL the GEMMs wait for the previous kernel's writes: same results as the oracle,
     eagerly and replayed from a CUDA graph (whose capture keeps the programmatic edges). A missing
     wait would be a race this can miss; the offline PTX check in benchmarks/NOTES.md item 24 is the
@@ -284,7 +285,7 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m):
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    monkeypatch.setattr(kernels, "PDL", True)
+    monkeypatch.setattr(kernels, "PDL", form)
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)

@@ -33,7 +33,9 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
 
 Module switch ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
 grid's programs are scheduled while the previous kernel (align, gate_up) drains; each program waits
-at its start for that kernel's writes (``gdc_wait``) and lets the next kernel launch right after.
+at its start for that kernel's writes (``gdc_wait``). With ``PDL = 1`` it lets the next kernel launch
+right after that; with ``PDL = 2`` only after its K loop, so the dependents of a grid of several waves
+are scheduled as its last programs finish their loops, not while it still has programs to start.
 
 On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
 when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
@@ -51,10 +53,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
-# Programmatic dependent launch of the GEMMs (see above). Off: on the H200 it gained nothing at M=1,
-# 16 and 256 and cost 8-19% at M=2-4 where the align kernel precedes gate_up
-# (benchmarks/results/variant_ab_pdl_H200.json, benchmarks/NOTES.md item 27).
-PDL = False
+# Programmatic dependent launch of the GEMMs (see above): 0 off, 1 dependents launched at a program's
+# start, 2 after its K loop. Off: on the H200 form 1 gained nothing at M=1, 16 and 256 and cost 8-19%
+# at M=2-4 where the align kernel precedes gate_up (benchmarks/results/variant_ab_pdl_H200.json,
+# benchmarks/NOTES.md item 28); form 2: item 145.
+PDL = 0
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
 # up to this many pairs; ops.py takes the align path beyond.
 DEDUP_MAX_PAIRS = 256
@@ -65,10 +68,20 @@ FUSED_DECODE_MAX_PAIRS = 64
 
 @triton.jit
 def _pdl_prologue(PDL: tl.constexpr):
-    """Under PDL: wait until the previous kernel's writes are visible (nothing before this reads them),
-    then let the next kernel's programs be scheduled as this grid drains."""
+    """Under PDL: wait until the previous kernel's writes are visible (nothing before this reads them);
+    form 1 then lets the next kernel's programs be scheduled as this grid drains."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if PDL == 1:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _pdl_loop_done(PDL: tl.constexpr):
+    """PDL form 2: the next kernel may launch once every program has passed its K loop (or exited). It
+    still waits for this grid's completion before it reads anything (gdc_wait), so this only moves when
+    its programs are scheduled."""
+    if PDL == 2:
         tl.extra.cuda.gdc_launch_dependents()
 
 
@@ -314,6 +327,7 @@ def moe_gate_up_kernel(
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
         u_ptrs += BLOCK_K
+    _pdl_loop_done(PDL)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -589,6 +603,7 @@ def moe_down_kernel(
                                     stride_be, 0, tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
                                     DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1, TMA,
                                     FAST_CVT, LATE_EPILOGUE)
+        _pdl_loop_done(PDL)
         out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
         return
@@ -618,6 +633,7 @@ def moe_down_kernel(
                      offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                      HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
                      SPLIT_K, TMA, FAST_CVT, LATE_EPILOGUE)
+    _pdl_loop_done(PDL)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if SUM_LAST:
         _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
@@ -680,8 +696,10 @@ def _num_sorted(sorted_token_ids, topk_weights, config: dict) -> int:
 def pdl_meta(device: torch.device) -> dict:
     """``PDL`` for the kernel and, when it is on, Triton's launch option for a programmatic dependent
     launch (NVIDIA devices of compute capability 9.0 and newer only)."""
+    if PDL not in (0, 1, 2):
+        raise ValueError(f"fused_moe.PDL is 0 (off), 1 or 2 (see the module's docstring), not {PDL!r}")
     on = PDL and device.type == "cuda" and torch.version.hip is None and _capability(device) >= (9, 0)
-    return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
+    return dict(PDL=int(PDL), launch_pdl=True) if on else dict(PDL=0)
 
 
 def fast_cvt(device: torch.device) -> bool:
@@ -958,12 +976,12 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
 
 
 def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, top_k: int = 2,
-                 num_pairs: int = 16):
+                 num_pairs: int = 16, pdl: int = 0):
     """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
     (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
     ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
-    for the shared memory a program takes. Run it in a process without ``TRITON_INTERPRET``, whose
-    patches of Triton's language break compilation."""
+    for the shared memory a program takes; ``pdl``: the form of programmatic dependent launch (``PDL``).
+    Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
     from .configs import check_config, split_config
 
     gate_up, down = split_config(check_config(config))
@@ -971,7 +989,7 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     meta = _launch_meta(cfg, num_pairs)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=False, FAST_CVT=True)
+    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=pdl, FAST_CVT=True)
     if not meta["TMA"]:
         constexprs["w_desc"] = None
     if which == "gate_up":
