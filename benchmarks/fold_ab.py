@@ -50,7 +50,7 @@ def main() -> None:
     with open(args.ab_json) as f:
         ab = json.load(f)
     variant = ab["variant"]
-    if variant in ("pdl", "mma_v2"):
+    if variant == "mma_v2":
         sys.exit(f"{variant} is a process-wide switch, not a table entry: nothing to fold")
     apply, values = VARIANTS[variant]
     values = tuple(ab.get("values", values))  # the values the A/B timed, the first its baseline

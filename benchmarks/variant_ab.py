@@ -5,7 +5,7 @@ CUDA-graph timing as bench_kernel:
   fuse      gate and up as one dot of width 2*BLOCK_N: FUSE_GATE_UP 0 (shipped), 1  (prefill sizes;
             only where the config is unswapped with BLOCK_SIZE_M >= 64)
   pairs     no align step, one block per (token, slot) pair: PAIRS 0 (shipped), 1    (M = 1, 2)
-  pdl       programmatic dependent launch of the GEMMs: fused_moe.PDL off, on           (any M)
+  pdl       programmatic dependent launch of the GEMMs: off, next kernel at a program's start, after its K loop
   sum_topk  the down GEMM summing each token's k experts: off, on (both PAIRS, no SPLIT_K) (M = 1, 2)
   dedup     no align step, one program per pair, the first pair of each expert takes all its rows:
             the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
@@ -387,8 +387,9 @@ def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: in
 
 
 def pdl(cfg: dict, value: int, *lookup) -> dict:
-    fused_moe.PDL = value  # a module switch, not a config key: set it for the calls that follow (1, 2: its forms)
-    return cfg
+    # Programmatic dependent launch of the Triton GEMMs: 1 the next kernel launched at a program's start, 2 after
+    # its K loop (NOTES items 28, 145)
+    return dict(cfg, PDL=value) if value else configs.without(cfg, "PDL")
 
 
 def retuned(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, dtype, *rest) -> dict:

@@ -728,19 +728,32 @@ def test_bench_routing_is_the_same_for_every_layer_and_weight_format():
 
 
 def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):
-    monkeypatch.setattr(fused_moe, "PDL", 0)
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 0}
-    monkeypatch.setattr(fused_moe, "PDL", 2)
-    assert fused_moe.pdl_meta(torch.device("cpu")) == {"PDL": 0}  # the interpreter ignores it
+    cuda, form2 = torch.device("cuda", 0), dict(PINNED, PDL=2)
     monkeypatch.setattr(fused_moe, "_capability", lambda device: (9, 0))
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 2, "launch_pdl": True}
-    monkeypatch.setattr(fused_moe, "PDL", True)  # form 1
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 1, "launch_pdl": True}
+    assert fused_moe.pdl_meta(PINNED, cuda) == {"PDL": 0}  # the entry's key: off without it
+    assert fused_moe.pdl_meta(form2, cuda) == {"PDL": 2, "launch_pdl": True}
+    assert fused_moe.pdl_meta(dict(PINNED, PDL=1), cuda) == {"PDL": 1, "launch_pdl": True}
+    assert fused_moe.pdl_meta(form2, torch.device("cpu")) == {"PDL": 0}  # the interpreter ignores it
+    assert fused_moe.pdl_supported(cuda) and not fused_moe.pdl_supported(torch.device("cpu"))
     monkeypatch.setattr(fused_moe, "_capability", lambda device: (8, 9))
-    assert fused_moe.pdl_meta(torch.device("cuda", 0)) == {"PDL": 0}
-    monkeypatch.setattr(fused_moe, "PDL", 3)
-    with pytest.raises(ValueError, match="0 .off., 1 or 2"):
-        fused_moe.pdl_meta(torch.device("cuda", 0))
+    assert fused_moe.pdl_meta(form2, cuda) == {"PDL": 0} and not fused_moe.pdl_supported(cuda)
+
+
+@pytest.mark.parametrize("bad, words", [(dict(PDL=3), "0 .off., 1 or 2"), (dict(PDL=1, GLUON=1), "Triton GEMMs")])
+def test_pdl_config_key_is_checked(bad, words):
+    from experts_int8.kernels.configs import check_config
+
+    assert check_config(dict(PINNED, PDL=2))["PDL"] == 2
+    with pytest.raises(ValueError, match=words):
+        check_config(dict(PINNED, **bad))
+
+
+def test_pdl_variants_at_decode_sizes_on_the_triton_kernels():
+    assert tune.pdl_variants(PINNED, m=2, top_k=2, pdl_ok=True) == [dict(PINNED, PDL=1), dict(PINNED, PDL=2)]
+    assert tune.pdl_variants(PINNED, m=2, top_k=2, pdl_ok=False) == []  # before sm_90
+    assert tune.pdl_variants(PINNED, m=256, top_k=2, pdl_ok=True) == []  # prefill: nothing to gain
+    assert tune.pdl_variants(dict(PINNED, PDL=2), m=1, top_k=8, pdl_ok=True) == []  # already a form
+    assert tune.pdl_variants(dict(PINNED, GLUON=1), m=1, top_k=8, pdl_ok=True) == []  # other kernels
 
 
 def test_sum_topk_variants_where_pairs_fit():

@@ -272,12 +272,11 @@ def test_chunked_align_equals_the_torch_sort(e, k, pairs):
 @pytest.mark.parametrize("form", [1, 2])
 @pytest.mark.parametrize("variant", ["pairs", "sum_topk", "split_k", "sum_last"])
 @pytest.mark.parametrize("m", [1, 7, 300])
-def test_programmatic_dependent_launch(monkeypatch, variant, m, form):
-    """With fused_moe.PDL the GEMMs wait for the previous kernel's writes: same results as the oracle,
+def test_programmatic_dependent_launch(variant, m, form):
+    """With the config's PDL the GEMMs wait for the previous kernel's writes: same results as the oracle,
     eagerly and replayed from a CUDA graph (whose capture keeps the programmatic edges). A missing
     wait would be a race this can miss; the offline PTX check in benchmarks/NOTES.md item 24 is the
     other half."""
-    from experts_int8.kernels import fused_moe as kernels
     from experts_int8.kernels.configs import override_config
 
     if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
@@ -285,11 +284,10 @@ def test_programmatic_dependent_launch(monkeypatch, variant, m, form):
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
-    monkeypatch.setattr(kernels, "PDL", form)
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    cfg = KERNEL_VARIANTS[variant]
+    cfg = dict(KERNEL_VARIANTS[variant], PDL=form)
     with override_config(cfg):
         out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
         torch.cuda.synchronize()

@@ -198,6 +198,16 @@ def late_epilogue_variants(best: dict) -> list[dict]:
     return [dict(best, LATE_EPILOGUE=1), dict(best, LATE_EPILOGUE=1, down={**best.get("down", {}), "LATE_EPILOGUE": 0})]
 
 
+def pdl_variants(best: dict, m: int, top_k: int, pdl_ok: bool) -> list[dict]:
+    """At decode sizes (up to 64 pairs) on sm_90+: the winner with both Triton GEMMs launched as programmatic
+    dependents, the next kernel let in at a program's start (1) or after its K loop (2). Each won 1-6% at some
+    H200 decode rows and lost up to 20% at others (benchmarks/NOTES.md items 28, 145): only a timing decides."""
+    if (not pdl_ok or m * top_k > 64 or "PDL" in best
+            or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS)):
+        return []
+    return [dict(best, PDL=1), dict(best, PDL=2)]
+
+
 def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     """At prefill sizes (M >= 128) of int8 weights: the winner with gate_up's dot in fp16 on
     power-of-two-scaled rows of x (FP16_DOT; 2-3% faster at some H200 rows, none at decode, where its
@@ -613,6 +623,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     gluon_ok = gluon_usable(device)
     tma_ok = tma_usable(device)
+    pdl_ok = fused_moe.pdl_supported(device)
     started = time.perf_counter()
     # The config serving each M now (shipped or cached table, else the heuristic) goes first, so a
     # table entry is only replaced by one measured faster here.
@@ -655,7 +666,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem)
                                 + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
                                 + tail_variants(cfg, m, top_k)
-                                + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg),
+                                + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg)
+                                + pdl_variants(cfg, m, top_k, pdl_ok),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
                 best[m] = result.best
@@ -684,7 +696,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 def _short(cfg: dict) -> str:
     flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
                          "FUSED_DECODE", "TMA", "FP16_DOT", "LATE_EPILOGUE") if cfg.get(k)]
-    flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", "WSRR_STAGES", *configs.TAIL_KEYS, "TILE_N") if cfg.get(k)]
+    flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", "WSRR_STAGES", *configs.TAIL_KEYS, "TILE_N", "PDL") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "
             f"w{cfg['num_warps']} s{cfg['num_stages']}" + "".join(f" {f}" for f in flags)

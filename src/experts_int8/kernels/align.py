@@ -141,7 +141,8 @@ def align_single_program_kernel(
     PDL: tl.constexpr,
 ):
     """Grid (1,): one program does the whole align step for up to PAIRS pairs."""
-    if PDL:  # gate_up, launched as its dependent, may be scheduled now (it waits for these writes)
+    if PDL:  # where the entry launches gate_up as its dependent (config PDL) it may be scheduled now (it waits
+        # for these writes); where it does not, this is a no-op
         tl.extra.cuda.gdc_launch_dependents()
     offs = tl.arange(0, PAIRS)
     group = _pair_groups(topk_ids_ptr, expert_map_ptr, offs, numel, num_experts, num_global, HAS_MAP)
@@ -388,7 +389,7 @@ def _align_single_program(topk_ids, block_m, num_experts, expert_map, tail_rows=
         num_tokens_post_padded, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted, tail_len,
         HAS_MAP=has_map, BLOCK_M=block_m, TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block,
         PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups, CHUNK=1024,
-        BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_meta(device)["PDL"],
+        BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_supported(device),
     )
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
 

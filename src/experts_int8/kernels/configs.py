@@ -45,16 +45,18 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # fills whole waves of resident programs (tune.wave_tile_n);
 # LATE_EPILOGUE 1 (the Triton GEMMs; also a "down" override) loads the epilogue's operands (scales, biases,
 # routing weights) after the K loop instead of before it, for tiles that would lose a resident program a SM
-# to the registers that hold them through the loop.
+# to the registers that hold them through the loop;
+# PDL (the Triton GEMMs, sm_90+) launches both as programmatic dependents: 1 lets the next kernel launch at a
+# program's start, 2 after its K loop (kernels.fused_moe's docstring).
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
                  "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "TILE_N",
-                 "LATE_EPILOGUE", "down")
+                 "LATE_EPILOGUE", "PDL", "down")
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
 DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
 TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")  # an align-path mode: a variant adding a decode mode drops them
 # Keys of entries whose GEMMs are not the two Triton kernels (fused_moe's gate_up and down), so keys that only
-# those kernels read (TILE_N, LATE_EPILOGUE) do nothing there
+# those kernels read (TILE_N, LATE_EPILOGUE, PDL) do nothing there
 OTHER_KERNEL_KEYS = ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")
 # Keys whose kernels or loads do not take TILE_N (TMA's copies load whole tiles; the others run other kernels)
 TILE_N_EXCLUDES = ("TMA", *OTHER_KERNEL_KEYS)
@@ -70,8 +72,8 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
-    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N, LATE_EPILOGUE
-    and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE or, with PAIRS, SUM_TOPK for the
+    WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N, LATE_EPILOGUE,
+    PDL (0-2) and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE or, with PAIRS, SUM_TOPK for the
     down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
@@ -90,6 +92,11 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                      "SUM_TOPK", "SUM_LAST", "TMA", "FP16_DOT", "TRIM_TAIL", "WSRR", "LATE_EPILOGUE"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
+            out[key] = int(value)
+        elif key == "PDL":
+            if value not in (0, 1, 2):
+                raise ValueError(f"config['PDL'] must be 0 (off), 1 or 2 (the next kernel launched at a program's "
+                                 f"start or after its K loop), got {value!r}")
             out[key] = int(value)
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"config[{key!r}] must be a positive int, got {value!r}")
@@ -129,6 +136,8 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError(f"config: TILE_N (columns of I a Triton gate_up program computes) is at most BLOCK_SIZE_N, "
                          f"without TMA (whose copies load whole tiles), GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE; "
                          f"got {out['TILE_N']!r}")
+    if out.get("PDL") and any(out.get(k) for k in OTHER_KERNEL_KEYS):
+        raise ValueError("config: PDL applies to the Triton GEMMs, not with GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

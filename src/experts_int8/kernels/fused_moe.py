@@ -31,11 +31,13 @@ Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measu
   TMA           weight tiles by tensor-descriptor copies (Hopper's copy engine) instead of per-thread
                 pointer loads; the activation rows stay pointer loads (they are gathered)
 
-Module switch ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
+Config key ``PDL`` (Hopper and newer): both GEMMs are launched as programmatic dependents, so a
 grid's programs are scheduled while the previous kernel (align, gate_up) drains; each program waits
-at its start for that kernel's writes (``gdc_wait``). With ``PDL = 1`` it lets the next kernel launch
-right after that; with ``PDL = 2`` only after its K loop, so the dependents of a grid of several waves
-are scheduled as its last programs finish their loops, not while it still has programs to start.
+at its start for that kernel's writes (``gdc_wait``). With ``PDL: 1`` it lets the next kernel launch
+right after that; with ``PDL: 2`` only after its K loop, so the dependents of a grid of several waves
+are scheduled as its last programs finish their loops, not while it still has programs to start
+(form 1 cost 8-20% at M=2-4 on the H200, form 2 at most 3.5%; each wins 1-6% at some decode rows:
+benchmarks/NOTES.md items 28, 145).
 
 On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
 when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
@@ -53,11 +55,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
-# Programmatic dependent launch of the GEMMs (see above): 0 off, 1 dependents launched at a program's
-# start, 2 after its K loop. Off: on the H200 form 1 gained nothing at M=1, 16 and 256 and cost 8-19%
-# at M=2-4 where the align kernel precedes gate_up (benchmarks/results/variant_ab_pdl_H200.json,
-# benchmarks/NOTES.md item 28); form 2: item 145.
-PDL = 0
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
 # up to this many pairs; ops.py takes the align path beyond.
 DEDUP_MAX_PAIRS = 256
@@ -693,13 +690,17 @@ def _num_sorted(sorted_token_ids, topk_weights, config: dict) -> int:
     return sorted_token_ids.numel()
 
 
-def pdl_meta(device: torch.device) -> dict:
-    """``PDL`` for the kernel and, when it is on, Triton's launch option for a programmatic dependent
-    launch (NVIDIA devices of compute capability 9.0 and newer only)."""
-    if PDL not in (0, 1, 2):
-        raise ValueError(f"fused_moe.PDL is 0 (off), 1 or 2 (see the module's docstring), not {PDL!r}")
-    on = PDL and device.type == "cuda" and torch.version.hip is None and _capability(device) >= (9, 0)
-    return dict(PDL=int(PDL), launch_pdl=True) if on else dict(PDL=0)
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: NVIDIA devices of compute capability 9.0 and newer (not the
+    interpreter, not ROCm)."""
+    return device.type == "cuda" and torch.version.hip is None and _capability(device) >= (9, 0)
+
+
+def pdl_meta(config: dict, device: torch.device) -> dict:
+    """The entry's ``PDL`` form for the kernel and, when it is on, Triton's launch option for a
+    programmatic dependent launch (where the device supports it; elsewhere a plain launch)."""
+    form = config.get("PDL", 0)
+    return dict(PDL=form, launch_pdl=True) if form and pdl_supported(device) else dict(PDL=0)
 
 
 def fast_cvt(device: torch.device) -> bool:
@@ -782,7 +783,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(x.device),
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(config, x.device),
     )
 
 
@@ -830,7 +831,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         w_desc=weight_descriptor(w2, config), FAST_CVT=fast_cvt(a.device),
         TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(a.device),
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(config, a.device),
     )
     return sums if sum_last else out
 
