@@ -426,7 +426,7 @@ def _run(*args):
 
 @pytest.mark.parametrize("args, words", [
     ([], ["bench", "tune"]),
-    (["bench"], ["--shapes", "--quick", "--debug", "Examples", "experts-int8 bench --quick"]),
+    (["bench"], ["--shapes", "--quick", "--settle-s", "--debug", "Examples", "experts-int8 bench --quick"]),
     (["tune"], ["--shape", "--model-config", "--debug", "Examples", "experts-int8 tune --shape 8,4096,14336,2"]),
 ])
 def test_cli_help(args, words):
@@ -446,6 +446,8 @@ def test_cli_errors_are_one_clean_line():
     assert r.exit_code == 2 and "E,H,I,k" in r.output
     r = _run("tune")
     assert r.exit_code == 2 and "exactly one of" in r.output
+    r = _run("bench", "--settle-s", "-1")
+    assert r.exit_code == 2 and "--settle-s" in r.output and "Traceback" not in r.output
 
 
 def test_cli_debug_shows_the_exception():

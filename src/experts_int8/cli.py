@@ -126,9 +126,12 @@ Examples:
 @click.option("--reps", type=click.IntRange(1), default=None, help="Timed replays per row (median).")
 @click.option("--pool-gb", type=click.FloatRange(0, min_open=True), default=4.0, show_default=True,
               help="Weight pool budget per shape and dtype, in GB.")
+@click.option("--settle-s", type=click.FloatRange(0, 60), default=1.0, show_default=True,
+              help="Seconds the GPU idles before each shape and dtype's rows, so the power cap the rows before "
+                   "left has lifted.")
 @click.option("--eager", is_flag=True, help="Time eager calls instead of CUDA graph replays.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG.")
-def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, eager, no_plot):
+def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager, no_plot):
     """Time fused_experts with bf16 and int8 experts against the GPU's copy and matmul ceilings.
 
     Prints a table and writes JSON + PNG (time and fraction of ceiling vs M, one panel per shape)
@@ -140,8 +143,8 @@ def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, eager, no_plot)
     for name in names:
         bench.parse_shape(name)
     kw = dict(shapes=names, ms=bench.parse_int_list([ms]) if ms else list(bench.DEFAULT_MS),
-              dtypes=bench.parse_dtypes([dtypes]), out_dir=out, pool_gb=pool_gb, use_graph=not eager,
-              plot=not no_plot)
+              dtypes=bench.parse_dtypes([dtypes]), out_dir=out, pool_gb=pool_gb, settle_s=settle_s,
+              use_graph=not eager, plot=not no_plot)
     if reps is not None:
         kw["reps"] = reps
     settings = bench.Settings.quick(**kw) if quick else bench.Settings(**kw)
