@@ -157,9 +157,12 @@ def sum_last(cfg: dict, value: int, *lookup) -> dict:
 
 
 def dedup(cfg: dict, value: int, *lookup) -> dict:
+    # 1: PAIRS + DEDUP_PAIRS (no align launch); 2, 3: with PDL form 2 or 1, the GEMMs' launches overlapping
+    # the kernel before them as well (NOTES item 145)
     if not value:
         return cfg
-    return dict(configs.without(cfg, "SUM_TOPK"), PAIRS=1, DEDUP_PAIRS=1)
+    out = dict(configs.without(cfg, "SUM_TOPK"), PAIRS=1, DEDUP_PAIRS=1)
+    return dict(out, PDL={2: 2, 3: 1}[value]) if value > 1 else out
 
 
 def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, device=None) -> dict:
@@ -419,7 +422,7 @@ def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
 
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1, 2)),
-            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1)), "dequant": (dequant, (0, 1, 2)),
+            "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1, 2, 3)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),

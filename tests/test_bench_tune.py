@@ -1064,3 +1064,17 @@ def test_variant_ab_retuned_takes_the_fresh_tables_entry(tmp_path, monkeypatch):
     assert variant(shipped, 0, 256, 64, 1408, 6, torch.int8) == shipped
     assert variant(shipped, 1, 512, 64, 1408, 6, torch.int8) == shipped  # no entry at M
     assert variant(shipped, 1, 256, 128, 768, 8, torch.int8) == shipped  # no table for the shape
+
+
+def test_variant_ab_pdl_and_dedup_values_are_valid_entries():
+    """variant_ab's ``pdl`` (0 off, 1 and 2 its forms) and ``dedup`` (1 without the align launch, 2 and 3 with
+    PDL form 2 or 1 as well) as table entries a fold would write."""
+    import runpy
+
+    module = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "variant_ab.py"), run_name="variant_ab")
+    pdl, dedup = module["pdl"], module["dedup"]
+    assert pdl(dict(PINNED, PDL=2), 0) == PINNED and pdl(PINNED, 1)["PDL"] == 1 and pdl(PINNED, 2)["PDL"] == 2
+    assert dedup(PINNED, 0) == PINNED
+    forms = [dedup(PINNED, v) for v in (1, 2, 3)]
+    assert [cfg.get("PDL") for cfg in forms] == [None, 2, 1]
+    assert all(cfg["PAIRS"] == cfg["DEDUP_PAIRS"] == 1 and configs.check_config(cfg) == cfg for cfg in forms)

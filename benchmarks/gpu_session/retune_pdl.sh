@@ -14,6 +14,10 @@ step "A/B retuned"; timeout 400 python3 benchmarks/variant_ab.py retuned --value
     --m 1,2,4,8,16 --shapes mixtral-8x7b mixtral-8x22b jamba-1.5-mini qwen3-30b-a3b deepseek-v2-lite 2>&1 \
     | grep -v -i warn | tail -26
 step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_retuned.json" --out-dir $D --min-gain 0.01
+# 8x7b M=2-4 without the align launch (DEDUP_PAIRS, +9-11% in item 136) now that the launches can overlap (PDL)
+step "A/B dedup"; timeout 150 python3 benchmarks/variant_ab.py dedup --values 0,1,2,3 --rounds 3 --out "$R/retuned" \
+    --m 2,4 --shapes mixtral-8x7b 2>&1 | grep -v -i warn | tail -3
+step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_dedup.json" --out-dir $D --min-gain 0.01
 tables_tgz
 for run in 1 2 3; do
   step "bench $run"; timeout 330 python3 benchmarks/bench_kernel.py --out "$R/run$run" $([ $run = 1 ] || echo --no-plot) \
