@@ -753,6 +753,7 @@ def test_pdl_config_key_is_checked(bad, words):
 def test_pdl_variants_at_decode_sizes_on_the_triton_kernels():
     assert tune.pdl_variants(PINNED, m=2, top_k=2, pdl_ok=True) == [dict(PINNED, PDL=1), dict(PINNED, PDL=2)]
     assert tune.pdl_variants(PINNED, m=2, top_k=2, pdl_ok=False) == []  # before sm_90
+    assert tune.pdl_variants(PINNED, m=16, top_k=8, pdl_ok=True) != []  # 128 pairs: still decode
     assert tune.pdl_variants(PINNED, m=256, top_k=2, pdl_ok=True) == []  # prefill: nothing to gain
     assert tune.pdl_variants(dict(PINNED, PDL=2), m=1, top_k=8, pdl_ok=True) == []  # already a form
     assert tune.pdl_variants(dict(PINNED, GLUON=1), m=1, top_k=8, pdl_ok=True) == []  # other kernels
