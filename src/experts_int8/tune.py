@@ -199,9 +199,10 @@ def late_epilogue_variants(best: dict) -> list[dict]:
 
 
 def pdl_variants(best: dict, m: int, top_k: int, pdl_ok: bool) -> list[dict]:
-    """At decode sizes (up to 128 pairs: M=16 at top-8) on sm_90+: the winner with both Triton GEMMs launched as programmatic
-    dependents, the next kernel let in at a program's start (1) or after its K loop (2). Each won 1-6% at some
-    H200 decode rows and lost up to 20% at others (benchmarks/NOTES.md items 28, 145): only a timing decides."""
+    """At decode sizes (up to 128 pairs: M=16 at top-8) on sm_90+: the winner with both Triton GEMMs launched
+    as programmatic dependents, the next kernel let in at a program's start (1) or after its K loop (2). Each
+    won 1-6% at some H200 decode rows and lost up to 20% at others (benchmarks/NOTES.md items 28, 145): only
+    a timing decides."""
     if (not pdl_ok or m * top_k > 128 or "PDL" in best
             or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS)):
         return []
