@@ -46,6 +46,8 @@ without a GPU).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -710,7 +712,13 @@ def fast_cvt(device: torch.device) -> bool:
 
 
 def _capability(device: torch.device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+    # asked on every launch (PDL, TMA, the align kernel's trigger): looked up once a GPU
+    return _capability_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _capability_of(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def _launch_meta(config: dict, num_pairs: int) -> dict:
