@@ -221,10 +221,11 @@ def test_bench_script_parses_options():
         ["--settle-s", "0"])).settle_s == 0
 
 
-@pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
-def test_bench_settle_must_be_seconds(bad):
-    with pytest.raises(ValueError, match="--settle-s"):
-        bench.settings_from_args(bench.build_parser().parse_args(["--settle-s", bad]))
+@pytest.mark.parametrize("bad", ["-1", "nan", "inf", "61", "soon"])
+def test_bench_settle_must_be_seconds(bad, capsys):
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--settle-s", bad])
+    assert "--settle-s" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
@@ -739,6 +740,19 @@ def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):
     assert fused_moe.pdl_supported(cuda) and not fused_moe.pdl_supported(torch.device("cpu"))
     monkeypatch.setattr(fused_moe, "_capability", lambda device: (8, 9))
     assert fused_moe.pdl_meta(form2, cuda) == {"PDL": 0} and not fused_moe.pdl_supported(cuda)
+
+
+def test_device_capability_is_asked_once_a_gpu(monkeypatch):
+    """The launchers ask it on every call (PDL, TMA, the align kernel's trigger): one query a device."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: asked.append(index) or (9, 0))
+    fused_moe._capability_of.cache_clear()
+    try:
+        for _ in range(3):
+            assert fused_moe._capability(torch.device("cuda", 1)) == (9, 0)
+        assert asked == [1]
+    finally:
+        fused_moe._capability_of.cache_clear()
 
 
 @pytest.mark.parametrize("bad, words", [(dict(PDL=3), "0 .off., 1 or 2"), (dict(PDL=1, GLUON=1), "Triton GEMMs")])

@@ -397,6 +397,17 @@ def settle(seconds: float) -> None:
         time.sleep(seconds)
 
 
+def settle_seconds(text: str) -> float:
+    """``--settle-s``: a number of seconds from 0 to 60 (argparse ``type``; the CLI's option takes the same)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= 60:
+        raise argparse.ArgumentTypeError(f"seconds from 0 to 60, got {text!r}")
+    return seconds
+
+
 @dataclasses.dataclass
 class Settings:
     shapes: list = dataclasses.field(default_factory=lambda: list(SHAPES))
@@ -625,7 +636,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="5 timed replays instead of 20, one warm-up")
     parser.add_argument("--reps", type=int, default=None, help="timed replays per row (median)")
     parser.add_argument("--pool-gb", type=float, default=4.0, help="weight pool budget per shape and dtype (GB)")
-    parser.add_argument("--settle-s", type=float, default=1.0,
+    parser.add_argument("--settle-s", type=settle_seconds, default=1.0,
                         help="seconds the GPU idles before each shape and dtype's rows, so the power cap that "
                              "the rows before left has lifted (default 1)")
     parser.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA graph replays")
@@ -637,8 +648,6 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
               pool_gb=args.pool_gb, settle_s=args.settle_s, use_graph=not args.eager, plot=not args.no_plot)
-    if not (args.settle_s >= 0 and math.isfinite(args.settle_s)):
-        raise ValueError(f"--settle-s must be a finite number of seconds >= 0, got {args.settle_s}")
     if args.reps is not None:
         kw["reps"] = args.reps
     for s in kw["shapes"]:
