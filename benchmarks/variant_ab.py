@@ -8,7 +8,8 @@ CUDA-graph timing as bench_kernel:
   pdl       programmatic dependent launch of the GEMMs: off, next kernel at a program's start, after its K loop
   sum_topk  the down GEMM summing each token's k experts: off, on (both PAIRS, no SPLIT_K) (M = 1, 2)
   dedup     no align step, one program per pair, the first pair of each expert takes all its rows:
-            the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS                   (M = 2..64)
+            the shipped config (align or PAIRS), with PAIRS + DEDUP_PAIRS, that with PDL form 2, form 1
+                                                                                          (M = 2..64)
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path, the same with
             TMA weight tiles in both float GEMMs                                          (M >= 1024)
