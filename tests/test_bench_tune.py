@@ -352,6 +352,24 @@ def test_tune_checks_one_wrong_token_and_every_candidate(monkeypatch):
     assert measure(PINNED, 1.0) == 1.0 and checked == [PINNED]
 
 
+def test_tune_search_refines_a_winning_variant_once_more():
+    """Two variants that each help meet in one entry: the second round refines the first round's
+    winner; a config is never timed twice, and a round whose variants all lose ends the refinement."""
+    def refine(best):
+        return [dict(best, GROUP_SIZE_M=8), dict(best, PDL=2)]
+
+    def measure(cfg, best):
+        timed.append(cfg)
+        return 10.0 - 3 * (cfg["GROUP_SIZE_M"] == 8) - 2 * (cfg.get("PDL") == 2)
+
+    timed = []
+    r = tune.search([PINNED], measure, refine=refine)
+    assert r.best == dict(PINNED, GROUP_SIZE_M=8, PDL=2) and r.best_s == 5.0
+    assert len(timed) == 4 == len({json.dumps(c, sort_keys=True) for c in timed})  # the winner is its own GROUP_SIZE_M=8 variant
+    timed = []
+    assert tune.search([PINNED], measure, refine=refine, refine_rounds=1).best_s == 7.0 and len(timed) == 3
+
+
 def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():
     clock = iter(range(100)).__next__
     r = tune.search([dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)], lambda cfg, best: 1.0,

@@ -12,7 +12,8 @@ over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reu
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
 it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on
 sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the
-dequantize-once path (DEQUANT_ONCE). The
+dequantize-once path (DEQUANT_ONCE). A variant that wins is refined once more the same way, so two
+variants that each help can meet in one entry. The
 config serving M before the run (the shipped or cached table's) and the heuristic are always the
 first candidates, so a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
@@ -421,19 +422,23 @@ def _is_fatal(exc: BaseException) -> bool:
 
 
 def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], *,
-           refine: Optional[Callable[[dict], list[dict]]] = None, deadline: float = math.inf,
-           clock: Callable[[], float] = time.perf_counter,
+           refine: Optional[Callable[[dict], list[dict]]] = None, refine_rounds: int = 2,
+           deadline: float = math.inf, clock: Callable[[], float] = time.perf_counter,
            on_step: Optional[Callable[[SearchResult], None]] = None) -> SearchResult:
     """Time candidates with ``measure(cfg, best_so_far_s) -> seconds`` and keep the fastest.
 
     The first candidate is taken to be the default config and is always timed. A candidate whose
     ``measure`` raises (compile failure, out of shared memory or registers) is skipped and counted.
     Once ``clock()`` passes ``deadline`` the remaining candidates are not tried (counted in
-    ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well.
+    ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well; while a
+    variant wins, its own variants are timed too, up to ``refine_rounds`` rounds, so two changes that
+    each help (a down split and a PDL form, say) can meet in one entry. No config is timed twice.
     """
     result = SearchResult()
+    seen: set[str] = set()
 
     def attempt(cfg: dict, is_default: bool) -> None:
+        seen.add(json.dumps(cfg, sort_keys=True))
         try:
             seconds = measure(cfg, result.best_s)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is just not a candidate
@@ -455,9 +460,14 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
             result.not_tried = len(candidates) - index
             break
         attempt(cfg, index == 0)
-    if result.best is not None and refine is not None:
-        for cfg in refine(result.best):
-            attempt(cfg, False)
+    refined = None
+    for _ in range(refine_rounds if refine is not None else 0):
+        if result.best is None or result.best is refined:
+            break  # nothing ran, or the last round's variants did not beat what they refined
+        refined = result.best
+        for cfg in refine(refined):
+            if json.dumps(cfg, sort_keys=True) not in seen:
+                attempt(cfg, False)
     if result.best is None:
         raise RuntimeError(f"all {len(candidates)} candidate configs failed; the first error was {result.first_error}")
     return result
