@@ -29,6 +29,9 @@ CUDA-graph timing as bench_kernel:
   down_tile the down GEMM's own column tile at decode (the tuner gives it gate_up's unless a variant
             overrides it, though its N is H and its K is I): the shipped config, down BLOCK_SIZE_N 64,
             128, 256, and 128 with BLOCK_SIZE_K 256                                      (M <= 16)
+  down_pipe the down GEMM's own software pipeline at decode (it takes gate_up's unless the entry sets
+            one, though its K is I): the shipped config, down num_stages 2, 3, 4, 5 (the values), down
+            BLOCK_SIZE_K 128, 256 (the values)                                            (M <= 16)
   wide      wider gate_up tiles at decode (the down GEMM keeps its own): the shipped config, BLOCK_SIZE_N
             128, 128 with BLOCK_SIZE_K 128 and 5 stages, 256 with BLOCK_SIZE_K 128 and 3 stages  (M <= 16)
   pairs_group  PAIRS with the pairs as the fast index of the grid (GROUP_SIZE_M >= M*k): the programs
@@ -266,6 +269,14 @@ def down_tile(cfg: dict, value: int, *lookup) -> dict:
     return dict(cfg, down={**cfg.get("down", {}), **change})
 
 
+def down_pipe(cfg: dict, value: int, *lookup) -> dict:
+    # The down GEMM's own pipeline at decode (tune.down_pipeline_variants): 2-5 its num_stages, 128 or 256 its K tile
+    if not value or cfg["BLOCK_SIZE_M"] > 32 or any(cfg.get(key) for key in configs.OTHER_KERNEL_KEYS):
+        return cfg
+    change = dict(num_stages=value) if value <= 5 else dict(BLOCK_SIZE_K=value)
+    return dict(cfg, down={**cfg.get("down", {}), **change})
+
+
 def _down_pinned(cfg: dict) -> dict:
     """cfg's down overrides with the down GEMM's tile and stages made explicit, so a variant that
     changes gate_up's leaves the down GEMM as shipped."""
@@ -427,7 +438,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
-            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "wide": (wide, (0, 1, 2, 3)),
+            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "down_pipe": (down_pipe, (0, 2, 3, 4, 5, 128, 256)), "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
             "fused_tiles": (fused_tiles, (0, 1, 2, 3, 4, 5, 6)), "down_gluon": (down_gluon, (0, 1, 2, 3, 4)),

@@ -993,6 +993,25 @@ def test_gemv_decode_probe_matches_the_reference(m, top_k, tiles):
         assert ((got - want).norm() / want.norm()).item() < 1e-4
 
 
+def test_down_pipeline_variants_change_only_the_down_gemm():
+    """At decode the down GEMM gets its own depth or K tile; gate_up's stay, the down GEMM's other
+    overrides stay, what does not fit shared memory is not offered, prefill and other kernels get none."""
+    from experts_int8 import tune as tune_module
+
+    best = dict(PINNED, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, num_stages=4, PDL=2,
+                down={"SUM_LAST": 1})
+    got = tune_module.down_pipeline_variants(best, 1, tune_module.DEFAULT_SMEM)
+    assert [v["down"] for v in got] == [dict(SUM_LAST=1, num_stages=s) for s in (2, 3, 5)] + [
+        dict(SUM_LAST=1, BLOCK_SIZE_K=128)]
+    assert all(configs.split_config(v)[0] == configs.split_config(best)[0] for v in got)  # gate_up as it was
+    assert all(configs.check_config(v) == v for v in got)
+    # 16 x 256 activation + 256 x 256 bf16 weight tiles: 136 KB a stage, so only 1 stage would fit 200 KB
+    wide = dict(best, down={"BLOCK_SIZE_N": 256})
+    assert [v["down"] for v in tune_module.down_pipeline_variants(wide, 2, 200 * 1024)] == []
+    assert tune_module.down_pipeline_variants(dict(best, BLOCK_SIZE_M=64), 1, tune_module.DEFAULT_SMEM) == []
+    assert tune_module.down_pipeline_variants(dict(best, GLUON=1), 1, tune_module.DEFAULT_SMEM) == []
+
+
 def test_refine_variants_of_shipped_entries_are_valid_configs():
     """Every variant the tuner derives from a winner (here: every shipped entry, at the shapes' top-k
     and hidden sizes) is a valid config: an invalid one would only be skipped at tuning time, as a
@@ -1009,6 +1028,7 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
                 for v in (tune_module.group_variants(cfg, m, num_experts, top_k)
                           + tune_module.split_k_variants(cfg, m, num_experts, hidden, top_k, 132)
                           + tune_module.down_tile_variants(cfg)
+                          + tune_module.down_pipeline_variants(cfg, 1, tune_module.DEFAULT_SMEM)
                           + tune_module.fuse_variants(cfg, "int8")
                           + tune_module.pairs_variants(cfg, m, num_experts, top_k)
                           + tune_module.sum_topk_variants(cfg, m, num_experts, top_k) + tune_module.swap_variants(cfg)
@@ -1111,3 +1131,19 @@ def test_variant_ab_pdl_and_dedup_values_are_valid_entries():
     forms = [dedup(PINNED, v) for v in (1, 2, 3)]
     assert [cfg.get("PDL") for cfg in forms] == [None, 2, 1]
     assert all(cfg["PAIRS"] == cfg["DEDUP_PAIRS"] == 1 and configs.check_config(cfg) == cfg for cfg in forms)
+
+
+def test_variant_ab_down_pipe_values_set_the_down_gemms_pipeline():
+    """variant_ab's ``down_pipe``: 2-5 the down GEMM's num_stages, 128 and 256 its K tile, gate_up as shipped;
+    prefill entries and the other kernels' entries stay as shipped."""
+    import runpy
+
+    down_pipe = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "variant_ab.py"),
+                               run_name="variant_ab")["down_pipe"]
+    entry = dict(PINNED, BLOCK_SIZE_M=16, down={"SUM_LAST": 1})
+    assert down_pipe(entry, 0) == entry
+    assert down_pipe(entry, 3)["down"] == {"SUM_LAST": 1, "num_stages": 3}
+    assert down_pipe(entry, 128)["down"] == {"SUM_LAST": 1, "BLOCK_SIZE_K": 128}
+    assert all(configs.split_config(down_pipe(entry, v))[0] == configs.split_config(entry)[0] for v in (2, 5, 256))
+    assert all(configs.check_config(down_pipe(entry, v)) == down_pipe(entry, v) for v in (2, 3, 4, 5, 128, 256))
+    assert down_pipe(dict(entry, BLOCK_SIZE_M=64), 3) == dict(entry, BLOCK_SIZE_M=64)

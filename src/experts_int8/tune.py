@@ -10,8 +10,8 @@ BLOCK_SIZE_N 32..256, BLOCK_SIZE_K 64..256, num_warps 4/8, num_stages 2..5, prun
 and accumulator registers, then a fixed pseudo-random sample of ``max_candidates`` configs split
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
-it (GROUP_SIZE_M 8 and 16, SPLIT_K, FUSE_GATE_UP, PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on
-sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the
+it (GROUP_SIZE_M 8 and 16, SPLIT_K, the down GEMM's own tile and pipeline at decode, FUSE_GATE_UP,
+PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the
 dequantize-once path (DEQUANT_ONCE). A variant that wins is refined once more the same way, so two
 variants that each help can meet in one entry. The
 config serving M before the run (the shipped or cached table's) and the heuristic are always the
@@ -148,6 +148,24 @@ def down_tile_variants(best: dict) -> list[dict]:
         return []
     own = configs.split_config(best)[1]["BLOCK_SIZE_N"]
     return [dict(best, down={**best.get("down", {}), "BLOCK_SIZE_N": n}) for n in (64, 128, 256) if n != own]
+
+
+def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> list[dict]:
+    """A decode winner (BLOCK_SIZE_M <= 32, the Triton GEMMs) with a software pipeline of the down GEMM's
+    own: another depth (NUM_STAGES) or K tile (128, 256). The down GEMM streams K = I where gate_up
+    streams K = H, yet takes gate_up's pipeline unless the entry sets its own; its depth also sets how
+    many of its programs an SM holds (8x7b M=2: 4 at gate_up's 4 stages, 6 at 3)."""
+    if best["BLOCK_SIZE_M"] > 32 or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
+        return []
+    down = configs.split_config(best)[1]
+
+    def fits(cfg: dict) -> bool:  # one activation tile and one weight tile a stage
+        bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
+        return cfg["num_stages"] * (bm * bk * 2 + bk * bn * weight_bytes) <= smem_limit
+
+    changes = [dict(num_stages=s) for s in NUM_STAGES if s != down["num_stages"]]
+    changes += [dict(BLOCK_SIZE_K=k) for k in (128, 256) if k != down["BLOCK_SIZE_K"]]
+    return [dict(best, down={**best.get("down", {}), **c}) for c in changes if fits({**down, **c})]
 
 
 def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: int, num_sms: int) -> list[dict]:
@@ -669,6 +687,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + down_tile_variants(cfg)
+                                + down_pipeline_variants(cfg, DTYPES[d].itemsize, smem)
                                 + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                                 + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
                                 + sum_last_variants(cfg, m, num_experts, top_k)
