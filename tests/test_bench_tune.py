@@ -368,6 +368,9 @@ def test_tune_search_refines_a_winning_variant_once_more():
     assert len(timed) == 4 == len({json.dumps(c, sort_keys=True) for c in timed})  # the winner is its own GROUP_SIZE_M=8 variant
     timed = []
     assert tune.search([PINNED], measure, refine=refine, refine_rounds=1).best_s == 7.0 and len(timed) == 3
+    timed = []  # a search past its deadline refines its winner once, not twice
+    assert tune.search([PINNED], measure, refine=refine, deadline=0.5, clock=lambda: 1.0).best_s == 7.0
+    assert len(timed) == 3
 
 
 def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():

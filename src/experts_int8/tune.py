@@ -449,8 +449,9 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
     ``measure`` raises (compile failure, out of shared memory or registers) is skipped and counted.
     Once ``clock()`` passes ``deadline`` the remaining candidates are not tried (counted in
     ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well; while a
-    variant wins, its own variants are timed too, up to ``refine_rounds`` rounds, so two changes that
-    each help (a down split and a PDL form, say) can meet in one entry. No config is timed twice.
+    variant wins, its own variants are timed too, up to ``refine_rounds`` rounds while the deadline
+    allows, so two changes that each help (a down split and a PDL form, say) can meet in one entry. No
+    config is timed twice.
     """
     result = SearchResult()
     seen: set[str] = set()
@@ -479,9 +480,9 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
             break
         attempt(cfg, index == 0)
     refined = None
-    for _ in range(refine_rounds if refine is not None else 0):
-        if result.best is None or result.best is refined:
-            break  # nothing ran, or the last round's variants did not beat what they refined
+    for round_ in range(refine_rounds if refine is not None else 0):
+        if result.best is None or result.best is refined or (round_ > 0 and clock() > deadline):
+            break  # nothing ran, the last round's variants did not beat what they refined, or time is up
         refined = result.best
         for cfg in refine(refined):
             if json.dumps(cfg, sort_keys=True) not in seen:
