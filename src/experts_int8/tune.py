@@ -11,9 +11,9 @@ and accumulator registers, then a fixed pseudo-random sample of ``max_candidates
 over the BLOCK_SIZE_M choices (nested across M, so most compiled kernels are reused from one M to
 the next). The winner is then tried with the variants of :mod:`.kernels.fused_moe` that may suit
 it (GROUP_SIZE_M 8 and 16, SPLIT_K, the down GEMM's own tile and pipeline at decode, FUSE_GATE_UP,
-PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on sm_90+, TILE_N for PAIRS grids that fill whole waves) and, for int8 at prefill sizes, FP16_DOT and the
-dequantize-once path (DEQUANT_ONCE). A variant that wins is refined once more the same way, so two
-variants that each help can meet in one entry. The
+PAIRS, DEDUP_PAIRS, SUM_TOPK, SWAP_AB, TMA on sm_90+, TILE_N for PAIRS grids that fill whole waves)
+and, for int8 at prefill sizes, FP16_DOT and the dequantize-once path (DEQUANT_ONCE). A variant that
+wins is refined once more the same way, so two variants that each help can meet in one entry. The
 config serving M before the run (the shipped or cached table's) and the heuristic are always the
 first candidates, so a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
