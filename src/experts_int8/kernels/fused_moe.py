@@ -985,11 +985,11 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
 
 
 def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, top_k: int = 2,
-                 num_pairs: int = 16, pdl: int = 0):
+                 num_pairs: int = 16):
     """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
     (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
     ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
-    for the shared memory a program takes; ``pdl``: the form of programmatic dependent launch (``PDL``).
+    for the shared memory a program takes (with the entry's form of programmatic dependent launch, ``PDL``).
     Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
     from .configs import check_config, split_config
 
@@ -998,7 +998,8 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     meta = _launch_meta(cfg, num_pairs)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=pdl, FAST_CVT=True)
+    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=cfg.get("PDL", 0),
+                      FAST_CVT=True)
     if not meta["TMA"]:
         constexprs["w_desc"] = None
     if which == "gate_up":
