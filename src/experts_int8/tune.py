@@ -69,7 +69,7 @@ def block_m_choices(m: int, num_experts: int, top_k: int) -> list[int]:
     return [b for b in BLOCK_M if b <= max(16, 2 * r) and not (b == 16 and r > 64)]
 
 
-smem_bytes = configs.pipeline_smem_bytes  # shared memory of GEMM1's pipeline
+smem_bytes = configs.pipeline_smem_bytes  # shared memory of a GEMM's pipeline (gate_up's by default)
 
 
 def _plausible(cfg: dict, weight_bytes: int, smem_limit: int) -> bool:
@@ -158,14 +158,10 @@ def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> li
     if best["BLOCK_SIZE_M"] > 32 or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return []
     down = configs.split_config(best)[1]
-
-    def fits(cfg: dict) -> bool:  # one activation tile and one weight tile a stage
-        bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
-        return cfg["num_stages"] * (bm * bk * 2 + bk * bn * weight_bytes) <= smem_limit
-
     changes = [dict(num_stages=s) for s in NUM_STAGES if s != down["num_stages"]]
     changes += [dict(BLOCK_SIZE_K=k) for k in (128, 256) if k != down["BLOCK_SIZE_K"]]
-    return [dict(best, down={**best.get("down", {}), **c}) for c in changes if fits({**down, **c})]
+    return [dict(best, down={**best.get("down", {}), **c}) for c in changes
+            if smem_bytes({**down, **c}, weight_bytes, weight_tiles=1) <= smem_limit]
 
 
 def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: int, num_sms: int) -> list[dict]:
@@ -454,7 +450,7 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
     config is timed twice.
     """
     result = SearchResult()
-    seen: set[str] = set()
+    seen: set[str] = set()  # the configs attempted, as canonical JSON
 
     def attempt(cfg: dict, is_default: bool) -> None:
         seen.add(json.dumps(cfg, sort_keys=True))

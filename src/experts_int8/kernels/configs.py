@@ -226,11 +226,11 @@ def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[
     return None
 
 
-def pipeline_smem_bytes(config: dict, weight_bytes: int, act_bytes: int = 2) -> int:
-    """Shared memory of the gate_up GEMM's software pipeline (the larger of the two GEMMs): per stage
-    one activation tile and the gate and up weight tiles."""
+def pipeline_smem_bytes(config: dict, weight_bytes: int, act_bytes: int = 2, weight_tiles: int = 2) -> int:
+    """Shared memory of a GEMM's software pipeline: per stage one activation tile and ``weight_tiles``
+    weight tiles (gate_up, the larger of the two GEMMs, has two: gate and up; down has one)."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    return config["num_stages"] * (bm * bk * act_bytes + 2 * bk * bn * weight_bytes)
+    return config["num_stages"] * (bm * bk * act_bytes + weight_tiles * bk * bn * weight_bytes)
 
 
 def fit_shared_memory(config: dict, weight_bytes: int, limit: int) -> dict:
