@@ -31,7 +31,7 @@ CUDA-graph timing as bench_kernel:
             128, 256, and 128 with BLOCK_SIZE_K 256                                      (M <= 16)
   down_pipe the down GEMM's own software pipeline at decode (it takes gate_up's unless the entry sets
             one, though its K is I): the shipped config, down num_stages 2, 3, 4, 5 (the values), down
-            BLOCK_SIZE_K 128, 256 (the values)                                            (M <= 16)
+            BLOCK_SIZE_K 64, 128, 256 (the values)                                        (M <= 16)
   wide      wider gate_up tiles at decode (the down GEMM keeps its own): the shipped config, BLOCK_SIZE_N
             128, 128 with BLOCK_SIZE_K 128 and 5 stages, 256 with BLOCK_SIZE_K 128 and 3 stages  (M <= 16)
   pairs_group  PAIRS with the pairs as the fast index of the grid (GROUP_SIZE_M >= M*k): the programs
@@ -270,7 +270,7 @@ def down_tile(cfg: dict, value: int, *lookup) -> dict:
 
 
 def down_pipe(cfg: dict, value: int, *lookup) -> dict:
-    # The down GEMM's own pipeline at decode (tune.down_pipeline_variants): 2-5 its num_stages, 128 or 256 its K tile
+    # The down GEMM's own pipeline at decode (tune.down_pipeline_variants): 2-5 its num_stages, else its K tile
     if not value or cfg["BLOCK_SIZE_M"] > 32 or any(cfg.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return cfg
     change = dict(num_stages=value) if value <= 5 else dict(BLOCK_SIZE_K=value)
@@ -438,7 +438,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
-            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "down_pipe": (down_pipe, (0, 2, 3, 4, 5, 128, 256)),
+            "down_tile": (down_tile, (0, 1, 2, 3, 4)), "down_pipe": (down_pipe, (0, 2, 3, 4, 5, 64, 128, 256)),
             "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),
