@@ -1005,12 +1005,14 @@ def test_down_pipeline_variants_change_only_the_down_gemm():
                 down={"SUM_LAST": 1})
     got = tune_module.down_pipeline_variants(best, 1, tune_module.DEFAULT_SMEM)
     assert [v["down"] for v in got] == [dict(SUM_LAST=1, num_stages=s) for s in (2, 3, 5)] + [
-        dict(SUM_LAST=1, BLOCK_SIZE_K=128)]
+        dict(SUM_LAST=1, BLOCK_SIZE_K=k) for k in (64, 128)]
     assert all(configs.split_config(v)[0] == configs.split_config(best)[0] for v in got)  # gate_up as it was
     assert all(configs.check_config(v) == v for v in got)
-    # 16 x 256 activation + 256 x 256 bf16 weight tiles: 136 KB a stage, so only 1 stage would fit 200 KB
+    # 16 x 256 activation + 256 x 256 bf16 weight tiles: 136 KB a stage, so only 1 stage would fit 200 KB;
+    # a K tile of 64 takes 34 KB a stage, its 4 stages fit
     wide = dict(best, down={"BLOCK_SIZE_N": 256})
-    assert [v["down"] for v in tune_module.down_pipeline_variants(wide, 2, 200 * 1024)] == []
+    assert [v["down"] for v in tune_module.down_pipeline_variants(wide, 2, 200 * 1024)] == [
+        dict(BLOCK_SIZE_N=256, BLOCK_SIZE_K=64)]
     assert tune_module.down_pipeline_variants(dict(best, BLOCK_SIZE_M=64), 1, tune_module.DEFAULT_SMEM) == []
     assert tune_module.down_pipeline_variants(dict(best, GLUON=1), 1, tune_module.DEFAULT_SMEM) == []
 

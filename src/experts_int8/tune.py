@@ -152,14 +152,15 @@ def down_tile_variants(best: dict) -> list[dict]:
 
 def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> list[dict]:
     """A decode winner (BLOCK_SIZE_M <= 32, the Triton GEMMs) with a software pipeline of the down GEMM's
-    own: another depth (NUM_STAGES) or K tile (128, 256). The down GEMM streams K = I where gate_up
+    own: another depth (NUM_STAGES) or K tile (64, 128, 256). The down GEMM streams K = I where gate_up
     streams K = H, yet takes gate_up's pipeline unless the entry sets its own; its depth also sets how
-    many of its programs an SM holds (8x7b M=2: 4 at gate_up's 4 stages, 6 at 3)."""
+    many of its programs an SM holds (8x7b M=2: 4 at gate_up's 4 stages, 6 at 3), and a short K = I
+    overlaps more in smaller K steps (benchmarks/NOTES.md items 149, 153: deepseek M=8 at 64)."""
     if best["BLOCK_SIZE_M"] > 32 or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return []
     down = configs.split_config(best)[1]
     changes = [dict(num_stages=s) for s in NUM_STAGES if s != down["num_stages"]]
-    changes += [dict(BLOCK_SIZE_K=k) for k in (128, 256) if k != down["BLOCK_SIZE_K"]]
+    changes += [dict(BLOCK_SIZE_K=k) for k in (64, 128, 256) if k != down["BLOCK_SIZE_K"]]
     return [dict(best, down={**best.get("down", {}), **c}) for c in changes
             if smem_bytes({**down, **c}, weight_bytes, weight_tiles=1) <= smem_limit]
 
