@@ -74,6 +74,12 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                            num_stages=3, SWAP_AB=1, TILE_N=40),
     "tile_n_fused": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
                          FUSE_GATE_UP=1, TILE_N=24),
+    # the down GEMM's own pipeline (K tile, depth), as the shipped small-expert decode entries set it
+    "down_pipeline_pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
+                                num_stages=5, PAIRS=1, PDL=2,
+                                down=dict(BLOCK_SIZE_K=128, num_stages=3, SPLIT_K=2, SUM_LAST=1)),
+    "down_pipeline_tma_k64": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
+                                  num_stages=3, PDL=1, down=dict(TMA=1, BLOCK_SIZE_K=64)),
     # LATE_EPILOGUE: the epilogue's loads after the K loop, in both GEMMs or in gate_up only
     "late_epilogue_pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
                                 num_stages=3, PAIRS=1, LATE_EPILOGUE=1, down=dict(SUM_LAST=1, SPLIT_K=2)),
@@ -88,7 +94,7 @@ def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
     if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
-                   "tile_n_pairs", "late_epilogue_pairs") and m > 5:
+                   "tile_n_pairs", "late_epilogue_pairs", "down_pipeline_pairs") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -280,7 +286,7 @@ def test_programmatic_dependent_launch(variant, m, form):
     from experts_int8.kernels.configs import override_config
 
     if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
-                   "tile_n_pairs", "late_epilogue_pairs") and m > 5:
+                   "tile_n_pairs", "late_epilogue_pairs", "down_pipeline_pairs") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
