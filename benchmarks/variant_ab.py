@@ -126,7 +126,7 @@ from experts_int8.kernels import configs, fused_moe  # noqa: E402
 
 
 def split_k(cfg: dict, value: int, *lookup) -> dict:
-    return dict(cfg, down={**cfg.get("down", {}), "SPLIT_K": value}) if value > 1 else cfg
+    return configs.with_down(cfg, SPLIT_K=value) if value > 1 else cfg
 
 
 def fuse(cfg: dict, value: int, *lookup) -> dict:
@@ -142,7 +142,7 @@ def pairs(cfg: dict, value: int, *lookup) -> dict:
 def sum_topk(cfg: dict, value: int, *lookup) -> dict:
     # both sides under PAIRS without SPLIT_K (what SUM_TOPK needs), so only the summing differs
     base = dict(configs.without(cfg, "SPLIT_K"), PAIRS=1)
-    return dict(base, down={**base.get("down", {}), "SUM_TOPK": 1}) if value else base
+    return configs.with_down(base, SUM_TOPK=1) if value else base
 
 
 def sum_last(cfg: dict, value: int, *lookup) -> dict:
@@ -157,7 +157,7 @@ def sum_last(cfg: dict, value: int, *lookup) -> dict:
         down = {**cfg.get("down", {}), "SUM_LAST": 1, **({"SPLIT_K": 2} if value == 4 else {})}
         return dict(configs.without(cfg, "SUM_TOPK"), down=down)
     plain = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS"), PAIRS=1, **({"DEDUP_PAIRS": 1} if value == 2 else {}))
-    return dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})
+    return configs.with_down(plain, SUM_LAST=1)
 
 
 def dedup(cfg: dict, value: int, *lookup) -> dict:
@@ -173,7 +173,7 @@ def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, d
     if not value or weight_dtype != torch.int8:
         return cfg
     out = dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
-    return dict(out, TMA=1, down={**out.get("down", {}), "TMA": 1}) if value == 2 else out
+    return configs.with_down(dict(out, TMA=1), TMA=1) if value == 2 else out
 
 
 def fused_decode(cfg: dict, value: int, m, num_experts, inter, top_k, *rest) -> dict:
@@ -247,7 +247,7 @@ def mma_v2(cfg: dict, value: int, *lookup) -> dict:
         for kernel in (fused_moe.moe_gate_up_kernel, fused_moe.moe_down_kernel):
             kernel.device_caches.clear()  # compiled under the other setting
     if value == 2:
-        return dict(cfg, num_warps=8, down={**cfg.get("down", {}), "num_warps": 8})
+        return configs.with_down(dict(cfg, num_warps=8), num_warps=8)
     return cfg
 
 
@@ -257,7 +257,7 @@ def decode_tile(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
     change = {1: dict(num_warps=8), 2: dict(num_warps=8, BLOCK_SIZE_K=512), 3: dict(BLOCK_SIZE_K=512)}[value]
-    out = dict(cfg, **change, down={**cfg.get("down", {}), **change})
+    out = configs.with_down(dict(cfg, **change), **change)
     return configs.fit_shared_memory(out, 1, tune.DEFAULT_SMEM)
 
 
@@ -266,7 +266,7 @@ def down_tile(cfg: dict, value: int, *lookup) -> dict:
         return cfg
     change = {1: dict(BLOCK_SIZE_N=64), 2: dict(BLOCK_SIZE_N=128), 3: dict(BLOCK_SIZE_N=256),
               4: dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=256)}[value]
-    return dict(cfg, down={**cfg.get("down", {}), **change})
+    return configs.with_down(cfg, **change)
 
 
 def down_pipe(cfg: dict, value: int, *lookup) -> dict:
@@ -274,7 +274,7 @@ def down_pipe(cfg: dict, value: int, *lookup) -> dict:
     if not value or cfg["BLOCK_SIZE_M"] > 32 or any(cfg.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return cfg
     change = dict(num_stages=value) if value <= 5 else dict(BLOCK_SIZE_K=value)
-    return dict(cfg, down={**cfg.get("down", {}), **change})
+    return configs.with_down(cfg, **change)
 
 
 def _down_pinned(cfg: dict) -> dict:
@@ -300,7 +300,7 @@ def pairs_group(cfg: dict, value: int, m: int, num_experts: int, inter: int, top
                  GROUP_SIZE_M=1 if value == 3 else max(16, 1 << (m * top_k - 1).bit_length()))
     if value == 2:
         return plain
-    return dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1})
+    return configs.with_down(plain, SUM_LAST=1)
 
 
 def narrow(cfg: dict, value: int, *lookup) -> dict:
@@ -322,7 +322,7 @@ def tma(cfg: dict, value: int, *lookup) -> dict:
     if not value or cfg.get("GLUON") or cfg.get("FUSED_DECODE"):
         return cfg
     top, down = {1: (1, 1), 2: (1, 0), 3: (0, 1)}[value]
-    return dict(cfg, TMA=top, down={**cfg.get("down", {}), "TMA": down})
+    return configs.with_down(dict(cfg, TMA=top), TMA=down)
 
 
 def fp16_dot(cfg: dict, value: int, *lookup) -> dict:
@@ -430,7 +430,7 @@ def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
     if not value:
         return cfg
     top, down = {1: (1, 1), 2: (1, 0), 3: (0, 1)}[value]
-    return dict(cfg, LATE_EPILOGUE=top, down={**cfg.get("down", {}), "LATE_EPILOGUE": down})
+    return configs.with_down(dict(cfg, LATE_EPILOGUE=top), LATE_EPILOGUE=down)
 
 
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1, 2)),

@@ -29,6 +29,7 @@ k, much faster. ``budget_s`` bounds the whole search: the remaining time is shar
 from __future__ import annotations
 
 import collections
+import functools
 import json
 import math
 import os
@@ -137,7 +138,7 @@ def swap_variants(best: dict) -> list[dict]:
     instead of a mostly padded token block."""
     if best["BLOCK_SIZE_M"] > 32 or best.get("SWAP_AB") or best.get("FUSE_GATE_UP"):
         return []
-    return [dict(best, SWAP_AB=1), dict(best, SWAP_AB=1, down={**best.get("down", {}), "SWAP_AB": 0})]
+    return [dict(best, SWAP_AB=1), configs.with_down(dict(best, SWAP_AB=1), SWAP_AB=0)]
 
 
 def down_tile_variants(best: dict) -> list[dict]:
@@ -147,7 +148,7 @@ def down_tile_variants(best: dict) -> list[dict]:
     if best["BLOCK_SIZE_M"] > 32 or best.get("FUSED_DECODE"):
         return []
     own = configs.split_config(best)[1]["BLOCK_SIZE_N"]
-    return [dict(best, down={**best.get("down", {}), "BLOCK_SIZE_N": n}) for n in (64, 128, 256) if n != own]
+    return [configs.with_down(best, BLOCK_SIZE_N=n) for n in (64, 128, 256) if n != own]
 
 
 def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> list[dict]:
@@ -161,7 +162,7 @@ def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> li
     down = configs.split_config(best)[1]
     changes = [dict(num_stages=s) for s in NUM_STAGES if s != down["num_stages"]]
     changes += [dict(BLOCK_SIZE_K=k) for k in (64, 128, 256) if k != down["BLOCK_SIZE_K"]]
-    return [dict(best, down={**best.get("down", {}), **c}) for c in changes
+    return [configs.with_down(best, **c) for c in changes
             if smem_bytes({**down, **c}, weight_bytes, weight_tiles=1) <= smem_limit]
 
 
@@ -173,7 +174,7 @@ def split_k_variants(best: dict, m: int, num_experts: int, hidden: int, top_k: i
     if tiles >= 2 * num_sms or down.get("SPLIT_K", 1) > 1 or down.get("SUM_TOPK"):
         return []
     plain = configs.without(best, *configs.TAIL_KEYS)  # (a tail pass needs the down GEMM unsplit)
-    return [dict(plain, down={**plain.get("down", {}), "SPLIT_K": s}) for s in (2, 4)]
+    return [configs.with_down(plain, SPLIT_K=s) for s in (2, 4)]
 
 
 def fuse_variants(best: dict, dtype: str) -> list[dict]:
@@ -201,7 +202,7 @@ def tma_variants(best: dict, tma_ok: bool) -> list[dict]:
     kernels that do not read the key (GLUON, FUSED_DECODE)."""
     if not tma_ok or any(best.get(key) for key in ("TMA", "GLUON", "FUSED_DECODE", "TILE_N")):
         return []
-    return [dict(best, TMA=1), dict(best, down={**best.get("down", {}), "TMA": 1})]
+    return [dict(best, TMA=1), configs.with_down(best, TMA=1)]
 
 
 def late_epilogue_variants(best: dict) -> list[dict]:
@@ -211,7 +212,7 @@ def late_epilogue_variants(best: dict) -> list[dict]:
     benchmarks/NOTES.md items 131-132). Not for the kernels that do not read the key."""
     if best.get("LATE_EPILOGUE") or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return []
-    return [dict(best, LATE_EPILOGUE=1), dict(best, LATE_EPILOGUE=1, down={**best.get("down", {}), "LATE_EPILOGUE": 0})]
+    return [dict(best, LATE_EPILOGUE=1), configs.with_down(dict(best, LATE_EPILOGUE=1), LATE_EPILOGUE=0)]
 
 
 def pdl_variants(best: dict, m: int, top_k: int, pdl_ok: bool) -> list[dict]:
@@ -384,7 +385,7 @@ def sum_topk_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     if top_k == 1 or best.get("down", {}).get("SUM_TOPK") or not pairs_fit(m, num_experts, top_k):
         return []
     plain = configs.without(best, "SPLIT_K", "DEDUP_PAIRS", "SUM_LAST", *configs.TAIL_KEYS)  # all excluded by SUM_TOPK
-    return [dict(plain, PAIRS=1, down={**plain.get("down", {}), "SUM_TOPK": 1})]
+    return [configs.with_down(dict(plain, PAIRS=1), SUM_TOPK=1)]
 
 
 def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[dict]:
@@ -403,7 +404,7 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     own = down.get("SPLIT_K", 1)
 
     def summed(plain: dict, splits) -> list[dict]:
-        return [dict(plain, down={**plain.get("down", {}), "SUM_LAST": 1, **({"SPLIT_K": s} if s > 1 else {})})
+        return [configs.with_down(plain, SUM_LAST=1, **({"SPLIT_K": s} if s > 1 else {}))
                 for s in splits if top_k * s > 1]
 
     aligned = [] if best.get("PAIRS") else summed(configs.without(best, "SPLIT_K"), [own] + ([2] if own == 1 else []))
@@ -452,9 +453,10 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
     """
     result = SearchResult()
     seen: set[str] = set()  # the configs attempted, as canonical JSON
+    canonical = functools.partial(json.dumps, sort_keys=True)
 
     def attempt(cfg: dict, is_default: bool) -> None:
-        seen.add(json.dumps(cfg, sort_keys=True))
+        seen.add(canonical(cfg))
         try:
             seconds = measure(cfg, result.best_s)
         except Exception as exc:  # noqa: BLE001 - a candidate that cannot run is just not a candidate
@@ -482,7 +484,7 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
             break  # nothing ran, the last round's variants did not beat what they refined, or time is up
         refined = result.best
         for cfg in refine(refined):
-            if json.dumps(cfg, sort_keys=True) not in seen:
+            if canonical(cfg) not in seen:
                 attempt(cfg, False)
     if result.best is None:
         raise RuntimeError(f"all {len(candidates)} candidate configs failed; the first error was {result.first_error}")

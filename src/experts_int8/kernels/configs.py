@@ -154,6 +154,12 @@ def without(config: dict, *keys: str) -> dict:
     return {**out, "down": down} if down else out
 
 
+def with_down(config: dict, **keys) -> dict:
+    """A copy of ``config`` whose "down" overrides also set ``keys`` (the down GEMM's own tile, pipeline or
+    mode; the other overrides stay)."""
+    return {**config, "down": {**config.get("down", {}), **keys}}
+
+
 def split_config(config: dict) -> tuple[dict, dict]:
     """``(gate_up, down)`` kernel configs from one table entry."""
     gate_up = {key: value for key, value in config.items() if key != "down"}
