@@ -1139,7 +1139,7 @@ def test_variant_ab_pdl_and_dedup_values_are_valid_entries():
 
 
 def test_variant_ab_down_pipe_values_set_the_down_gemms_pipeline():
-    """variant_ab's ``down_pipe``: 2-5 the down GEMM's num_stages, 128 and 256 its K tile, gate_up as shipped;
+    """variant_ab's ``down_pipe``: 2-5 the down GEMM's num_stages, 64, 128 and 256 its K tile, gate_up as shipped;
     prefill entries and the other kernels' entries stay as shipped."""
     import runpy
 
@@ -1150,5 +1150,13 @@ def test_variant_ab_down_pipe_values_set_the_down_gemms_pipeline():
     assert down_pipe(entry, 3)["down"] == {"SUM_LAST": 1, "num_stages": 3}
     assert down_pipe(entry, 128)["down"] == {"SUM_LAST": 1, "BLOCK_SIZE_K": 128}
     assert all(configs.split_config(down_pipe(entry, v))[0] == configs.split_config(entry)[0] for v in (2, 5, 256))
-    assert all(configs.check_config(down_pipe(entry, v)) == down_pipe(entry, v) for v in (2, 3, 4, 5, 128, 256))
+    assert all(configs.check_config(down_pipe(entry, v)) == down_pipe(entry, v) for v in (2, 3, 4, 5, 64, 128, 256))
+    assert down_pipe(entry, 64)["down"] == {"SUM_LAST": 1, "BLOCK_SIZE_K": 64}
     assert down_pipe(dict(entry, BLOCK_SIZE_M=64), 3) == dict(entry, BLOCK_SIZE_M=64)
+
+
+def test_with_down_adds_to_the_down_overrides_only():
+    entry = dict(PINNED, TMA=1, down={"SUM_LAST": 1})
+    assert configs.with_down(entry, BLOCK_SIZE_K=64) == dict(PINNED, TMA=1, down={"SUM_LAST": 1, "BLOCK_SIZE_K": 64})
+    assert configs.with_down(PINNED, SPLIT_K=2) == dict(PINNED, down={"SPLIT_K": 2})
+    assert entry == dict(PINNED, TMA=1, down={"SUM_LAST": 1})  # the entry itself unchanged
