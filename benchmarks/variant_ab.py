@@ -14,7 +14,7 @@ CUDA-graph timing as bench_kernel:
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path, the same with
             TMA weight tiles in both float GEMMs                                          (M >= 1024)
   fused_decode  both GEMMs of a pair per slice of I in one launch, then one sum (FUSED_DECODE):
-            the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H, stages)  (M <= 8)
+            the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
   sum_last  PAIRS with the down GEMM's last program per token tile adding up the split-K partials and
             the token's k experts (down SUM_LAST), no sum launch: the shipped config, then that, then
             with DEDUP_PAIRS too (no align launch either, each expert read once), then on the align
@@ -436,7 +436,7 @@ def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1, 2)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1, 2, 3)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
-            "fused_decode": (fused_decode, (0, 1, 2, 3, 4)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
+            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "down_pipe": (down_pipe, (0, 2, 3, 4, 5, 64, 128, 256)),
             "wide": (wide, (0, 1, 2, 3)),

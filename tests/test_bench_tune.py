@@ -843,8 +843,7 @@ def test_fused_decode_variants_at_decode_sizes_only():
     from experts_int8.kernels.fused_moe import FUSED_DECODE_MAX_PAIRS
 
     variants = tune_module.fused_decode_variants(PINNED, 1, 8)
-    assert [(v["BLOCK_SIZE_N"], v["BLOCK_SIZE_K"], v["num_stages"]) for v in variants] == list(
-        tune_module.FUSED_DECODE_BLOCKS)
+    assert [(v["BLOCK_SIZE_N"], v["BLOCK_SIZE_K"]) for v in variants] == list(tune_module.FUSED_DECODE_BLOCKS)
     assert all(configs.check_config(v)["FUSED_DECODE"] == 1 for v in variants)  # valid table entries
     assert tune_module.fused_decode_variants(PINNED, FUSED_DECODE_MAX_PAIRS // 8 + 1, 8) == []
     assert tune_module.fused_decode_variants(variants[0], 1, 8) == []

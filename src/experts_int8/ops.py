@@ -252,9 +252,9 @@ def _fused_experts_triton(
         run_tail(tail, h, y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
-        return invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map), top_k,
-                                   activation, apply_router_weight_on_input, config, x.new_empty((m, hidden)),
-                                   w13_bias, w2_bias)
+        partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),
+                                       top_k, activation, apply_router_weight_on_input, config, w13_bias, w2_bias)
+        return invoke_sum(partials, x.new_empty((m, hidden)), top_k)
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
     # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
     # write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md items 34, 37).

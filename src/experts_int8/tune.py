@@ -308,21 +308,19 @@ def gluon_usable(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device)[0] == 9)
 
 
-# (slice of I, tile of H, stages) per FUSED_DECODE program: offline sm_90 counts (Triton 3.6, bf16) of 4, 3,
-# 2 and 4 resident programs a SM, 40-94 KB of cp.async ring each (benchmarks/NOTES.md item 155)
-FUSED_DECODE_BLOCKS = ((32, 128, 4), (64, 128, 3), (32, 256, 3), (64, 64, 4))
+FUSED_DECODE_BLOCKS = ((32, 256), (32, 512), (64, 256))  # (slice of I, tile of H) per program: 16-32 KB of
+# weight loads in flight per program (plain vector loads: Triton does not pipeline these loops)
 
 
 def fused_decode_variants(best: dict, m: int, top_k: int) -> list[dict]:
     """At decode sizes (up to FUSED_DECODE_MAX_PAIRS pairs): both GEMMs of a pair in one launch, per
     slice of I (FUSED_DECODE), then the slices and experts summed: two launches, no align step, for
-    small experts whose layer is too short to hide three. Not searched by :func:`tune` (its first, GEMV
-    form was 1.5-3x slower than the shipped decode configs, benchmarks/NOTES.md item 49); ``variant_ab``
-    times it."""
+    small experts whose layer is too short to hide three. Not searched by :func:`tune`: 1.5-3x slower
+    than the shipped decode configs on the H200 (benchmarks/NOTES.md item 45); ``variant_ab`` times it."""
     if m * top_k > fused_moe.FUSED_DECODE_MAX_PAIRS or best.get("FUSED_DECODE"):
         return []
     return [dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=block_i, BLOCK_SIZE_K=block_h, GROUP_SIZE_M=1, num_warps=4,
-                 num_stages=stages, PAIRS=1, FUSED_DECODE=1) for block_i, block_h, stages in FUSED_DECODE_BLOCKS]
+                 num_stages=2, PAIRS=1, FUSED_DECODE=1) for block_i, block_h in FUSED_DECODE_BLOCKS]
 
 
 def wave_tile_n(blocks: int, inter: int, block_n: int, slots: int, num_sms: int) -> int:

@@ -376,9 +376,11 @@ def moe_pair_slice_kernel(
     w13_scale_ptr,  # (E, 2I) fp32; read only when HAS_SCALE
     w13_bias_ptr,  # (E, 2I); read only when HAS_BIAS13
     w2_ptr,  # (E, H, I) int8 or activation dtype
-    out_ptr,  # (S, M*k, H) fp32: slice s's unscaled share of each pair's down projection
+    w2_scale_ptr,  # (E, H) fp32; read only when HAS_SCALE
+    w2_bias_ptr,  # (E, H); read only when HAS_BIAS2
+    out_ptr,  # (S, M*k, H) fp32: slice s's share of each pair's down projection
+    topk_weights_ptr,  # (M*k,) any float dtype
     pair_experts_ptr,  # (M*k,) int: each pair's local expert, -1 when not on this rank
-    topk_weights_ptr,  # (M*k,) any float dtype; read only when WEIGHT_ON_INPUT
     H,
     I,
     stride_xm,
@@ -388,125 +390,85 @@ def moe_pair_slice_kernel(
     stride_b13e,
     stride_w2e,
     stride_w2n,
+    stride_s2e,
+    stride_b2e,
     stride_os,
     stride_om,
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS13: tl.constexpr,
+    HAS_BIAS2: tl.constexpr,
     WEIGHT_ON_INPUT: tl.constexpr,
     SWIGLU_ALPHA: tl.constexpr,
     SWIGLU_LIMIT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    FAST_CVT: tl.constexpr,
     BLOCK_I: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
     """Decode in one pass over each expert (FUSED_DECODE): program (pair p, slice s) computes
     ``h = act(x w_gate^T) * (x w_up^T)`` for the BLOCK_I intermediate columns of slice s, then that
-    slice's unscaled share of the down projection, ``w2[:, slice] h``, over all of H, into ``out[s, p]``
-    (fp32; :func:`moe_slice_sum_kernel` finishes the layer). Two launches per layer and no align step:
-    for small experts at small M, where each of the two GEMM launches costs a fixed chain of latencies
-    (benchmarks/NOTES.md items 59, 130). Both loops are tensor-core dots on the pair's row (padded to 16
-    rows), so Triton pipelines their weight loads (cp.async rings) as in the GEMMs. Same numerics as
-    the two GEMMs (h rounded to the activation dtype between them)."""
-    BLOCK_M: tl.constexpr = 16  # the smallest tensor-core tile; row 0 is the pair
+    slice's share of the down projection, ``w2[:, slice] h``, over all of H, into ``out[s, p]``
+    (fp32; :func:`invoke_sum` adds the slices and the token's k pairs). Two launches per layer and no
+    align step, and each expert's weights are read once per pair: for small experts at small M, where
+    the separate GEMMs' fixed costs dominate. Same numerics as the two GEMMs (h rounded to the
+    activation dtype between them)."""
     pair = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    row_mask = offs_m == 0
     offs_i = split * BLOCK_I + tl.arange(0, BLOCK_I)
     i_mask = offs_i < I
-    offs_wi = offs_i % I  # wrapped, so weight loads need no mask along I (h is zero there)
     offs_h = tl.arange(0, BLOCK_H)
-    out_ptrs = out_ptr + split.to(tl.int64) * stride_os + pair * stride_om + offs_m[:, None] * 0 + offs_h[None, :]
+    out_row = out_ptr + split.to(tl.int64) * stride_os + pair * stride_om
     expert = tl.load(pair_experts_ptr + pair).to(tl.int64)
     if expert < 0:  # an expert on another rank adds nothing
         for hb in range(0, tl.cdiv(H, BLOCK_H)):
-            cols = hb * BLOCK_H + offs_h
-            tl.store(out_ptrs + hb * BLOCK_H, tl.zeros((BLOCK_M, BLOCK_H), dtype=tl.float32),
-                     mask=row_mask[:, None] & (cols[None, :] < H))
+            rows = hb * BLOCK_H + offs_h
+            tl.store(out_row + rows, tl.zeros((BLOCK_H,), dtype=tl.float32), mask=rows < H)
         return
 
-    # gate and up of the slice: (16, BLOCK_H) x rows times (BLOCK_H, 2 * BLOCK_I) weights per K step; the
-    # epilogue's operands first, so that no load waits between the two loops but the down tiles' own
-    a_ptrs = x_ptr + (pair // TOP_K) * stride_xm + offs_m[:, None] * 0 + offs_h[None, :]
-    g_ptrs = w13_ptr + expert * stride_w13e + offs_wi[None, :] * stride_w13n + offs_h[:, None]  # (BLOCK_H, BLOCK_I)
+    x_row = x_ptr + (pair // TOP_K) * stride_xm
+    g_ptrs = w13_ptr + expert * stride_w13e + offs_i[:, None] * stride_w13n + offs_h[None, :]  # (BLOCK_I, BLOCK_H)
     u_ptrs = g_ptrs + I * stride_w13n
-    if HAS_SCALE:
-        scale_g = tl.load(w13_scale_ptr + expert * stride_s13e + offs_wi)
-        scale_u = tl.load(w13_scale_ptr + expert * stride_s13e + I + offs_wi)
-    if HAS_BIAS13:
-        bias_g = tl.load(w13_bias_ptr + expert * stride_b13e + offs_wi).to(tl.float32)
-        bias_u = tl.load(w13_bias_ptr + expert * stride_b13e + I + offs_wi).to(tl.float32)
-    if WEIGHT_ON_INPUT:
-        rw = tl.load(topk_weights_ptr + pair).to(tl.float32)
-    acc = tl.zeros((BLOCK_M, 2 * BLOCK_I), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(H, BLOCK_H)):
-        k_left = H - kb * BLOCK_H
-        a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_h[None, :] < k_left), other=0.0)
-        g = tl.load(g_ptrs, mask=offs_h[:, None] < k_left, other=0)
-        u = tl.load(u_ptrs, mask=offs_h[:, None] < k_left, other=0)
-        w = tl.reshape(tl.join(g, u), (BLOCK_H, 2 * BLOCK_I))  # gate and up columns interleaved
-        acc = tl.dot(a, _dot_operand(w, a, FAST_CVT), acc, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_H
+    acc_g = tl.zeros((BLOCK_I,), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_I,), dtype=tl.float32)
+    for hb in range(0, tl.cdiv(H, BLOCK_H)):
+        cols = hb * BLOCK_H + offs_h
+        mask = i_mask[:, None] & (cols[None, :] < H)
+        xv = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)[None, :]
+        # fp32 products of 16-bit (or int8) values are exact, as a tensor core's are; fp32 sums
+        acc_g += tl.sum(tl.load(g_ptrs, mask=mask, other=0).to(tl.float32) * xv, 1)
+        acc_u += tl.sum(tl.load(u_ptrs, mask=mask, other=0).to(tl.float32) * xv, 1)
         g_ptrs += BLOCK_H
         u_ptrs += BLOCK_H
-    acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_I, 2)))
     if HAS_SCALE:
-        acc_g *= scale_g[None, :]
-        acc_u *= scale_u[None, :]
+        s13 = w13_scale_ptr + expert * stride_s13e + offs_i
+        acc_g *= tl.load(s13, mask=i_mask, other=0.0)
+        acc_u *= tl.load(s13 + I, mask=i_mask, other=0.0)
     if HAS_BIAS13:
-        acc_g += bias_g[None, :]
-        acc_u += bias_u[None, :]
+        b13 = w13_bias_ptr + expert * stride_b13e + offs_i
+        acc_g += tl.load(b13, mask=i_mask, other=0.0).to(tl.float32)
+        acc_u += tl.load(b13 + I, mask=i_mask, other=0.0).to(tl.float32)
+    rw = tl.load(topk_weights_ptr + pair).to(tl.float32)
     if WEIGHT_ON_INPUT:
         acc_g *= rw
         acc_u *= rw
     h = _activate(acc_g, acc_u, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT)
-    h = tl.where(i_mask[None, :], h, 0.0).to(x_ptr.dtype.element_ty)  # rounded as the two-GEMM path stores it
+    h = tl.where(i_mask, h, 0.0).to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as the two-GEMM path stores it
 
-    # the slice's share of the down projection, unscaled: (16, BLOCK_I) h times (BLOCK_I, BLOCK_H) w2 columns
-    # per step. The row scales, the bias and the routing weight are applied once per pair by the sum
-    # (:func:`moe_slice_sum_kernel`): a load of them here would wait in every step, outside the pipeline.
-    w2_ptrs = w2_ptr + expert * stride_w2e + offs_h[None, :] * stride_w2n + offs_wi[:, None]  # (BLOCK_I, BLOCK_H)
+    w2_ptrs = w2_ptr + expert * stride_w2e + offs_h[:, None] * stride_w2n + offs_i[None, :]  # (BLOCK_H, BLOCK_I)
     for hb in range(0, tl.cdiv(H, BLOCK_H)):
-        col_mask = hb * BLOCK_H + offs_h < H
-        w = tl.load(w2_ptrs, mask=col_mask[None, :], other=0)
-        y = tl.dot(h, _dot_operand(w, h, FAST_CVT), input_precision=DOT_PRECISION)
-        tl.store(out_ptrs, y, mask=row_mask[:, None] & col_mask[None, :])
-        w2_ptrs += BLOCK_H * stride_w2n
-        out_ptrs += BLOCK_H
-
-
-@triton.jit
-def moe_slice_sum_kernel(y_ptr, out_ptr, pair_experts_ptr, scale_ptr, bias_ptr, topk_weights_ptr, H, S,
-                         stride_ys, stride_yp, stride_out, stride_se, stride_be, TOP_K: tl.constexpr,
-                         HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-                         S_P2: tl.constexpr, BLOCK_H: tl.constexpr):
-    """FUSED_DECODE's sum: ``out[t] = sum over j < TOP_K of (sum over s < S of y[s, t*TOP_K + j]) * scale
-    + bias, times the routing weight`` (each pair's expert's row scales and bias; pairs whose expert is
-    not on this rank add nothing), in fp32, stored in out's dtype. A pair's S partials are one 2-D load,
-    all in flight at once."""
-    token = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    mask = offs < H
-    offs_s = tl.arange(0, S_P2)
-    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        pair = token * TOP_K + j
-        expert = tl.load(pair_experts_ptr + pair).to(tl.int64)
-        present = expert >= 0  # (an absent pair: zero partials, and expert 0's scales read and dropped)
-        ptrs = y_ptr + offs_s[:, None].to(tl.int64) * stride_ys + pair * stride_yp + offs[None, :]
-        part = tl.sum(tl.load(ptrs, mask=(offs_s[:, None] < S) & mask[None, :], other=0.0), 0)
-        expert = tl.maximum(expert, 0)
+        rows = hb * BLOCK_H + offs_h
+        row_mask = rows < H
+        w = tl.load(w2_ptrs, mask=row_mask[:, None] & i_mask[None, :], other=0).to(tl.float32)
+        y = tl.sum(w * h[None, :], 1)
         if HAS_SCALE:
-            part *= tl.load(scale_ptr + expert * stride_se + offs, mask=mask, other=0.0)
-        if HAS_BIAS:
-            part += tl.load(bias_ptr + expert * stride_be + offs, mask=mask, other=0.0).to(tl.float32)
-        if MUL_ROUTED_WEIGHT:
-            part *= tl.load(topk_weights_ptr + pair).to(tl.float32)
-        acc += tl.where(present, part, 0.0)
-    tl.store(out_ptr + token * stride_out + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+            y *= tl.load(w2_scale_ptr + expert * stride_s2e + rows, mask=row_mask, other=0.0)
+        if HAS_BIAS2:  # in slice 0's share only
+            bias = tl.load(w2_bias_ptr + expert * stride_b2e + rows, mask=row_mask, other=0.0).to(tl.float32)
+            y += tl.where(split == 0, bias, 0.0)
+        if not WEIGHT_ON_INPUT:
+            y *= rw
+        tl.store(out_row + rows, y, mask=row_mask)
+        w2_ptrs += BLOCK_H * stride_w2n
 
 
 @triton.jit
@@ -888,42 +850,29 @@ def sum_last_counts(num_tokens: int, hidden: int, down_config: dict) -> int:
 
 
 def invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights, pair_experts, top_k, activation,
-                        weight_on_input, config, out, w13_bias=None, w2_bias=None) -> torch.Tensor:
-    """FUSED_DECODE: the layer's output ``out [M, H]`` in two launches. :func:`moe_pair_slice_kernel` writes
-    ``[S, M*k, H]`` fp32 partials, slice s's unscaled share of each pair's down projection (S = cdiv(I,
-    BLOCK_SIZE_N)); :func:`moe_slice_sum_kernel` adds a pair's slices, applies its row scales, bias and
-    routing weight, and adds the token's k pairs. BLOCK_SIZE_N is the slice of I per program and
-    BLOCK_SIZE_K the tile of H of both its loops."""
+                        weight_on_input, config, w13_bias=None, w2_bias=None) -> torch.Tensor:
+    """FUSED_DECODE: ``[S, M*k, H]`` fp32, slice s's share of each pair's expert output
+    (:func:`moe_pair_slice_kernel`), S = cdiv(I, BLOCK_SIZE_N); :func:`invoke_sum` finishes the layer.
+    BLOCK_SIZE_N is the slice of I per program and BLOCK_SIZE_K the tile of H it walks."""
     num_experts, hidden, inter = w2.shape
     num_pairs = pair_experts.numel()
     if num_pairs > FUSED_DECODE_MAX_PAIRS:
         raise ValueError(f"FUSED_DECODE handles up to {FUSED_DECODE_MAX_PAIRS} (token, slot) pairs, got {num_pairs}")
     block_i, block_h = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     slices = triton.cdiv(inter, block_i)
-    partials = torch.empty((slices, num_pairs, hidden), dtype=torch.float32, device=x.device)
+    out = torch.empty((slices, num_pairs, hidden), dtype=torch.float32, device=x.device)
     has_scale, has_b13, has_b2 = w13_scale is not None, w13_bias is not None, w2_bias is not None
     _kernel(moe_pair_slice_kernel, x.device)[(num_pairs, slices)](
-        x, w13, w13_scale if has_scale else w13, w13_bias if has_b13 else w13, w2, partials, pair_experts,
-        topk_weights, hidden, inter, x.stride(0), w13.stride(0), w13.stride(1),
-        w13_scale.stride(0) if has_scale else 0, w13_bias.stride(0) if has_b13 else 0, w2.stride(0), w2.stride(1),
-        partials.stride(0), partials.stride(1),
+        x, w13, w13_scale if has_scale else w13, w13_bias if has_b13 else w13, w2, w2_scale if has_scale else w2,
+        w2_bias if has_b2 else w2, out, topk_weights, pair_experts, hidden, inter,
+        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
+        w13_bias.stride(0) if has_b13 else 0, w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
+        w2_bias.stride(0) if has_b2 else 0, out.stride(0), out.stride(1),
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS13=has_b13,
+        HAS_BIAS2=has_b2,
         WEIGHT_ON_INPUT=weight_on_input, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-        DOT_PRECISION=_dot_precision(x.dtype), FAST_CVT=fast_cvt(x.device), BLOCK_I=block_i, BLOCK_H=block_h,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        BLOCK_I=block_i, BLOCK_H=block_h, num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
-    # a pair's partials are one (S, BLOCK_H) load: BLOCK_H as wide as 4096 elements allow, then narrower
-    # until the grid has a program for each SM or so (M=1 has only H / BLOCK_H programs)
-    s_p2 = triton.next_power_of_2(slices)
-    block = max(16, min(triton.next_power_of_2(hidden), 4096 // s_p2))
-    while out.shape[0] * triton.cdiv(hidden, block) < 128 and block > 16:
-        block //= 2
-    _kernel(moe_slice_sum_kernel, x.device)[(out.shape[0], triton.cdiv(hidden, block))](
-        partials, out, pair_experts, w2_scale if has_scale else partials, w2_bias if has_b2 else partials,
-        topk_weights, hidden, slices, partials.stride(0), partials.stride(1), out.stride(0),
-        w2_scale.stride(0) if has_scale else 0, w2_bias.stride(0) if has_b2 else 0,
-        TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_b2, MUL_ROUTED_WEIGHT=not weight_on_input, S_P2=s_p2,
-        BLOCK_H=block, num_warps=4)
     return out
 
 
@@ -945,7 +894,7 @@ def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
         for s in tl.static_range(SPLIT_K):
             for j in tl.static_range(TOP_K):
                 acc += _row(y_ptr, stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row, offs, mask)
-    else:  # too many partials to unroll
+    else:  # FUSED_DECODE: one partial per slice of I, too many to unroll
         for s in range(SPLIT_K):
             for j in tl.static_range(TOP_K):
                 acc += _row(y_ptr, stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row, offs, mask)
@@ -959,7 +908,7 @@ def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
         raise ValueError(f"moe_sum: y {tuple(y.shape)} and out {tuple(out.shape)} do not match top_k={top_k}")
     block_h = min(1024, triton.next_power_of_2(hidden))
     while split_k * top_k > 8 and out.shape[0] * triton.cdiv(hidden, block_h) < 256 and block_h > 64:
-        block_h //= 2  # many rows to add per token: more, narrower programs
+        block_h //= 2  # many rows to add per token (FUSED_DECODE at M=1): more, narrower programs
     grid = (out.shape[0], triton.cdiv(hidden, block_h))
     _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
                                              TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
