@@ -1160,3 +1160,19 @@ def test_with_down_adds_to_the_down_overrides_only():
     assert configs.with_down(entry, BLOCK_SIZE_K=64) == dict(PINNED, TMA=1, down={"SUM_LAST": 1, "BLOCK_SIZE_K": 64})
     assert configs.with_down(PINNED, SPLIT_K=2) == dict(PINNED, down={"SPLIT_K": 2})
     assert entry == dict(PINNED, TMA=1, down={"SUM_LAST": 1})  # the entry itself unchanged
+
+
+def test_variant_ab_pdl_prefetch_values_are_valid_entries():
+    """variant_ab's ``pdl_prefetch``: the down GEMM's PDL_PREFETCH at 1-16 K tiles, PDL form 2 added where the
+    entry has no PDL and kept where it has one; prefill entries and the other kernels' entries as shipped."""
+    import runpy
+
+    pdl_prefetch = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "variant_ab.py"),
+                                  run_name="variant_ab")["pdl_prefetch"]
+    entry = dict(PINNED, BLOCK_SIZE_M=16, down={"SUM_LAST": 1})
+    assert pdl_prefetch(entry, 0) == entry
+    assert pdl_prefetch(entry, 2) == dict(entry, PDL=2, down={"SUM_LAST": 1, "PDL_PREFETCH": 2})
+    assert pdl_prefetch(dict(entry, PDL=1), 16)["PDL"] == 1
+    assert all(configs.check_config(pdl_prefetch(entry, v)) == pdl_prefetch(entry, v) for v in (1, 2, 4, 16))
+    assert pdl_prefetch(dict(entry, BLOCK_SIZE_M=64), 2) == dict(entry, BLOCK_SIZE_M=64)
+    assert pdl_prefetch(dict(entry, GLUON=1), 2) == dict(entry, GLUON=1)

@@ -207,6 +207,18 @@ def test_swapped_operand_orientation_and_per_gemm_configs(dtype, swap_gate_up, s
         check(29, 5, 67, 45, 2, dtype, "triton")
 
 
+@pytest.mark.parametrize("pairs", [0, 1])
+def test_pdl_prefetch_entries_run_where_pdl_does_not(pairs):
+    """An entry with PDL and the down GEMM's PDL_PREFETCH where no launch is a programmatic dependent (the
+    interpreter, pre-Hopper GPUs): the plain kernels, same results (the GPU test times the early wait)."""
+    from experts_int8.kernels.configs import override_config
+
+    cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2, PDL=2,
+               PAIRS=pairs, down=dict(SPLIT_K=2, SUM_LAST=pairs, PDL_PREFETCH=4))
+    with override_config(cfg):
+        check(3, 5, 67, 45, 2, torch.float32, "triton")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("split_k, swap_down", [(2, 0), (3, 1), (8, 0)])
 def test_split_k_down_partials_add_up(dtype, split_k, swap_down):

@@ -80,6 +80,11 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                                 down=dict(BLOCK_SIZE_K=128, num_stages=3, SPLIT_K=2, SUM_LAST=1)),
     "down_pipeline_tma_k64": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
                                   num_stages=3, PDL=1, down=dict(TMA=1, BLOCK_SIZE_K=64)),
+    # PDL_PREFETCH (with PDL; the PDL test sets each form): the down GEMM's loads and L2 prefetches before its wait
+    "prefetch_pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                           num_stages=3, PAIRS=1, PDL=2, down=dict(SUM_LAST=1, SPLIT_K=2, PDL_PREFETCH=8)),
+    "prefetch_align": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
+                           num_stages=3, PDL=1, down=dict(BLOCK_SIZE_K=64, PDL_PREFETCH=2)),
     # LATE_EPILOGUE: the epilogue's loads after the K loop, in both GEMMs or in gate_up only
     "late_epilogue_pairs": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4,
                                 num_stages=3, PAIRS=1, LATE_EPILOGUE=1, down=dict(SUM_LAST=1, SPLIT_K=2)),
@@ -94,7 +99,7 @@ def test_kernel_variants_bf16(variant, m):
     from experts_int8.kernels.configs import override_config
 
     if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
-                   "tile_n_pairs", "late_epilogue_pairs", "down_pipeline_pairs") and m > 5:
+                   "tile_n_pairs", "late_epilogue_pairs", "down_pipeline_pairs", "prefetch_pairs") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     ex = layer()
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -301,17 +306,18 @@ def test_chunked_align_equals_the_torch_sort(e, k, pairs):
 
 
 @pytest.mark.parametrize("form", [1, 2])
-@pytest.mark.parametrize("variant", ["pairs", "sum_topk", "split_k", "sum_last"])
+@pytest.mark.parametrize("variant", ["pairs", "sum_topk", "split_k", "sum_last", "prefetch_pairs", "prefetch_align"])
 @pytest.mark.parametrize("m", [1, 7, 300])
 def test_programmatic_dependent_launch(variant, m, form):
     """With the config's PDL the GEMMs wait for the previous kernel's writes: same results as the oracle,
-    eagerly and replayed from a CUDA graph (whose capture keeps the programmatic edges). A missing
-    wait would be a race this can miss; the offline PTX check in benchmarks/NOTES.md item 24 is the
-    other half."""
+    eagerly and replayed from a CUDA graph (whose capture keeps the programmatic edges); with the down
+    GEMM's PDL_PREFETCH its wait comes after its own loads and L2 prefetches. A missing wait would be a
+    race this can miss; the offline PTX checks (benchmarks/NOTES.md item 24, tests/test_pdl_prefetch.py)
+    are the other half."""
     from experts_int8.kernels.configs import override_config
 
     if variant in ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot",
-                   "tile_n_pairs", "late_epilogue_pairs", "down_pipeline_pairs") and m > 5:
+                   "tile_n_pairs", "late_epilogue_pairs", "down_pipeline_pairs", "prefetch_pairs") and m > 5:
         pytest.skip("PAIRS is a decode mode")
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("programmatic dependent launch needs compute capability 9.0")

@@ -47,7 +47,9 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # routing weights) after the K loop instead of before it, for tiles that would lose a resident program a SM
 # to the registers that hold them through the loop;
 # PDL (the Triton GEMMs, sm_90+) launches both as programmatic dependents: 1 lets the next kernel launch at a
-# program's start, 2 after its K loop (kernels.fused_moe's docstring).
+# program's start, 2 after its K loop (kernels.fused_moe's docstring); with it, the "down" override
+# PDL_PREFETCH (1-16) has the down GEMM's programs, before they wait for gate_up, load what does not depend
+# on it and ask L2 for their first PDL_PREFETCH K tiles of weights.
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
                  "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "TILE_N",
                  "LATE_EPILOGUE", "PDL", "down")
@@ -73,11 +75,12 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
     PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
     WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N, LATE_EPILOGUE,
-    PDL (0-2) and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE or, with PAIRS, SUM_TOPK for the
-    down GEMM),
+    PDL (0-2) and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE, PDL_PREFETCH (with PDL) or,
+    with PAIRS, SUM_TOPK for the down GEMM),
     positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
     required = () if _nested else CONFIG_KEYS
-    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"} | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA", "LATE_EPILOGUE"}
+    allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"}
+               | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA", "LATE_EPILOGUE", "PDL_PREFETCH"}
                if _nested
                else set(CONFIG_KEYS) | set(OPTIONAL_KEYS))
     if not isinstance(config, dict) or not set(required) <= set(config) or not set(config) <= allowed:
@@ -138,6 +141,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                          f"got {out['TILE_N']!r}")
     if out.get("PDL") and any(out.get(k) for k in OTHER_KERNEL_KEYS):
         raise ValueError("config: PDL applies to the Triton GEMMs, not with GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE")
+    if "PDL_PREFETCH" in down and (not out.get("PDL") or down.get("SUM_TOPK") or down["PDL_PREFETCH"] > 16):
+        raise ValueError(f"config: down PDL_PREFETCH (K tiles of weights the down GEMM asks L2 for before it waits "
+                         f"for gate_up) is 1 to 16, with PDL and without SUM_TOPK; got {down['PDL_PREFETCH']!r}")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

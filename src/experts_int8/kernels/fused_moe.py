@@ -37,7 +37,10 @@ at its start for that kernel's writes (``gdc_wait``). With ``PDL: 1`` it lets th
 right after that; with ``PDL: 2`` only after its K loop, so the dependents of a grid of several waves
 are scheduled as its last programs finish their loops, not while it still has programs to start
 (form 1 cost 8-20% at M=2-4 on the H200, form 2 at most 3.5%; each wins 1-6% at some decode rows:
-benchmarks/NOTES.md items 28, 145).
+benchmarks/NOTES.md items 28, 145). The down override ``PDL_PREFETCH: n`` moves the down GEMM's wait
+to just before its K loop: its programs first load their rows, expert and epilogue operands and ask
+L2 for their first n K tiles of weights (none of which gate_up writes; what gate_up read was complete
+before any gate_up program let this grid launch), while gate_up's last programs still run.
 
 On CPU tensors the same kernel source runs under Triton's interpreter, which Triton enables only
 when ``TRITON_INTERPRET=1`` is set before it is first imported (the tests do this on machines
@@ -149,6 +152,30 @@ INT8_TO_FP16_PTX = tl.constexpr("""{
 @triton.jit
 def _int8_to_fp16(w):
     return tl.inline_asm_elementwise(INT8_TO_FP16_PTX, "=r,=r,r", [w], dtype=tl.float16, is_pure=True, pack=4)
+
+
+# An L2 prefetch of the 128-byte line at global address $1 when $2 is nonzero; nothing waits for it.
+# $0 is a dummy: inline asm returns a value.
+PREFETCH_L2_PTX = tl.constexpr("""{
+        .reg .pred p;
+        setp.ne.b32 p, $2, 0;
+        @p prefetch.global.L2 [$1];
+        mov.b32 $0, 0;
+        }""")
+
+
+@triton.jit
+def _prefetch_rows_l2(row_ptrs, k0, k_end, LINES: tl.constexpr):
+    """PDL_PREFETCH: ask L2 for elements [k0, k_end) of each row at ``row_ptrs`` (one prefetch per 128-byte
+    line, LINES a power of two covering the range plus a line for an unaligned start; a line asked for
+    twice costs nothing more)."""
+    step: tl.constexpr = 128 // (row_ptrs.dtype.element_ty.primitive_bitwidth // 8)
+    j = tl.arange(0, LINES)
+    offs = tl.minimum(k0 + j * step, k_end - 1)
+    ask = (j * step < k_end - k0 + step).to(tl.int32)
+    tl.inline_asm_elementwise(PREFETCH_L2_PTX, "=r,l,r", [row_ptrs[:, None] + offs[None, :], ask[None, :]
+                                                          + 0 * offs[None, :]],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -491,10 +518,12 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
                HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
                DOT_PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                SWAP_AB: tl.constexpr, SPLIT_K: tl.constexpr, TMA: tl.constexpr, FAST_CVT: tl.constexpr,
-               LATE_EPILOGUE: tl.constexpr):
+               LATE_EPILOGUE: tl.constexpr, PREFETCH_TILES: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     """fp32 ``(BLOCK_M, BLOCK_N)`` tile of ``a[rows] @ w2[expert, offs_wn]^T`` over K blocks
     ``[kb_start, kb_end)``, times the row scales, plus the bias (in the first split-K partial only),
-    times the routing weights."""
+    times the routing weights. With PREFETCH_TILES (under PDL) the program waits for the previous
+    kernel's writes only here, before its K loop: the epilogue's operands are loaded and its first
+    PREFETCH_TILES K tiles of weights asked of L2 while gate_up still runs."""
     offs_k = tl.arange(0, BLOCK_K)
     if SWAP_AB:  # weights as the left operand, loaded (N, K): acc^T = w a^T
         a_ptrs = a_ptr + rows[None, :] * stride_am + offs_k[:, None]  # (BLOCK_K, BLOCK_M)
@@ -510,6 +539,11 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
     if not LATE_EPILOGUE:  # the epilogue's operands before the K loop, as in the gate_up kernel
         scale, bias, rw = _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows,
                                                   row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT)
+    if PREFETCH_TILES:  # the weights do not depend on gate_up: in flight to L2 before the wait
+        k0 = kb_start * BLOCK_K
+        _prefetch_rows_l2(w_ptr + expert * stride_we + offs_wn.to(tl.int64) * stride_wn, k0,
+                          tl.minimum(tl.minimum(kb_start + PREFETCH_TILES, kb_end) * BLOCK_K, I), PREFETCH_LINES)
+        tl.extra.cuda.gdc_wait()
     for kb in range(kb_start, kb_end):
         k_left = I - kb * BLOCK_K
         w = _weight_tile(w_ptrs, w_desc, w_row, kb, k_left, offs_k, offs_wn, BLOCK_K, SWAP_AB, TMA, False)
@@ -584,12 +618,20 @@ def moe_down_kernel(
     TMA: tl.constexpr,
     FAST_CVT: tl.constexpr,
     LATE_EPILOGUE: tl.constexpr,  # the epilogue's loads after the K loop (see the gate_up kernel)
+    PREFETCH_TILES: tl.constexpr,  # PDL_PREFETCH under PDL (else 0): wait for gate_up only before the K loop
+    PREFETCH_LINES: tl.constexpr,  # 128-byte lines a row's PREFETCH_TILES K tiles span, to a power of two
 ):
-    _pdl_prologue(PDL)
+    if PREFETCH_TILES:  # the wait moves to _down_tile, after what does not read gate_up's output
+        if PDL == 1:
+            tl.extra.cuda.gdc_launch_dependents()
+    else:
+        _pdl_prologue(PDL)
     pid_m, n0 = _program_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_wn = offs_n % H
     if SUM_TOPK:  # (with PAIRS) block pid_m is token pid_m: its k down-projections summed here
+        if PREFETCH_TILES:  # (configs exclude it here; without a prefetch the wait comes first)
+            tl.extra.cuda.gdc_wait()
         lane0 = tl.arange(0, BLOCK_M) == 0
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j in range(TOP_K):
@@ -601,7 +643,7 @@ def moe_down_kernel(
                                     expert, n0, offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se,
                                     stride_be, 0, tl.cdiv(I, BLOCK_K), HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT,
                                     DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, 1, TMA,
-                                    FAST_CVT, LATE_EPILOGUE)
+                                    FAST_CVT, LATE_EPILOGUE, 0, 1)
         _pdl_loop_done(PDL)
         out_ptrs = out_ptr + tl.where(lane0, pid_m, 0).to(tl.int64)[:, None] * stride_om + offs_n[None, :]
         tl.store(out_ptrs, total.to(out_ptr.dtype.element_ty), mask=lane0[:, None] & (offs_n[None, :] < H))
@@ -623,6 +665,8 @@ def moe_down_kernel(
         out_ptrs += split.to(tl.int64) * stride_os
     out_mask = row_mask[:, None] & (offs_n[None, :] < H)
     if expert < 0:
+        if PREFETCH_TILES:
+            tl.extra.cuda.gdc_wait()
         tl.store(out_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty), mask=out_mask)
         if SUM_LAST:
             _sum_if_last(out_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_om, stride_os,
@@ -631,7 +675,7 @@ def moe_down_kernel(
     acc = _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows, row_mask, expert, n0,
                      offs_wn, H, I, stride_am, stride_we, stride_wn, stride_se, stride_be, kb_start, kb_end,
                      HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB,
-                     SPLIT_K, TMA, FAST_CVT, LATE_EPILOGUE)
+                     SPLIT_K, TMA, FAST_CVT, LATE_EPILOGUE, PREFETCH_TILES, PREFETCH_LINES)
     _pdl_loop_done(PDL)
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     if SUM_LAST:
@@ -746,10 +790,13 @@ def _gate_up_meta(config: dict) -> dict:
     return dict(FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=config.get("TILE_N", config["BLOCK_SIZE_N"]))
 
 
-def _down_meta(config: dict) -> dict:
-    """The down kernel's own config keys (beside :func:`_launch_meta`'s)."""
+def _down_meta(config: dict, element_size: int = 1) -> dict:
+    """The down kernel's own config keys (beside :func:`_launch_meta`'s). PDL_PREFETCH is read only where
+    the launch is a programmatic dependent (:func:`pdl_meta` says so; the caller zeroes it otherwise)."""
+    tiles = config.get("PDL_PREFETCH", 0)
+    lines = triton.next_power_of_2(triton.cdiv(tiles * config["BLOCK_SIZE_K"] * element_size, 128) + 1)
     return dict(SPLIT_K=config.get("SPLIT_K", 1), SUM_TOPK=bool(config.get("SUM_TOPK", 0)),
-                SUM_LAST=bool(config.get("SUM_LAST", 0)))
+                SUM_LAST=bool(config.get("SUM_LAST", 0)), PREFETCH_TILES=tiles, PREFETCH_LINES=lines)
 
 
 def weight_descriptor(w: torch.Tensor, config: dict) -> TensorDescriptor | None:
@@ -805,7 +852,10 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     at least :func:`sum_last_counts` of them) must be zero on entry (the gate_up launch zeroes them)."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
-    own = _down_meta(config)
+    own = _down_meta(config, w2.element_size())
+    pdl = pdl_meta(config, a.device)
+    if not pdl["PDL"]:  # (an entry's PDL_PREFETCH where this launch is not a programmatic dependent)
+        own["PREFETCH_TILES"] = 0
     split_k, sum_topk, sum_last = own["SPLIT_K"], own["SUM_TOPK"], own["SUM_LAST"]
     if (split_k > 1 or sum_last) and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
         raise ValueError(f"SPLIT_K={split_k}{' with SUM_LAST' if sum_last else ''} needs an fp32 out of shape "
@@ -839,7 +889,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         w_desc=weight_descriptor(w2, config), FAST_CVT=fast_cvt(a.device),
         TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(config, a.device),
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl,
     )
     return sums if sum_last else out
 
