@@ -415,7 +415,7 @@ def waves(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: in
 def pdl(cfg: dict, value: int, *lookup) -> dict:
     # Programmatic dependent launch of the Triton GEMMs: 1 the next kernel launched at a program's start, 2 after
     # its K loop (NOTES items 28, 145)
-    return dict(cfg, PDL=value) if value else configs.without(cfg, "PDL")
+    return dict(cfg, PDL=value) if value else configs.without(cfg, "PDL", "PDL_PREFETCH")
 
 
 def retuned(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, dtype, *rest) -> dict:

@@ -790,7 +790,10 @@ def test_pdl_variants_at_decode_sizes_on_the_triton_kernels():
     assert tune.pdl_variants(PINNED, m=2, top_k=2, pdl_ok=False) == []  # before sm_90
     assert tune.pdl_variants(PINNED, m=16, top_k=8, pdl_ok=True) != []  # 128 pairs: still decode
     assert tune.pdl_variants(PINNED, m=256, top_k=2, pdl_ok=True) == []  # prefill: nothing to gain
-    assert tune.pdl_variants(dict(PINNED, PDL=2), m=1, top_k=8, pdl_ok=True) == []  # already a form
+    with_form = dict(PINNED, PDL=2)  # already a form: the down GEMM's early wait with one K tile asked of L2
+    assert tune.pdl_variants(with_form, m=1, top_k=8, pdl_ok=True) == [dict(with_form, down={"PDL_PREFETCH": 1})]
+    assert configs.check_config(dict(with_form, down={"PDL_PREFETCH": 1}))
+    assert tune.pdl_variants(dict(with_form, down={"PDL_PREFETCH": 1}), m=1, top_k=8, pdl_ok=True) == []
     assert tune.pdl_variants(dict(PINNED, GLUON=1), m=1, top_k=8, pdl_ok=True) == []  # other kernels
 
 

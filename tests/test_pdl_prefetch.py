@@ -66,7 +66,6 @@ def test_without_it_the_wait_comes_first(ptx):
 def test_config_rules():
     assert check_config(ENTRY | dict(down=dict(ENTRY["down"], PDL_PREFETCH=4)))["down"]["PDL_PREFETCH"] == 4
     for bad in (dict(ENTRY, PDL=0, down=dict(PDL_PREFETCH=2)), dict(ENTRY, down=dict(PDL_PREFETCH=17)),
-                dict(ENTRY, down=dict(PDL_PREFETCH=0)), dict(ENTRY, down=dict(SUM_TOPK=1, PDL_PREFETCH=2)),
-                dict(ENTRY, PDL_PREFETCH=2)):
+                dict(ENTRY, down=dict(PDL_PREFETCH=0)), dict(ENTRY, PDL_PREFETCH=2)):
         with pytest.raises(ValueError):
             check_config(bad)

@@ -49,7 +49,7 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # PDL (the Triton GEMMs, sm_90+) launches both as programmatic dependents: 1 lets the next kernel launch at a
 # program's start, 2 after its K loop (kernels.fused_moe's docstring); with it, the "down" override
 # PDL_PREFETCH (1-16) has the down GEMM's programs, before they wait for gate_up, load what does not depend
-# on it and ask L2 for their first PDL_PREFETCH K tiles of weights.
+# on it and ask L2 for their first PDL_PREFETCH K tiles of weights (not with SUM_TOPK, whose programs wait first).
 OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
                  "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "TILE_N",
                  "LATE_EPILOGUE", "PDL", "down")
@@ -141,9 +141,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                          f"got {out['TILE_N']!r}")
     if out.get("PDL") and any(out.get(k) for k in OTHER_KERNEL_KEYS):
         raise ValueError("config: PDL applies to the Triton GEMMs, not with GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE")
-    if "PDL_PREFETCH" in down and (not out.get("PDL") or down.get("SUM_TOPK") or down["PDL_PREFETCH"] > 16):
+    if "PDL_PREFETCH" in down and (not out.get("PDL") or down["PDL_PREFETCH"] > 16):
         raise ValueError(f"config: down PDL_PREFETCH (K tiles of weights the down GEMM asks L2 for before it waits "
-                         f"for gate_up) is 1 to 16, with PDL and without SUM_TOPK; got {down['PDL_PREFETCH']!r}")
+                         f"for gate_up) is 1 to 16, with PDL; got {down['PDL_PREFETCH']!r}")
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):

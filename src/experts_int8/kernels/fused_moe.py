@@ -630,7 +630,7 @@ def moe_down_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_wn = offs_n % H
     if SUM_TOPK:  # (with PAIRS) block pid_m is token pid_m: its k down-projections summed here
-        if PREFETCH_TILES:  # (configs exclude it here; without a prefetch the wait comes first)
+        if PREFETCH_TILES:  # (here the wait comes first: no prefetch)
             tl.extra.cuda.gdc_wait()
         lane0 = tl.arange(0, BLOCK_M) == 0
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
