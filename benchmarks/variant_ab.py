@@ -34,7 +34,8 @@ CUDA-graph timing as bench_kernel:
             BLOCK_SIZE_K 64, 128, 256 (the values)                                        (M <= 16)
   pdl_prefetch  the down GEMM waits for gate_up only before its K loop, after loading its expert and
             epilogue operands and asking L2 for its first 1, 2, 4 or 16 K tiles of weights (the values;
-            down PDL_PREFETCH), PDL form 2 added where the entry has none               (M <= 16)
+            down PDL_PREFETCH), PDL form 2 added where the entry has none; 101 and 201 one tile in PDL
+            form 1 or 2                                                                  (M <= 16)
   wide      wider gate_up tiles at decode (the down GEMM keeps its own): the shipped config, BLOCK_SIZE_N
             128, 128 with BLOCK_SIZE_K 128 and 5 stages, 256 with BLOCK_SIZE_K 128 and 3 stages  (M <= 16)
   pairs_group  PAIRS with the pairs as the fast index of the grid (GROUP_SIZE_M >= M*k): the programs
@@ -281,11 +282,13 @@ def down_pipe(cfg: dict, value: int, *lookup) -> dict:
 
 
 def pdl_prefetch(cfg: dict, value: int, *lookup) -> dict:
-    # The down GEMM's wait for gate_up after its own loads and an L2 prefetch of its first `value` K tiles
-    # (down PDL_PREFETCH); entries without PDL get PDL form 2 with it
+    # The down GEMM's wait for gate_up after its own loads and an L2 prefetch of its first K tiles (down
+    # PDL_PREFETCH): values 1-16 that many tiles in the entry's PDL form (form 2 where it has none), 101-116
+    # and 201-216 (form x 100 + tiles) in form 1 or 2
     if not value or cfg["BLOCK_SIZE_M"] > 32 or any(cfg.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return cfg
-    return configs.with_down(cfg if cfg.get("PDL") else dict(cfg, PDL=2), PDL_PREFETCH=value)
+    form, tiles = divmod(value, 100)
+    return configs.with_down(dict(cfg, PDL=form or cfg.get("PDL") or 2), PDL_PREFETCH=tiles)
 
 
 def _down_pinned(cfg: dict) -> dict:
@@ -450,7 +453,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "down_pipe": (down_pipe, (0, 2, 3, 4, 5, 64, 128, 256)),
-            "pdl_prefetch": (pdl_prefetch, (0, 1, 2, 4, 16)),
+            "pdl_prefetch": (pdl_prefetch, (0, 1, 2, 4, 16, 101, 201)),
             "wide": (wide, (0, 1, 2, 3)),
             "pairs_group": (pairs_group, (0, 1, 2, 3)), "tma": (tma, (0, 1, 2, 3)),
             "fp16_dot": (fp16_dot, (0, 1)), "deep": (deep, (0, 1, 2, 3, 4, 5)),

@@ -1167,7 +1167,8 @@ def test_with_down_adds_to_the_down_overrides_only():
 
 def test_variant_ab_pdl_prefetch_values_are_valid_entries():
     """variant_ab's ``pdl_prefetch``: the down GEMM's PDL_PREFETCH at 1-16 K tiles, PDL form 2 added where the
-    entry has no PDL and kept where it has one; prefill entries and the other kernels' entries as shipped."""
+    entry has no PDL and kept where it has one, or one tile in form 1 (101) or 2 (201); prefill entries and the
+    other kernels' entries as shipped."""
     import runpy
 
     pdl_prefetch = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "variant_ab.py"),
@@ -1179,3 +1180,5 @@ def test_variant_ab_pdl_prefetch_values_are_valid_entries():
     assert all(configs.check_config(pdl_prefetch(entry, v)) == pdl_prefetch(entry, v) for v in (1, 2, 4, 16))
     assert pdl_prefetch(dict(entry, BLOCK_SIZE_M=64), 2) == dict(entry, BLOCK_SIZE_M=64)
     assert pdl_prefetch(dict(entry, GLUON=1), 2) == dict(entry, GLUON=1)
+    assert pdl_prefetch(dict(entry, PDL=2), 101) == dict(entry, PDL=1, down={"SUM_LAST": 1, "PDL_PREFETCH": 1})
+    assert pdl_prefetch(entry, 201) == dict(entry, PDL=2, down={"SUM_LAST": 1, "PDL_PREFETCH": 1})
