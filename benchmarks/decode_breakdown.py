@@ -39,7 +39,7 @@ def split_layers(spans, num_calls: int):
 
 
 def short_name(name: str) -> str:
-    for key in ("align", "gate_up", "down", "sum", "pair_slice", "dequantize", "gluon"):
+    for key in ("align", "gate_up", "down", "sum", "dequantize", "gluon"):
         if key in name:
             return key
     return name[:24]

@@ -170,7 +170,7 @@ def library_gate_up(x, w13, w13_scale, weights, ids, top_k, dtype):
     m = x.shape[0]
     num_experts, inter = w13.shape[0], w13.shape[1] // 2
     cfg = configs.get_config(m, num_experts, inter, top_k, dtype)
-    cfg = configs.without(cfg, "DEQUANT_ONCE", "PAIRS", "DEDUP_PAIRS", "SUM_TOPK", "SUM_LAST", "FUSED_DECODE")
+    cfg = configs.without(cfg, "DEQUANT_ONCE", "PAIRS", "DEDUP_PAIRS", "SUM_TOPK", "SUM_LAST")
     gate_up_cfg, _ = configs.split_config(cfg)
     sorted_ids, blocks, num_post = align_block_size(ids, gate_up_cfg["BLOCK_SIZE_M"], num_experts, None)
     out = torch.empty(m * top_k, inter, dtype=x.dtype, device=x.device)

@@ -78,7 +78,7 @@ def main() -> None:
         table = changed.get(path) or read_table(path)
         ks = top_ks.get(e, set())
         for m, cfg in table.items():
-            if (cfg.get("PAIRS") and not cfg.get("DEDUP_PAIRS") and not cfg.get("FUSED_DECODE") and len(ks) == 1
+            if (cfg.get("PAIRS") and not cfg.get("DEDUP_PAIRS") and len(ks) == 1
                     and not tune.pairs_fit(m, e, next(iter(ks)))):
                 print(f"{name} M={m}: PAIRS (and SUM_TOPK, which needs it) dropped: pairs often share an expert")
                 table[m] = configs.check_config(configs.without(cfg, "PAIRS", "SUM_TOPK"))

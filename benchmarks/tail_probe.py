@@ -29,7 +29,7 @@ from experts_int8 import bench, ops, tune
 from experts_int8.kernels import configs
 
 SMALL_MS = (32, 64, 128, 256)  # table entries tried for the tail pass
-DECODE_ONLY = ("PAIRS", "DEDUP_PAIRS", "SUM_LAST", "SUM_TOPK", "FUSED_DECODE")
+DECODE_ONLY = ("PAIRS", "DEDUP_PAIRS", "SUM_LAST", "SUM_TOPK")
 
 
 def tile_rows(config: dict) -> int:

@@ -13,8 +13,6 @@ CUDA-graph timing as bench_kernel:
   dequant   int8 experts dequantized once per call, then the float GEMMs with the bf16 table's
             blocks (DEQUANT_ONCE): the shipped int8 config, the dequantize-once path, the same with
             TMA weight tiles in both float GEMMs                                          (M >= 1024)
-  fused_decode  both GEMMs of a pair per slice of I in one launch, then one sum (FUSED_DECODE):
-            the shipped config, then tune.FUSED_DECODE_BLOCKS (slice of I, tile of H)        (M <= 8)
   sum_last  PAIRS with the down GEMM's last program per token tile adding up the split-K partials and
             the token's k experts (down SUM_LAST), no sum launch: the shipped config, then that, then
             with DEDUP_PAIRS too (no align launch either, each expert read once), then on the align
@@ -99,7 +97,6 @@ counts (one run's noise is up to ~7% at some rows: NOTES item 111).
     PYTHONPATH=src python3 benchmarks/variant_ab.py dequant --m 1024,2048,4096,8192
     PYTHONPATH=src python3 benchmarks/variant_ab.py mma_v2 --m 256,512,1024,2048
     PYTHONPATH=src python3 benchmarks/variant_ab.py gluon --m 256,512,1024,2048,4096,8192
-    PYTHONPATH=src python3 benchmarks/variant_ab.py fused_decode --m 1,2,4,8 --shapes qwen3-30b-a3b deepseek-v2-lite
     PYTHONPATH=src python3 benchmarks/variant_ab.py sum_last --m 1,2,4,8
     PYTHONPATH=src python3 benchmarks/variant_ab.py decode_tile --m 1,2,4,16
     PYTHONPATH=src python3 benchmarks/variant_ab.py down_tile --m 1,2,4,8,16 --shapes qwen3-30b-a3b deepseek-v2-lite
@@ -153,7 +150,7 @@ def sum_last(cfg: dict, value: int, *lookup) -> dict:
     # PAIRS (1) or PAIRS + DEDUP_PAIRS (2) with the down GEMM's last program per token tile adding up
     # the partials (no align launch, no sum launch); an align-path entry as it is (3) or split in two
     # along I (4) with that (no sum launch)
-    if not value or any(cfg.get(key) for key in ("FUSED_DECODE", "GLUON", "WSRR")):
+    if not value or any(cfg.get(key) for key in ("GLUON", "WSRR")):
         return cfg
     if value >= 3:
         if cfg.get("PAIRS") or cfg.get("TAIL_ROWS"):
@@ -178,12 +175,6 @@ def dequant(cfg: dict, value: int, m, num_experts, inter, top_k, weight_dtype, d
         return cfg
     out = dict(configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device), DEQUANT_ONCE=1)
     return configs.with_down(dict(out, TMA=1), TMA=1) if value == 2 else out
-
-
-def fused_decode(cfg: dict, value: int, m, num_experts, inter, top_k, *rest) -> dict:
-    from experts_int8 import tune
-    variants = tune.fused_decode_variants(cfg, m, top_k)
-    return variants[value - 1] if value and variants else cfg
 
 
 def gluon(cfg: dict, value: int, *lookup) -> dict:
@@ -310,7 +301,7 @@ def wide(cfg: dict, value: int, *lookup) -> dict:
 def pairs_group(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, *rest) -> dict:
     if not value or cfg["BLOCK_SIZE_M"] > 32:
         return cfg
-    plain = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS", "SUM_LAST", "FUSED_DECODE"), PAIRS=1,
+    plain = dict(configs.without(cfg, "SUM_TOPK", "DEDUP_PAIRS", "SUM_LAST"), PAIRS=1,
                  GROUP_SIZE_M=1 if value == 3 else max(16, 1 << (m * top_k - 1).bit_length()))
     if value == 2:
         return plain
@@ -332,22 +323,22 @@ def narrow(cfg: dict, value: int, *lookup) -> dict:
 
 
 def tma(cfg: dict, value: int, *lookup) -> dict:
-    # (GLUON entries keep their own kernels, FUSED_DECODE its own: the variant leaves them as shipped)
-    if not value or cfg.get("GLUON") or cfg.get("FUSED_DECODE"):
+    # (GLUON entries keep their own kernels: the variant leaves them as shipped)
+    if not value or cfg.get("GLUON"):
         return cfg
     top, down = {1: (1, 1), 2: (1, 0), 3: (0, 1)}[value]
     return configs.with_down(dict(cfg, TMA=top), TMA=down)
 
 
 def fp16_dot(cfg: dict, value: int, *lookup) -> dict:
-    # (the fused-decode kernel and dequantized float weights do not read the key)
-    if not value or cfg.get("FUSED_DECODE") or cfg.get("DEQUANT_ONCE"):
+    # (dequantized float weights do not read the key)
+    if not value or cfg.get("DEQUANT_ONCE"):
         return cfg
     return dict(cfg, FP16_DOT=1)
 
 
 def deep(cfg: dict, value: int, *lookup) -> dict:
-    if not value or cfg["BLOCK_SIZE_M"] > 32 or cfg.get("FUSED_DECODE"):
+    if not value or cfg["BLOCK_SIZE_M"] > 32:
         return cfg
     change = {1: {}, 2: dict(BLOCK_SIZE_K=128, num_stages=4), 3: dict(BLOCK_SIZE_K=128, num_stages=6),
               4: dict(num_stages=4), 5: dict(BLOCK_SIZE_N=32, num_stages=5)}[value]
@@ -356,7 +347,7 @@ def deep(cfg: dict, value: int, *lookup) -> dict:
 
 
 def wsrr(cfg: dict, value: int, *lookup) -> dict:
-    if value in (1, 3) and not (cfg.get("PAIRS") or cfg.get("FUSED_DECODE")):
+    if value in (1, 3) and not cfg.get("PAIRS"):
         return dict(configs.without(cfg, "WSRR_ROWS"), WSRR=1, **({"WSRR_ROWS": 128} if value == 3 else {}))
     return configs.without(cfg, *configs.WSRR_KEYS) if value == 2 else cfg
 
@@ -450,7 +441,7 @@ def late_epilogue(cfg: dict, value: int, *lookup) -> dict:
 VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (pairs, (0, 1)), "pdl": (pdl, (0, 1, 2)),
             "sum_topk": (sum_topk, (0, 1)), "dedup": (dedup, (0, 1, 2, 3)), "dequant": (dequant, (0, 1, 2)),
             "mma_v2": (mma_v2, (0, 1, 2)), "gluon": (gluon, (0, 1, 2, 3, 4, 5)),
-            "fused_decode": (fused_decode, (0, 1, 2, 3)), "sum_last": (sum_last, (0, 1, 2, 3, 4)),
+            "sum_last": (sum_last, (0, 1, 2, 3, 4)),
             "decode_tile": (decode_tile, (0, 1, 2, 3)), "narrow": (narrow, (0, 1, 2, 3)),
             "down_tile": (down_tile, (0, 1, 2, 3, 4)), "down_pipe": (down_pipe, (0, 2, 3, 4, 5, 64, 128, 256)),
             "pdl_prefetch": (pdl_prefetch, (0, 1, 2, 4, 16, 101, 201)),

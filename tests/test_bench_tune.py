@@ -676,7 +676,7 @@ def test_late_epilogue_variants():
     got = tune.late_epilogue_variants(dict(PINNED, down=dict(SPLIT_K=2)))
     assert [(v["LATE_EPILOGUE"], v["down"].get("LATE_EPILOGUE")) for v in got] == [(1, None), (1, 0)]
     assert all(configs.check_config(v) == v and v["down"]["SPLIT_K"] == 2 for v in got)
-    for other in (dict(LATE_EPILOGUE=1), dict(GLUON=1), dict(WSRR=1), dict(FUSED_DECODE=1, PAIRS=1)):
+    for other in (dict(LATE_EPILOGUE=1), dict(GLUON=1), dict(WSRR=1), dict(DEQUANT_ONCE=1)):
         assert tune.late_epilogue_variants(dict(PINNED, **other)) == []
     assert "LATE_EPILOGUE" in tune._short(got[0])  # the tuner's summary shows the key
 
@@ -839,17 +839,6 @@ def test_refresh_tables_folds_measurements_and_keeps_tables_loadable(tmp_path, m
     assert got["2"] == base  # M = 2 on 8 experts: PAIRS dropped, and SUM_TOPK with it
     assert got["4"] == table["4"]  # DEDUP_PAIRS reads each expert once: kept
     assert all(configs.check_config(cfg) == cfg for cfg in got.values())
-
-
-def test_fused_decode_variants_at_decode_sizes_only():
-    from experts_int8 import tune as tune_module
-    from experts_int8.kernels.fused_moe import FUSED_DECODE_MAX_PAIRS
-
-    variants = tune_module.fused_decode_variants(PINNED, 1, 8)
-    assert [(v["BLOCK_SIZE_N"], v["BLOCK_SIZE_K"]) for v in variants] == list(tune_module.FUSED_DECODE_BLOCKS)
-    assert all(configs.check_config(v)["FUSED_DECODE"] == 1 for v in variants)  # valid table entries
-    assert tune_module.fused_decode_variants(PINNED, FUSED_DECODE_MAX_PAIRS // 8 + 1, 8) == []
-    assert tune_module.fused_decode_variants(variants[0], 1, 8) == []
 
 
 def test_gluon_variants_at_prefill_sizes_of_int8_where_gluon_runs():
@@ -1041,7 +1030,6 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
                           + tune_module.pairs_variants(cfg, m, num_experts, top_k)
                           + tune_module.sum_topk_variants(cfg, m, num_experts, top_k) + tune_module.swap_variants(cfg)
                           + tune_module.sum_last_variants(cfg, m, num_experts, top_k)
-                          + tune_module.fused_decode_variants(cfg, m, top_k)
                           + tune_module.tail_variants(cfg, m, top_k)):
                     assert configs.check_config(v) == v
                     checked += 1

@@ -717,73 +717,13 @@ def test_bias_errors():
         fused_experts(x, **experts, topk_weights=w, topk_ids=ids, apply_router_weight_on_input=True, **good)
 
 
-FUSED_DECODE = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=16, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
-                    PAIRS=1, FUSED_DECODE=1)
+def test_sum_of_more_partials_than_it_unrolls():
+    """invoke_sum over 10 split partials x k=2 (past the 8 it unrolls: a loop) against torch."""
+    from experts_int8.kernels.fused_moe import invoke_sum
 
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("quantized", [True, False])
-@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swiglu_oai"])
-def test_fused_decode_matches(dtype, quantized, activation, monkeypatch):
-    """FUSED_DECODE: gate/up and down per slice of I in one launch, slices and experts summed in a
-    second; odd H and I (partial H tiles and a partial last slice), k=2 and k=8."""
-    from experts_int8 import ops
-    from experts_int8.kernels.configs import override_config
-
-    launches = []
-    real = ops.invoke_fused_decode
-    monkeypatch.setattr(ops, "invoke_fused_decode", lambda *a, **k: launches.append(1) or real(*a, **k))
-    with override_config(FUSED_DECODE):
-        check(1, 4, 67, 45, 2, dtype, "triton", quantized=quantized, activation=activation)
-        check(3, 16, 64, 40, 8, dtype, "triton", quantized=quantized, activation=activation)
-    assert len(launches) == 2
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_fused_decode_with_many_slices(dtype):
-    """I=160 in slices of 16: 10 partials per pair, more than the sum kernel unrolls."""
-    from experts_int8.kernels.configs import override_config
-
-    with override_config(FUSED_DECODE):
-        check(2, 4, 64, 160, 2, dtype, "triton")
-
-
-def test_fused_decode_with_biases_absent_experts_and_weights_on_the_input():
-    from experts_int8.kernels.configs import override_config
-
-    with override_config(FUSED_DECODE):
-        expert_map = torch.tensor([-1, 0, -1, -1, 1, 2], device=DEVICE)
-        check(5, 3, 32, 48, 2, torch.float32, "triton", expert_map=expert_map, global_num_experts=6)
-        check(4, 4, 32, 48, 1, torch.float16, "triton", apply_router_weight_on_input=True)
-        for biases in (_biases(5, 48, 40), dict(w13_bias=_biases(5, 48, 40)["w13_bias"]),
-                       dict(w2_bias=_biases(5, 48, 40)["w2_bias"])):  # both, or either one
-            check(3, 5, 48, 40, 2, torch.float32, "triton", activation="swiglu_oai", **biases)
-
-
-def test_fused_decode_up_to_its_pair_limit_then_the_two_gemms(monkeypatch):
-    from experts_int8 import ops
-    from experts_int8.kernels.configs import override_config
-    from experts_int8.kernels.fused_moe import FUSED_DECODE_MAX_PAIRS
-
-    launches = []
-    real = ops.invoke_fused_decode
-    monkeypatch.setattr(ops, "invoke_fused_decode", lambda *a, **k: launches.append(1) or real(*a, **k))
-    with override_config(FUSED_DECODE):
-        check(FUSED_DECODE_MAX_PAIRS // 2, 4, 32, 32, 2, torch.float32, "triton")  # at the limit
-        assert len(launches) == 1
-        check(FUSED_DECODE_MAX_PAIRS // 2 + 1, 4, 32, 32, 2, torch.float32, "triton")  # past it
-        assert len(launches) == 1
-
-
-def test_fused_decode_config_rules():
-    from experts_int8.kernels.configs import check_config
-
-    base = {k: v for k, v in FUSED_DECODE.items() if k not in ("PAIRS", "FUSED_DECODE")}
-    assert check_config(FUSED_DECODE)["FUSED_DECODE"] == 1
-    for bad in (dict(base, FUSED_DECODE=1), dict(FUSED_DECODE, DEDUP_PAIRS=1), dict(FUSED_DECODE, GLUON=1),
-                dict(FUSED_DECODE, DEQUANT_ONCE=1), dict(FUSED_DECODE, down=dict(SUM_TOPK=1))):
-        with pytest.raises(ValueError, match="FUSED_DECODE"):
-            check_config(bad)
+    y = torch.randn(10, 3 * 2, 40, device=DEVICE)
+    out = invoke_sum(y, torch.empty(3, 40, device=DEVICE), top_k=2)
+    torch.testing.assert_close(out, y.sum(0).view(3, 2, 40).sum(1), rtol=1e-5, atol=1e-5)
 
 
 def test_gate_up_launch_zeroes_the_sum_last_counters():

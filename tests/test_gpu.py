@@ -50,8 +50,6 @@ KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests
                            num_stages=3, PAIRS=1, DEDUP_PAIRS=1, down=dict(SUM_LAST=1, SPLIT_K=2)),  # m=300: align
     "dequant_once": dict(BLOCK_SIZE_M=64, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4, num_stages=3,
                          DEQUANT_ONCE=1),
-    "fused_decode": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4,
-                         num_stages=2, PAIRS=1, FUSED_DECODE=1),  # at m=300 (600 pairs): the two GEMMs
     "fuse_gate_up": dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=4,
                          num_stages=4, FUSE_GATE_UP=1),
     "tma": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3, TMA=1),
@@ -167,31 +165,6 @@ def replays_match_eager(ex, x, logits, replays):
 def test_cuda_graph_capture_and_replay():
     replays_match_eager(layer(), torch.randn(16, 512, device="cuda", dtype=torch.bfloat16),
                         torch.randn(16, 8, device="cuda"), replays=3)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 2, 8])
-def test_fused_decode_in_cuda_graph_replays(dtype, m):
-    """FUSED_DECODE's two launches against the fp64 oracle in bf16 and fp16, graph replays bit for bit
-    against eager calls, and one rank of two (pairs routed off the rank add nothing)."""
-    from experts_int8.kernels.configs import override_config
-
-    ex = layer()
-    with override_config(KERNEL_VARIANTS["fused_decode"]):
-        x = torch.randn(m, 512, device="cuda", dtype=dtype)
-        w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-        ref = oracle(x, ex, w, ids)
-        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
-        assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
-        replays_match_eager(ex, torch.randn(m, 512, device="cuda", dtype=dtype), torch.randn(m, 8, device="cuda"), 3)
-        expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")  # one rank of two: even global ids
-        expert_map[0::2] = torch.arange(8, dtype=torch.int32, device="cuda")
-        w, ids = select_experts(torch.randn(m, 16, device="cuda"), 2)
-        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, expert_map=expert_map, global_num_experts=16)
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
-                                  expert_map=expert_map, global_num_experts=16)
-    torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("split_k, mode, m", [(1, "pairs", 2), (4, "pairs", 2), (2, "dedup", 6), (1, "align", 6),

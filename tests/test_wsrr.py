@@ -64,7 +64,7 @@ def test_wsrr_config_key():
     assert check_config(dict(ENTRY, WSRR=1, DEQUANT_ONCE=1))["DEQUANT_ONCE"] == 1  # (where WSRR does not apply)
     assert check_config(dict(ENTRY, WSRR=1, WSRR_ROWS=128))["WSRR_ROWS"] == 128
     assert check_config(dict(ENTRY, WSRR=1, WSRR_STAGES=5))["WSRR_STAGES"] == 5
-    for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1), dict(ENTRY, WSRR=1, PAIRS=1, FUSED_DECODE=1),
+    for bad in (dict(ENTRY, WSRR=2), dict(ENTRY, WSRR=1, PAIRS=1),
                 dict(ENTRY, WSRR=1, WSRR_ROWS=64), dict(ENTRY, WSRR_ROWS=128), dict(ENTRY, WSRR_STAGES=5),
                 dict(ENTRY, WSRR=1, WSRR_STAGES=1), dict(ENTRY, WSRR=1, WSRR_STAGES=9)):
         with pytest.raises(ValueError):

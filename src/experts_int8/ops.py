@@ -17,9 +17,9 @@ import torch
 
 from . import reference
 from .kernels.align import align_block_size, align_with_tail
-from .kernels.configs import device_heuristic, get_config, split_config, tail_config, without
-from .kernels.fused_moe import (DEDUP_MAX_PAIRS, FUSED_DECODE_MAX_PAIRS, invoke_dequantize, invoke_down,
-                                 invoke_fused_decode, invoke_gate_up, invoke_sum, sum_last_counts)
+from .kernels.configs import get_config, split_config, tail_config, without
+from .kernels.fused_moe import (DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum,
+                                 sum_last_counts)
 
 try:
     from .kernels import gluon_moe, gluon_wsrr
@@ -227,8 +227,6 @@ def _fused_experts_triton(
     config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
-    if config.get("FUSED_DECODE") and m * top_k > FUSED_DECODE_MAX_PAIRS:  # its blocks are GEMV slices
-        config = device_heuristic(m, num_experts, top_k, w13.dtype, x.device)
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     # TAIL_ROWS entries: an expert's last rows past its last whole block go to a second pass on a smaller
     # entry (they write their pairs' rows of h and y) instead of a large block of their own
@@ -251,10 +249,6 @@ def _fused_experts_triton(
         gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages)
         run_tail(tail, h, y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
-    if config.get("FUSED_DECODE"):  # decode: one launch for both GEMMs per slice of I, one for the sum
-        partials = invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, weights, _pair_experts(topk_ids, expert_map),
-                                       top_k, activation, apply_router_weight_on_input, config, w13_bias, w2_bias)
-        return invoke_sum(partials, x.new_empty((m, hidden)), top_k)
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
     # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
     # write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md items 34, 37).

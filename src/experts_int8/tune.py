@@ -145,7 +145,7 @@ def down_tile_variants(best: dict) -> list[dict]:
     """A decode winner (BLOCK_SIZE_M <= 32) with its down GEMM on other column tiles: the down GEMM is
     N=H x K=I, unlike gate_up's N=2I x K=H, yet inherits gate_up's tile (qwen3 at M=4: 128-wide down
     tiles 7% faster than the 32-wide ones of its gate_up, benchmarks/NOTES.md item 69)."""
-    if best["BLOCK_SIZE_M"] > 32 or best.get("FUSED_DECODE"):
+    if best["BLOCK_SIZE_M"] > 32:
         return []
     own = configs.split_config(best)[1]["BLOCK_SIZE_N"]
     return [configs.with_down(best, BLOCK_SIZE_N=n) for n in (64, 128, 256) if n != own]
@@ -199,8 +199,8 @@ def tma_variants(best: dict, tma_ok: bool) -> list[dict]:
     """On a device with TMA (``tma_ok``: sm_90 and newer): the winner with its weight tiles loaded by
     tensor-descriptor copies in both GEMMs, and in the down GEMM only (on the H200: 3-6% faster at some
     decode and prefill rows, 1-12% slower at others, benchmarks/NOTES.md item 73). Not for the
-    kernels that do not read the key (GLUON, FUSED_DECODE)."""
-    if not tma_ok or any(best.get(key) for key in ("TMA", "GLUON", "FUSED_DECODE", "TILE_N")):
+    kernels that do not read the key (GLUON)."""
+    if not tma_ok or any(best.get(key) for key in ("TMA", "GLUON", "TILE_N")):
         return []
     return [dict(best, TMA=1), configs.with_down(best, TMA=1)]
 
@@ -234,7 +234,7 @@ def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     """At prefill sizes (M >= 128) of int8 weights: the winner with gate_up's dot in fp16 on
     power-of-two-scaled rows of x (FP16_DOT; 2-3% faster at some H200 rows, none at decode, where its
     extra launch costs more: benchmarks/NOTES.md items 75-76). Not with the kernels that ignore it."""
-    if dtype != "int8" or m < 128 or any(best.get(key) for key in ("FP16_DOT", "FUSED_DECODE", "DEQUANT_ONCE")):
+    if dtype != "int8" or m < 128 or any(best.get(key) for key in ("FP16_DOT", "DEQUANT_ONCE")):
         return []
     return [dict(best, FP16_DOT=1)]
 
@@ -290,8 +290,7 @@ def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, sm
     both GEMMs on the register-form kernels (WSRR), on each of TUNED_WSRR_ROWS' tiles with each of
     TUNED_WSRR_STAGES' rings that fits (the winner's keys run where they do not apply)."""
     from .kernels import gluon_wsrr
-    if (dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("WSRR") or best.get("PAIRS")
-            or best.get("FUSED_DECODE")):
+    if dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("WSRR") or best.get("PAIRS"):
         return []
     return [dict(best, WSRR=1, **({} if rows == 256 else {"WSRR_ROWS": rows}),
                  **({} if stages == gluon_wsrr.TILES[rows].stages else {"WSRR_STAGES": stages}))
@@ -310,21 +309,6 @@ def gluon_usable(device: torch.device) -> bool:
     from . import ops
     return (ops.gluon_moe is not None and torch.version.hip is None
             and torch.cuda.get_device_capability(device)[0] == 9)
-
-
-FUSED_DECODE_BLOCKS = ((32, 256), (32, 512), (64, 256))  # (slice of I, tile of H) per program: 16-32 KB of
-# weight loads in flight per program (plain vector loads: Triton does not pipeline these loops)
-
-
-def fused_decode_variants(best: dict, m: int, top_k: int) -> list[dict]:
-    """At decode sizes (up to FUSED_DECODE_MAX_PAIRS pairs): both GEMMs of a pair in one launch, per
-    slice of I (FUSED_DECODE), then the slices and experts summed: two launches, no align step, for
-    small experts whose layer is too short to hide three. Not searched by :func:`tune`: 1.5-3x slower
-    than the shipped decode configs on the H200 (benchmarks/NOTES.md item 45); ``variant_ab`` times it."""
-    if m * top_k > fused_moe.FUSED_DECODE_MAX_PAIRS or best.get("FUSED_DECODE"):
-        return []
-    return [dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=block_i, BLOCK_SIZE_K=block_h, GROUP_SIZE_M=1, num_warps=4,
-                 num_stages=2, PAIRS=1, FUSED_DECODE=1) for block_i, block_h in FUSED_DECODE_BLOCKS]
 
 
 def wave_tile_n(blocks: int, inter: int, block_n: int, slots: int, num_sms: int) -> int:
@@ -401,7 +385,7 @@ def sum_last_variants(best: dict, m: int, num_experts: int, top_k: int) -> list[
     align launch and the sum launch both go; and on the align path itself (its blocks count their
     rows' arrivals), with the winner's split (and 2 where it has none)."""
     down = best.get("down", {})
-    if (down.get("SUM_LAST") or any(best.get(key) for key in ("FUSED_DECODE", "GLUON", "WSRR"))
+    if (down.get("SUM_LAST") or any(best.get(key) for key in ("GLUON", "WSRR"))
             or best["BLOCK_SIZE_M"] > 32 or m * top_k > fused_moe.DEDUP_MAX_PAIRS):
         return []
     best = configs.without(best, *configs.TAIL_KEYS)  # the tail pass is an align-path mode
@@ -729,7 +713,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
 def _short(cfg: dict) -> str:
     flags = [k for k in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "WSRR",
-                         "FUSED_DECODE", "TMA", "FP16_DOT", "LATE_EPILOGUE") if cfg.get(k)]
+                         "TMA", "FP16_DOT", "LATE_EPILOGUE") if cfg.get(k)]
     flags += [f"{k}={cfg[k]}" for k in ("WSRR_ROWS", "WSRR_STAGES", *configs.TAIL_KEYS, "TILE_N", "PDL") if cfg.get(k)]
     down = cfg.get("down")
     return (f"M{cfg['BLOCK_SIZE_M']} N{cfg['BLOCK_SIZE_N']} K{cfg['BLOCK_SIZE_K']} G{cfg['GROUP_SIZE_M']} "

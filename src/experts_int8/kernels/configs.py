@@ -32,7 +32,6 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # keys above (all but BLOCK_SIZE_M, which the align step fixes for both GEMMs) for the down GEMM;
 # DEQUANT_ONCE (int8 weights, large M) dequantizes the layer's experts first and runs float GEMMs;
 # GLUON (int8 weights, sm_90, prefill) runs the GEMMs on kernels.gluon_moe's hand-pipelined wgmma kernels;
-# FUSED_DECODE (with PAIRS) computes each pair's gate/up and down per slice of I in one launch;
 # TMA (sm_90+, the Triton GEMMs) loads weight tiles by tensor-descriptor copies (also a "down" override);
 # FP16_DOT (int8 weights, bf16 x) runs gate_up's dot in fp16 on x's rows scaled by powers of two;
 # TRIM_TAIL 0 keeps the GLUON kernels from running an expert's half-empty last row block on half the rows;
@@ -50,16 +49,16 @@ CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "
 # program's start, 2 after its K loop (kernels.fused_moe's docstring); with it, the "down" override
 # PDL_PREFETCH (1-16) has the down GEMM's programs, before they wait for gate_up, load what does not depend
 # on it and ask L2 for their first PDL_PREFETCH K tiles of weights (not with SUM_TOPK, whose programs wait first).
-OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE", "TMA",
+OPTIONAL_KEYS = ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "TMA",
                  "FP16_DOT", "TRIM_TAIL", "WSRR", "WSRR_ROWS", "WSRR_STAGES", "TAIL_ROWS", "TAIL_ENTRY_ROWS", "TILE_N",
                  "LATE_EPILOGUE", "PDL", "down")
 # Keys that mean a decode mode (one block per pair, a sum inside the down launch), and keys of the
 # main pass only: the tail pass's entry drops both (it may run the Gluon kernels, not the register form).
-DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "FUSED_DECODE", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
+DECODE_KEYS = ("PAIRS", "DEDUP_PAIRS", "SUM_TOPK", "SUM_LAST", "SPLIT_K")
 TAIL_KEYS = ("TAIL_ROWS", "TAIL_ENTRY_ROWS")  # an align-path mode: a variant adding a decode mode drops them
 # Keys of entries whose GEMMs are not the two Triton kernels (fused_moe's gate_up and down), so keys that only
 # those kernels read (TILE_N, LATE_EPILOGUE, PDL) do nothing there
-OTHER_KERNEL_KEYS = ("GLUON", "WSRR", "FUSED_DECODE", "DEQUANT_ONCE")
+OTHER_KERNEL_KEYS = ("GLUON", "WSRR", "DEQUANT_ONCE")
 # Keys whose kernels or loads do not take TILE_N (TMA's copies load whole tiles; the others run other kernels)
 TILE_N_EXCLUDES = ("TMA", *OTHER_KERNEL_KEYS)
 WSRR_KEYS = ("WSRR", "WSRR_ROWS", "WSRR_STAGES")
@@ -73,7 +72,7 @@ _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("expe
 
 def check_config(config: dict, *, _nested: bool = False) -> dict:
     """A validated copy of ``config``: the keys of CONFIG_KEYS (plus optional SWAP_AB, FUSE_GATE_UP,
-    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, FUSED_DECODE (with PAIRS), TMA, FP16_DOT, TRIM_TAIL,
+    PAIRS, DEDUP_PAIRS (with PAIRS), DEQUANT_ONCE, GLUON, TMA, FP16_DOT, TRIM_TAIL,
     WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N, LATE_EPILOGUE,
     PDL (0-2) and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE, PDL_PREFETCH (with PDL) or,
     with PAIRS, SUM_TOPK for the down GEMM),
@@ -91,7 +90,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     for key, value in out.items():
         if key == "down":
             out[key] = check_config(value, _nested=True)
-        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON", "FUSED_DECODE",
+        elif key in ("SWAP_AB", "FUSE_GATE_UP", "PAIRS", "DEDUP_PAIRS", "DEQUANT_ONCE", "GLUON",
                      "SUM_TOPK", "SUM_LAST", "TMA", "FP16_DOT", "TRIM_TAIL", "WSRR", "LATE_EPILOGUE"):
             if value not in (0, 1):
                 raise ValueError(f"config[{key!r}] must be 0 or 1, got {value!r}")
@@ -112,9 +111,6 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
                          "kernels: without SUM_TOPK, and on the align path without GLUON or WSRR")
     if out.get("DEDUP_PAIRS") and (not out.get("PAIRS") or down.get("SUM_TOPK")):
         raise ValueError("config: DEDUP_PAIRS refines PAIRS (and excludes down SUM_TOPK); set PAIRS=1")
-    if out.get("FUSED_DECODE") and (not out.get("PAIRS") or any(
-            out.get(key) or down.get(key) for key in ("DEDUP_PAIRS", "SUM_TOPK", "GLUON", "DEQUANT_ONCE"))):
-        raise ValueError("config: FUSED_DECODE is a PAIRS mode without DEDUP_PAIRS, SUM_TOPK, GLUON or DEQUANT_ONCE")
     if out.get("GLUON") and out.get("DEQUANT_ONCE"):
         raise ValueError("config: GLUON (the int8 wgmma kernels) and DEQUANT_ONCE (float weights) exclude each other")
     if "WSRR_ROWS" in out and (out["WSRR_ROWS"] not in (128, 256) or not out.get("WSRR")):
@@ -123,9 +119,8 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     if "WSRR_STAGES" in out and (not 2 <= out["WSRR_STAGES"] <= 8 or not out.get("WSRR")):
         raise ValueError(f"config: WSRR_STAGES (the register-form kernels' ring depth) is 2 to 8, with WSRR=1; got "
                          f"{out['WSRR_STAGES']!r}")
-    if out.get("WSRR") and (out.get("PAIRS") or out.get("FUSED_DECODE")):
-        raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode modes PAIRS and "
-                         "FUSED_DECODE")
+    if out.get("WSRR") and out.get("PAIRS"):
+        raise ValueError("config: WSRR (the register-form prefill kernels) excludes the decode mode PAIRS")
     decode = any(out.get(key) or down.get(key) for key in DECODE_KEYS if key != "SPLIT_K")
     block = out.get("WSRR_ROWS", 256) if out.get("WSRR") else out.get("BLOCK_SIZE_M", 0)
     if "TAIL_ROWS" in out and (decode or down.get("SPLIT_K", 1) > 1 or out.get("DEQUANT_ONCE")
@@ -137,10 +132,10 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
         raise ValueError("config: TAIL_ENTRY_ROWS (which entry runs the tail pass) needs TAIL_ROWS")
     if "TILE_N" in out and (out["TILE_N"] > out.get("BLOCK_SIZE_N", 0) or any(out.get(k) for k in TILE_N_EXCLUDES)):
         raise ValueError(f"config: TILE_N (columns of I a Triton gate_up program computes) is at most BLOCK_SIZE_N, "
-                         f"without TMA (whose copies load whole tiles), GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE; "
+                         f"without TMA (whose copies load whole tiles), GLUON, WSRR or DEQUANT_ONCE; "
                          f"got {out['TILE_N']!r}")
     if out.get("PDL") and any(out.get(k) for k in OTHER_KERNEL_KEYS):
-        raise ValueError("config: PDL applies to the Triton GEMMs, not with GLUON, WSRR, FUSED_DECODE or DEQUANT_ONCE")
+        raise ValueError("config: PDL applies to the Triton GEMMs, not with GLUON, WSRR or DEQUANT_ONCE")
     if "PDL_PREFETCH" in down and (not out.get("PDL") or down["PDL_PREFETCH"] > 16):
         raise ValueError(f"config: down PDL_PREFETCH (K tiles of weights the down GEMM asks L2 for before it waits "
                          f"for gate_up) is 1 to 16, with PDL; got {down['PDL_PREFETCH']!r}")

@@ -63,9 +63,6 @@ ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
 # up to this many pairs; ops.py takes the align path beyond.
 DEDUP_MAX_PAIRS = 256
-# FUSED_DECODE writes an fp32 partial of H per (pair, slice of I): up to this many pairs (decode sizes),
-# ops.py takes the two GEMMs beyond.
-FUSED_DECODE_MAX_PAIRS = 64
 
 
 @triton.jit
@@ -394,108 +391,6 @@ def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr
         gate = g * tl.sigmoid(SWIGLU_ALPHA * g)
         acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
     return gate * acc_u
-
-
-@triton.jit
-def moe_pair_slice_kernel(
-    x_ptr,  # (M, H) activation dtype, unit column stride
-    w13_ptr,  # (E, 2I, H) int8 or activation dtype
-    w13_scale_ptr,  # (E, 2I) fp32; read only when HAS_SCALE
-    w13_bias_ptr,  # (E, 2I); read only when HAS_BIAS13
-    w2_ptr,  # (E, H, I) int8 or activation dtype
-    w2_scale_ptr,  # (E, H) fp32; read only when HAS_SCALE
-    w2_bias_ptr,  # (E, H); read only when HAS_BIAS2
-    out_ptr,  # (S, M*k, H) fp32: slice s's share of each pair's down projection
-    topk_weights_ptr,  # (M*k,) any float dtype
-    pair_experts_ptr,  # (M*k,) int: each pair's local expert, -1 when not on this rank
-    H,
-    I,
-    stride_xm,
-    stride_w13e,
-    stride_w13n,
-    stride_s13e,
-    stride_b13e,
-    stride_w2e,
-    stride_w2n,
-    stride_s2e,
-    stride_b2e,
-    stride_os,
-    stride_om,
-    TOP_K: tl.constexpr,
-    ACTIVATION: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    HAS_BIAS13: tl.constexpr,
-    HAS_BIAS2: tl.constexpr,
-    WEIGHT_ON_INPUT: tl.constexpr,
-    SWIGLU_ALPHA: tl.constexpr,
-    SWIGLU_LIMIT: tl.constexpr,
-    BLOCK_I: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-):
-    """Decode in one pass over each expert (FUSED_DECODE): program (pair p, slice s) computes
-    ``h = act(x w_gate^T) * (x w_up^T)`` for the BLOCK_I intermediate columns of slice s, then that
-    slice's share of the down projection, ``w2[:, slice] h``, over all of H, into ``out[s, p]``
-    (fp32; :func:`invoke_sum` adds the slices and the token's k pairs). Two launches per layer and no
-    align step, and each expert's weights are read once per pair: for small experts at small M, where
-    the separate GEMMs' fixed costs dominate. Same numerics as the two GEMMs (h rounded to the
-    activation dtype between them)."""
-    pair = tl.program_id(0).to(tl.int64)
-    split = tl.program_id(1)
-    offs_i = split * BLOCK_I + tl.arange(0, BLOCK_I)
-    i_mask = offs_i < I
-    offs_h = tl.arange(0, BLOCK_H)
-    out_row = out_ptr + split.to(tl.int64) * stride_os + pair * stride_om
-    expert = tl.load(pair_experts_ptr + pair).to(tl.int64)
-    if expert < 0:  # an expert on another rank adds nothing
-        for hb in range(0, tl.cdiv(H, BLOCK_H)):
-            rows = hb * BLOCK_H + offs_h
-            tl.store(out_row + rows, tl.zeros((BLOCK_H,), dtype=tl.float32), mask=rows < H)
-        return
-
-    x_row = x_ptr + (pair // TOP_K) * stride_xm
-    g_ptrs = w13_ptr + expert * stride_w13e + offs_i[:, None] * stride_w13n + offs_h[None, :]  # (BLOCK_I, BLOCK_H)
-    u_ptrs = g_ptrs + I * stride_w13n
-    acc_g = tl.zeros((BLOCK_I,), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_I,), dtype=tl.float32)
-    for hb in range(0, tl.cdiv(H, BLOCK_H)):
-        cols = hb * BLOCK_H + offs_h
-        mask = i_mask[:, None] & (cols[None, :] < H)
-        xv = tl.load(x_row + cols, mask=cols < H, other=0.0).to(tl.float32)[None, :]
-        # fp32 products of 16-bit (or int8) values are exact, as a tensor core's are; fp32 sums
-        acc_g += tl.sum(tl.load(g_ptrs, mask=mask, other=0).to(tl.float32) * xv, 1)
-        acc_u += tl.sum(tl.load(u_ptrs, mask=mask, other=0).to(tl.float32) * xv, 1)
-        g_ptrs += BLOCK_H
-        u_ptrs += BLOCK_H
-    if HAS_SCALE:
-        s13 = w13_scale_ptr + expert * stride_s13e + offs_i
-        acc_g *= tl.load(s13, mask=i_mask, other=0.0)
-        acc_u *= tl.load(s13 + I, mask=i_mask, other=0.0)
-    if HAS_BIAS13:
-        b13 = w13_bias_ptr + expert * stride_b13e + offs_i
-        acc_g += tl.load(b13, mask=i_mask, other=0.0).to(tl.float32)
-        acc_u += tl.load(b13 + I, mask=i_mask, other=0.0).to(tl.float32)
-    rw = tl.load(topk_weights_ptr + pair).to(tl.float32)
-    if WEIGHT_ON_INPUT:
-        acc_g *= rw
-        acc_u *= rw
-    h = _activate(acc_g, acc_u, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT)
-    h = tl.where(i_mask, h, 0.0).to(x_ptr.dtype.element_ty).to(tl.float32)  # rounded as the two-GEMM path stores it
-
-    w2_ptrs = w2_ptr + expert * stride_w2e + offs_h[:, None] * stride_w2n + offs_i[None, :]  # (BLOCK_H, BLOCK_I)
-    for hb in range(0, tl.cdiv(H, BLOCK_H)):
-        rows = hb * BLOCK_H + offs_h
-        row_mask = rows < H
-        w = tl.load(w2_ptrs, mask=row_mask[:, None] & i_mask[None, :], other=0).to(tl.float32)
-        y = tl.sum(w * h[None, :], 1)
-        if HAS_SCALE:
-            y *= tl.load(w2_scale_ptr + expert * stride_s2e + rows, mask=row_mask, other=0.0)
-        if HAS_BIAS2:  # in slice 0's share only
-            bias = tl.load(w2_bias_ptr + expert * stride_b2e + rows, mask=row_mask, other=0.0).to(tl.float32)
-            y += tl.where(split == 0, bias, 0.0)
-        if not WEIGHT_ON_INPUT:
-            y *= rw
-        tl.store(out_row + rows, y, mask=row_mask)
-        w2_ptrs += BLOCK_H * stride_w2n
 
 
 @triton.jit
@@ -899,33 +794,6 @@ def sum_last_counts(num_tokens: int, hidden: int, down_config: dict) -> int:
     return num_tokens * triton.cdiv(hidden, down_config["BLOCK_SIZE_N"])
 
 
-def invoke_fused_decode(x, w13, w13_scale, w2, w2_scale, topk_weights, pair_experts, top_k, activation,
-                        weight_on_input, config, w13_bias=None, w2_bias=None) -> torch.Tensor:
-    """FUSED_DECODE: ``[S, M*k, H]`` fp32, slice s's share of each pair's expert output
-    (:func:`moe_pair_slice_kernel`), S = cdiv(I, BLOCK_SIZE_N); :func:`invoke_sum` finishes the layer.
-    BLOCK_SIZE_N is the slice of I per program and BLOCK_SIZE_K the tile of H it walks."""
-    num_experts, hidden, inter = w2.shape
-    num_pairs = pair_experts.numel()
-    if num_pairs > FUSED_DECODE_MAX_PAIRS:
-        raise ValueError(f"FUSED_DECODE handles up to {FUSED_DECODE_MAX_PAIRS} (token, slot) pairs, got {num_pairs}")
-    block_i, block_h = config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    slices = triton.cdiv(inter, block_i)
-    out = torch.empty((slices, num_pairs, hidden), dtype=torch.float32, device=x.device)
-    has_scale, has_b13, has_b2 = w13_scale is not None, w13_bias is not None, w2_bias is not None
-    _kernel(moe_pair_slice_kernel, x.device)[(num_pairs, slices)](
-        x, w13, w13_scale if has_scale else w13, w13_bias if has_b13 else w13, w2, w2_scale if has_scale else w2,
-        w2_bias if has_b2 else w2, out, topk_weights, pair_experts, hidden, inter,
-        x.stride(0), w13.stride(0), w13.stride(1), w13_scale.stride(0) if has_scale else 0,
-        w13_bias.stride(0) if has_b13 else 0, w2.stride(0), w2.stride(1), w2_scale.stride(0) if has_scale else 0,
-        w2_bias.stride(0) if has_b2 else 0, out.stride(0), out.stride(1),
-        TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS13=has_b13,
-        HAS_BIAS2=has_b2,
-        WEIGHT_ON_INPUT=weight_on_input, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-        BLOCK_I=block_i, BLOCK_H=block_h, num_warps=config["num_warps"], num_stages=config["num_stages"],
-    )
-    return out
-
-
 @triton.jit
 def _row(y_ptr, row_offset, offs, mask):
     return tl.load(y_ptr + row_offset + offs, mask=mask, other=0.0).to(tl.float32)
@@ -944,7 +812,7 @@ def moe_sum_kernel(y_ptr, out_ptr, H, stride_split, stride_row, stride_out,
         for s in tl.static_range(SPLIT_K):
             for j in tl.static_range(TOP_K):
                 acc += _row(y_ptr, stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row, offs, mask)
-    else:  # FUSED_DECODE: one partial per slice of I, too many to unroll
+    else:  # too many partials to unroll
         for s in range(SPLIT_K):
             for j in tl.static_range(TOP_K):
                 acc += _row(y_ptr, stride_split.to(tl.int64) * s + (token * TOP_K + j) * stride_row, offs, mask)
@@ -958,7 +826,7 @@ def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
         raise ValueError(f"moe_sum: y {tuple(y.shape)} and out {tuple(out.shape)} do not match top_k={top_k}")
     block_h = min(1024, triton.next_power_of_2(hidden))
     while split_k * top_k > 8 and out.shape[0] * triton.cdiv(hidden, block_h) < 256 and block_h > 64:
-        block_h //= 2  # many rows to add per token (FUSED_DECODE at M=1): more, narrower programs
+        block_h //= 2  # many rows to add per token: more, narrower programs
     grid = (out.shape[0], triton.cdiv(hidden, block_h))
     _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
                                              TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
