@@ -168,11 +168,9 @@ def _prefetch_rows_l2(row_ptrs, k0, k_end, LINES: tl.constexpr):
     twice costs nothing more)."""
     step: tl.constexpr = 128 // (row_ptrs.dtype.element_ty.primitive_bitwidth // 8)
     j = tl.arange(0, LINES)
-    offs = tl.minimum(k0 + j * step, k_end - 1)
-    ask = (j * step < k_end - k0 + step).to(tl.int32)
-    tl.inline_asm_elementwise(PREFETCH_L2_PTX, "=r,l,r", [row_ptrs[:, None] + offs[None, :], ask[None, :]
-                                                          + 0 * offs[None, :]],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    ptrs = row_ptrs[:, None] + tl.minimum(k0 + j * step, k_end - 1)[None, :]
+    ask = tl.broadcast_to((j * step < k_end - k0 + step).to(tl.int32)[None, :], ptrs.shape)
+    tl.inline_asm_elementwise(PREFETCH_L2_PTX, "=r,l,r", [ptrs, ask], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
