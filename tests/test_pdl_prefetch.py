@@ -69,3 +69,13 @@ def test_config_rules():
                 dict(ENTRY, down=dict(PDL_PREFETCH=0)), dict(ENTRY, PDL_PREFETCH=2)):
         with pytest.raises(ValueError):
             check_config(bad)
+
+
+def test_prefetch_only_for_a_programmatic_dependent_launch_without_sum_topk():
+    from experts_int8.kernels.fused_moe import _down_meta
+
+    down = dict(ENTRY["down"], BLOCK_SIZE_K=128, PDL_PREFETCH=2)
+    assert _down_meta(down, 1, pdl=True)["PREFETCH_TILES"] == 2
+    assert _down_meta(down, 1, pdl=True)["PREFETCH_LINES"] == 4  # 256 bytes a row: 2 lines, 1 more, to a power of 2
+    assert _down_meta(down, 1, pdl=False)["PREFETCH_TILES"] == 0  # no PDL here (the interpreter, pre-Hopper)
+    assert _down_meta(dict(down, SUM_TOPK=1), 1, pdl=True)["PREFETCH_TILES"] == 0  # SUM_TOPK's programs wait first

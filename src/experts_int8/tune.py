@@ -220,11 +220,11 @@ def pdl_variants(best: dict, m: int, top_k: int, pdl_ok: bool) -> list[dict]:
     as programmatic dependents, the next kernel let in at a program's start (1) or after its K loop (2). Each
     won 1-6% at some H200 decode rows and lost up to 20% at others (benchmarks/NOTES.md items 28, 145): only
     a timing decides. A winner with PDL gets the down GEMM's PDL_PREFETCH of one K tile instead."""
-    down = best.get("down", {})
     if not pdl_ok or m * top_k > 128 or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return []
     if not best.get("PDL"):
         return [dict(best, PDL=1), dict(best, PDL=2)]
+    down = best.get("down", {})
     # the down GEMM's wait after its own loads and one K tile asked of L2: -1 to -3% at four H200 rows, more
     # tiles lost everywhere (item 156); SUM_TOPK's programs wait first
     return [] if "PDL_PREFETCH" in down or down.get("SUM_TOPK") else [configs.with_down(best, PDL_PREFETCH=1)]

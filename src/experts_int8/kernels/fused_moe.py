@@ -511,7 +511,7 @@ def moe_down_kernel(
     TMA: tl.constexpr,
     FAST_CVT: tl.constexpr,
     LATE_EPILOGUE: tl.constexpr,  # the epilogue's loads after the K loop (see the gate_up kernel)
-    PREFETCH_TILES: tl.constexpr,  # PDL_PREFETCH under PDL (else 0): wait for gate_up only before the K loop
+    PREFETCH_TILES: tl.constexpr,  # PDL_PREFETCH under PDL, not SUM_TOPK (else 0): the wait just before the K loop
     PREFETCH_LINES: tl.constexpr,  # 128-byte lines a row's PREFETCH_TILES K tiles span, to a power of two
 ):
     if PREFETCH_TILES:  # the wait moves to _down_tile, after what does not read gate_up's output
@@ -523,8 +523,6 @@ def moe_down_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     offs_wn = offs_n % H
     if SUM_TOPK:  # (with PAIRS) block pid_m is token pid_m: its k down-projections summed here
-        if PREFETCH_TILES:  # (here the wait comes first: no prefetch)
-            tl.extra.cuda.gdc_wait()
         lane0 = tl.arange(0, BLOCK_M) == 0
         total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j in range(TOP_K):
@@ -683,10 +681,10 @@ def _gate_up_meta(config: dict) -> dict:
     return dict(FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=config.get("TILE_N", config["BLOCK_SIZE_N"]))
 
 
-def _down_meta(config: dict, element_size: int = 1) -> dict:
-    """The down kernel's own config keys (beside :func:`_launch_meta`'s). PDL_PREFETCH is read only where
-    the launch is a programmatic dependent (:func:`pdl_meta` says so; the caller zeroes it otherwise)."""
-    tiles = config.get("PDL_PREFETCH", 0)
+def _down_meta(config: dict, element_size: int = 1, pdl: bool = False) -> dict:
+    """The down kernel's own config keys (beside :func:`_launch_meta`'s). PDL_PREFETCH applies only where
+    the launch is a programmatic dependent (``pdl``) and not to SUM_TOPK, whose programs wait first."""
+    tiles = config.get("PDL_PREFETCH", 0) if pdl and not config.get("SUM_TOPK") else 0
     lines = triton.next_power_of_2(triton.cdiv(tiles * config["BLOCK_SIZE_K"] * element_size, 128) + 1)
     return dict(SPLIT_K=config.get("SPLIT_K", 1), SUM_TOPK=bool(config.get("SUM_TOPK", 0)),
                 SUM_LAST=bool(config.get("SUM_LAST", 0)), PREFETCH_TILES=tiles, PREFETCH_LINES=lines)
@@ -745,10 +743,8 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     at least :func:`sum_last_counts` of them) must be zero on entry (the gate_up launch zeroes them)."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
-    own = _down_meta(config, w2.element_size())
     pdl = pdl_meta(config, a.device)
-    if not pdl["PDL"]:  # (an entry's PDL_PREFETCH where this launch is not a programmatic dependent)
-        own["PREFETCH_TILES"] = 0
+    own = _down_meta(config, w2.element_size(), bool(pdl["PDL"]))
     split_k, sum_topk, sum_last = own["SPLIT_K"], own["SUM_TOPK"], own["SUM_LAST"]
     if (split_k > 1 or sum_last) and (out.dim() != 3 or out.shape[0] != split_k or out.dtype != torch.float32):
         raise ValueError(f"SPLIT_K={split_k}{' with SUM_LAST' if sum_last else ''} needs an fp32 out of shape "
@@ -927,7 +923,7 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
         pointers = dict(x_ptr="*fp16" if constexprs["ROW_SCALE"] else act, out_ptr=act)
     else:
         kernel = moe_down_kernel
-        constexprs.update(_down_meta(cfg), MUL_ROUTED_WEIGHT=True)
+        constexprs.update(_down_meta(cfg, pdl=bool(cfg.get("PDL"))), MUL_ROUTED_WEIGHT=True)
         partials = constexprs["SPLIT_K"] > 1 or constexprs["SUM_LAST"]
         pointers = dict(a_ptr=act, out_ptr="*fp32" if partials else act, sums_ptr=act)
     pointers.update(w_ptr="*i8", scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32", x_inv_scale_ptr="*fp32",
