@@ -878,6 +878,36 @@ def test_tma_needs_aligned_contiguous_weights():
         check_config(dict(cfg, TMA=2))
 
 
+def test_a_table_entry_with_tma_drops_it_for_weights_no_descriptor_can_take():
+    """Shipped and tuned tables carry TMA entries (the H200 bf16 tables on most rows): weights that are no
+    (E*N, K) view (a slice here) must run the entry's blocks with per-thread loads, GEMM by GEMM, not fail;
+    under override_config the forced TMA stays (and weight_descriptor says what is wrong)."""
+    from experts_int8.kernels.configs import override_config, split_config
+    from experts_int8.ops import _tma_where_it_fits
+
+    entry = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2, TMA=1)
+    w13, w2 = torch.zeros(4, 128, 80, dtype=torch.int8), torch.zeros(4, 80, 64, dtype=torch.int8)
+    assert _tma_where_it_fits(entry, w13, w2) == entry  # both fit: the entry as it is
+    assert _tma_where_it_fits(dict(entry, TMA=0), w13[:, :64], w2) == dict(entry, TMA=0)  # no TMA asked
+    gate_up, down = split_config(_tma_where_it_fits(entry, w13[:, :64], w2))  # w13 a slice of each expert's rows
+    assert (gate_up["TMA"], down["TMA"]) == (0, 1)
+    gate_up, down = split_config(_tma_where_it_fits(entry, w13, torch.zeros(4, 80, 67, dtype=torch.int8)))
+    assert (gate_up["TMA"], down["TMA"]) == (1, 0)  # 67-byte rows of w2
+    with override_config(entry):
+        assert _tma_where_it_fits(entry, w13[:, :64], w2) == entry
+
+
+def test_a_table_entry_with_tma_runs_on_odd_rows(monkeypatch):
+    """End to end: a TMA entry from the table (not forced) on H=67 int8 weights, whose 67-byte w13 rows no
+    descriptor takes: gate_up runs with per-thread loads, down (48-byte rows) keeps TMA, and the layer
+    matches the oracle where it used to raise."""
+    from experts_int8 import ops
+
+    entry = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2, TMA=1)
+    monkeypatch.setattr(ops, "get_config", lambda *args, **kw: dict(entry))
+    check(3, 4, 67, 48, 2, torch.float16, "triton")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp16_rows_scale_each_row_by_a_power_of_two(dtype):
     """FP16_DOT's activations: every row times the power of two that puts its largest magnitude in

@@ -17,9 +17,9 @@ import torch
 
 from . import reference
 from .kernels.align import align_block_size, align_with_tail
-from .kernels.configs import get_config, split_config, tail_config, without
+from .kernels.configs import get_config, overridden, split_config, tail_config, with_down, without
 from .kernels.fused_moe import (DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum,
-                                 sum_last_counts)
+                                 sum_last_counts, tma_layout_fits)
 
 try:
     from .kernels import gluon_moe, gluon_wsrr
@@ -191,6 +191,20 @@ def _aligned(topk_ids, block_m, num_experts, expert_map, config, tail_cfg):
     return align_with_tail(topk_ids, block_m, num_experts, expert_map, config["TAIL_ROWS"], tail_cfg["BLOCK_SIZE_M"])
 
 
+def _tma_where_it_fits(config: dict, w13: torch.Tensor, w2: torch.Tensor) -> dict:
+    """A table's entry asks for TMA weight tiles, but a GEMM's weights are no (E*N, K) view with 16-byte
+    aligned rows (a slice, another layout): that GEMM runs the entry's blocks with per-thread loads
+    instead of failing. An entry forced by ``override_config`` keeps TMA and gets weight_descriptor's error."""
+    if not (config.get("TMA") or config.get("down", {}).get("TMA")) or overridden():
+        return config
+    gate_up, down = split_config(config)
+    gate_up_tma = int(bool(gate_up.get("TMA")) and tma_layout_fits(w13, gate_up))
+    down_tma = int(bool(down.get("TMA")) and tma_layout_fits(w2, down))
+    if gate_up_tma == bool(gate_up.get("TMA")) and down_tma == bool(down.get("TMA")):
+        return config
+    return with_down(dict(config, TMA=gate_up_tma), TMA=down_tma)
+
+
 def _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, aligned, top_k, activation, on_input, config,
                       w13_bias, w2_bias):
     """Both GEMMs over the ``aligned`` blocks with ``config`` (no decode modes): its rows of ``h [M*k, I]``
@@ -224,14 +238,14 @@ def _fused_experts_triton(
     num_experts, hidden, inter = w2.shape
     if m == 0:
         return x.new_empty((0, hidden))
-    config = get_config(m, num_experts, inter, top_k, w13.dtype, x.device)
+    config = _tma_where_it_fits(get_config(m, num_experts, inter, top_k, w13.dtype, x.device), w13, w2)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     # TAIL_ROWS entries: an expert's last rows past its last whole block go to a second pass on a smaller
     # entry (they write their pairs' rows of h and y) instead of a large block of their own
-    tail_cfg = (tail_config(config, num_experts, inter, top_k, w13.dtype, x.device) if config.get("TAIL_ROWS")
-                else None)
+    tail_cfg = (_tma_where_it_fits(tail_config(config, num_experts, inter, top_k, w13.dtype, x.device), w13, w2)
+                if config.get("TAIL_ROWS") else None)
 
     def run_tail(tail, h, y):
         if tail is not None:

@@ -305,6 +305,11 @@ def table_key(table: dict, m: int, num_experts: int, top_k: int) -> int:
     return below[-1]
 
 
+def overridden() -> bool:
+    """Whether an ``override_config`` block is forcing the config (as opposed to a table or heuristic)."""
+    return _OVERRIDE.get() is not None
+
+
 def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
                device: Optional[torch.device] = None) -> dict:
     """The block config for ``m`` tokens on experts of intermediate size ``inter``."""

@@ -699,11 +699,18 @@ def weight_descriptor(w: torch.Tensor, config: dict) -> TensorDescriptor | None:
     block = [config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]]
     if w.device.type == "cuda" and (torch.version.hip is not None or _capability(w.device) < (9, 0)):
         raise ValueError("config TMA needs an NVIDIA GPU of compute capability 9.0 or newer; drop TMA from the config")
-    if (w.stride(2) != 1 or w.stride(0) != n * w.stride(1) or (w.stride(1) * w.element_size()) % 16
-            or w.data_ptr() % 16 or max(block) > 256):
+    if not tma_layout_fits(w, config):
         raise ValueError(f"config TMA needs expert weights [E, N, K] contiguous over (E, N) with 16-byte aligned rows "
                          f"and weight tiles of at most 256 x 256; got strides {tuple(w.stride())}, tile {block}")
     return TensorDescriptor(w, [num_experts * n, k], [w.stride(1), 1], block)
+
+
+def tma_layout_fits(w: torch.Tensor, config: dict) -> bool:
+    """Whether expert weights ``w [E, N, K]`` are one ``(E*N, K)`` view with 16-byte aligned rows that the
+    config's weight tiles (at most 256 x 256) can be copied from by a tensor descriptor."""
+    n = w.shape[1]
+    return (w.stride(2) == 1 and w.stride(0) == n * w.stride(1) and (w.stride(1) * w.element_size()) % 16 == 0
+            and w.data_ptr() % 16 == 0 and max(config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]) <= 256)
 
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
