@@ -78,6 +78,9 @@ CUDA-graph timing as bench_kernel:
             PAIRS entries (value 22)                                                       (M <= 16)
   late_epilogue  the Triton GEMMs' epilogue loads (scales, biases, routing weights) after the K loop
             (LATE_EPILOGUE): the shipped config, both GEMMs late, gate_up only, down only      (any M)
+  float_entry  int8 weights on the bf16 table's entry for the same shape and M (the Triton GEMMs with its
+            blocks, TMA where it has it): the shipped config, that entry, with FP16_DOT, with
+            DEQUANT_ONCE (NOTES item 164)                                              (prefill sizes)
   retuned   a fresh tune's entry: the shipped config, then the entry `experts-int8 tune --out-dir`
             wrote for that M into the folder $RETUNED_TABLES (the shipped one where it wrote none) (any M)
   mma_v2    Hopper's warp-level mma.sync instead of wgmma (Triton's DISABLE_MMA_V3, read at compile
@@ -424,6 +427,16 @@ def retuned(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: 
     return dict(table[m]) if m in table else cfg
 
 
+def float_entry(cfg: dict, value: int, m: int, num_experts: int, inter: int, top_k: int, dtype, *rest) -> dict:
+    """The bf16 baseline's entry for this shape and M run on the int8 weights: value 1 as it is, 2 with
+    FP16_DOT, 3 with DEQUANT_ONCE (dequantized float weights, so TMA's view always fits). Whether int8
+    prefill on the small-expert shapes has a Triton form as fast as bf16's TMA entries (NOTES item 164)."""
+    if not value or dtype != torch.int8:
+        return cfg
+    entry = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, *rest)
+    return dict(entry, **{2: dict(FP16_DOT=1), 3: dict(DEQUANT_ONCE=1)}.get(value, {}))
+
+
 @functools.lru_cache(maxsize=None)
 def _table_in(path: str) -> dict:
     """A table file's validated entries by M (empty when there is no such file), read once a process."""
@@ -452,7 +465,7 @@ VARIANTS = {"split_k": (split_k, (1, 2, 4)), "fuse": (fuse, (0, 1)), "pairs": (p
             "untrim": (untrim, (0, 1)), "wsrr": (wsrr, (0, 1, 2, 3)), "tail": (tail, (0, 1, 2, 3)),
             "wsrr_tail": (wsrr_tail, (0, 1, 2, 3, 4)), "wsrr_stages": (wsrr_stages, (0, 1, 2, 3, 4, 5)),
             "waves": (waves, (0, 1, 2, 3, 4, 6, 12, 22)), "late_epilogue": (late_epilogue, (0, 1, 2, 3)),
-            "retuned": (retuned, (0, 1))}
+            "retuned": (retuned, (0, 1)), "float_entry": (float_entry, (0, 1, 2, 3))}
 
 
 def main() -> None:

@@ -1115,6 +1115,26 @@ def test_variant_ab_retuned_takes_the_fresh_tables_entry(tmp_path, monkeypatch):
     assert variant(shipped, 1, 256, 128, 768, 8, torch.int8) == shipped  # no table for the shape
 
 
+def test_variant_ab_float_entry_runs_int8_on_the_bf16_tables_entry(monkeypatch):
+    """variant_ab's ``float_entry``: value 1 the entry get_config gives bf16 weights of the same shape and M,
+    2 with FP16_DOT, 3 with DEQUANT_ONCE; float weights and value 0 as shipped."""
+    import runpy
+
+    variant = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "variant_ab.py"),
+                             run_name="variant_ab")["float_entry"]
+    float_entry = dict(PINNED, BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, TMA=1)
+    asked = []
+    monkeypatch.setattr(configs, "get_config", lambda *args: asked.append(args) or dict(float_entry))
+    shipped = dict(PINNED, GLUON=1)
+    assert variant(shipped, 0, 4096, 64, 1408, 6, torch.int8) == shipped
+    assert variant(shipped, 1, 4096, 64, 1408, 6, torch.int8, "cuda:0") == float_entry
+    assert asked == [(4096, 64, 1408, 6, torch.bfloat16, "cuda:0")]
+    assert variant(shipped, 2, 4096, 64, 1408, 6, torch.int8) == dict(float_entry, FP16_DOT=1)
+    assert variant(shipped, 3, 4096, 64, 1408, 6, torch.int8) == dict(float_entry, DEQUANT_ONCE=1)
+    assert variant(shipped, 1, 4096, 64, 1408, 6, torch.bfloat16) == shipped
+    assert all(configs.check_config(variant(shipped, v, 4096, 64, 1408, 6, torch.int8)) for v in (1, 2, 3))
+
+
 def test_variant_ab_pdl_and_dedup_values_are_valid_entries():
     """variant_ab's ``pdl`` (0 off, 1 and 2 its forms) and ``dedup`` (1 without the align launch, 2 and 3 with
     PDL form 2 or 1 as well) as table entries a fold would write."""
