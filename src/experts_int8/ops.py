@@ -198,11 +198,9 @@ def _tma_where_it_fits(config: dict, w13: torch.Tensor, w2: torch.Tensor) -> dic
     if not (config.get("TMA") or config.get("down", {}).get("TMA")) or overridden():
         return config
     gate_up, down = split_config(config)
-    gate_up_tma = int(bool(gate_up.get("TMA")) and tma_layout_fits(w13, gate_up))
-    down_tma = int(bool(down.get("TMA")) and tma_layout_fits(w2, down))
-    if gate_up_tma == bool(gate_up.get("TMA")) and down_tma == bool(down.get("TMA")):
-        return config
-    return with_down(dict(config, TMA=gate_up_tma), TMA=down_tma)
+    asked = (bool(gate_up.get("TMA")), bool(down.get("TMA")))
+    fits = (asked[0] and tma_layout_fits(w13, gate_up), asked[1] and tma_layout_fits(w2, down))
+    return config if fits == asked else with_down(dict(config, TMA=int(fits[0])), TMA=int(fits[1]))
 
 
 def _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, aligned, top_k, activation, on_input, config,
