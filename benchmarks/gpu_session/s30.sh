@@ -15,7 +15,7 @@ retune /tmp/retuned_s30 "128,2048,768,8 --m 2048,4096,8192 --budget-s 100" "64,2
 step "A/B retuned"; timeout 240 python3 benchmarks/variant_ab.py retuned --values 0,1 --rounds 3 $SMALL \
     --out "$R/retuned" 2>&1 | grep -v -i warn | tail -8
 step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/variant_ab_retuned.json" --out-dir $D --min-gain 0.01
-tables_tgz; cp -r /tmp/retuned_s30 "$R/retuned/tables"
+tables_tgz; tar czf "$R/retuned/tables.tgz" -C /tmp/retuned_s30 .
 for run in 1 2 3; do
   step "bench $run"; timeout 330 python3 benchmarks/bench_kernel.py --out "$R/run$run" $([ $run = 1 ] || echo --no-plot) \
     2>&1 | tail -3
