@@ -13,12 +13,13 @@ tables_tgz() { tar czf "$R/configs.tgz" -C "$D" .; }
 exec >"$R/chain.log" 2>&1
 step() { echo "=== $1 ($(date +%T))"; }
 # retune DIR SPEC...: each SPEC (`experts-int8 tune --shape` arguments: the shape, --m, --budget-s) tuned into
-# the fresh folder DIR, exported as $RETUNED_TABLES for `variant_ab.py retuned` to time against the tables
+# the fresh folder DIR, exported as $RETUNED_TABLES for `variant_ab.py retuned` to time against the tables;
+# the weight format from $TUNE_DTYPES (int8 unless set)
 retune() {
   export RETUNED_TABLES=$1; shift
   rm -rf "$RETUNED_TABLES" && mkdir -p "$RETUNED_TABLES"
   for spec in "$@"; do
-    step "tune $spec"; timeout 200 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes int8 \
-      --out-dir "$RETUNED_TABLES" --no-progress 2>&1 | grep -E "int8 M=|took|Error|error"
+    step "tune $spec"; timeout 200 bash benchmarks/gpu_session/cli.sh tune --shape $spec --dtypes ${TUNE_DTYPES:-int8} \
+      --out-dir "$RETUNED_TABLES" --no-progress 2>&1 | grep -E "(int8|bf16) M=|took|Error|error"
   done
 }
