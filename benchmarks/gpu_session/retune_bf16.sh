@@ -4,16 +4,11 @@
 # M=2; timed against the bf16 tables in three interleaved rounds, folded under the 1% floor, then those rows
 # benched. start.sh retune_bf16.sh, then wait.sh; extract configs.tgz into src/experts_int8/kernels/configs.
 source benchmarks/gpu_session/common.sh "$1"
-TUNE_DTYPES=bf16 retune /tmp/retuned_bf16 "128,2048,768,8 --m 2048,4096,8192 --budget-s 60" \
-    "64,2048,1408,6 --m 2048,4096,8192 --budget-s 60" "8,4096,14336,2 --m 2 --budget-s 60"
-ab() {  # ab NAME ARGS...: the re-tune against the tables in $R/retuned/NAME, then the fold
-  mkdir -p "$R/retuned/$1"; step "A/B retuned bf16 $1"
-  timeout 150 python3 benchmarks/variant_ab.py retuned --dtype bf16 --values 0,1 --rounds 3 --out "$R/retuned/$1" \
-      "${@:2}" 2>&1 | grep -v -i warn | tail -6
-  step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/$1/variant_ab_retuned.json" --out-dir $D --min-gain 0.01
-}
-ab prefill --shapes qwen3-30b-a3b deepseek-v2-lite --m 2048,4096,8192
-ab decode --shapes mixtral-8x7b --m 2
+export TUNE_DTYPES=bf16
+retune /tmp/retuned_bf16 "128,2048,768,8 --m 2048,4096,8192 --budget-s 60" "64,2048,1408,6 --m 2048,4096,8192 --budget-s 60" \
+    "8,4096,14336,2 --m 2 --budget-s 60"
+ab_retuned prefill --shapes qwen3-30b-a3b deepseek-v2-lite --m 2048,4096,8192
+ab_retuned decode --shapes mixtral-8x7b --m 2
 tables_tgz; tar czf "$R/retuned/tables.tgz" -C /tmp/retuned_bf16 .
 step "bench"; timeout 150 python3 benchmarks/bench_kernel.py --out "$R/bench" --no-plot --m 2,2048,4096,8192 \
     --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite 2>&1 | tail -30
