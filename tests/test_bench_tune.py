@@ -415,6 +415,30 @@ def test_tune_table_is_written_merged_and_read_back(tmp_path, monkeypatch):
         configs.load_table.cache_clear()
 
 
+def test_config_source_names_the_tuned_m_that_serves_a_row(tmp_path, monkeypatch):
+    """configs.config_source: the table key get_config's entry comes from (another M's entry shows as such),
+    the heuristic where no table exists, the override inside override_config."""
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")  # no shipped table
+    monkeypatch.setattr(configs, "max_shared_memory", lambda index: 228 * 1024)  # the heuristic's fit, no GPU
+    configs.load_table.cache_clear()
+    small, big = dict(PINNED, BLOCK_SIZE_M=16), dict(PINNED, BLOCK_SIZE_M=128, num_warps=8)
+    tune.write_table({1: small, 1024: big}, 8, 14336, "Fake_GPU", "int8_w8a16")
+    try:
+        assert configs.config_source(1, 8, 14336, 2, torch.int8) == "table M=1"
+        assert configs.config_source(4, 8, 14336, 2, torch.int8) == "table M=1"  # 1 row an expert: M=1's blocks
+        assert configs.config_source(256, 8, 14336, 2, torch.int8) == "table M=1024"  # 64 rows: the key above
+        assert configs.config_source(8192, 8, 14336, 2, torch.int8) == "table M=1024"
+        assert configs.config_source(1, 8, 14336, 2, torch.bfloat16, torch.device("cuda", 0)) == "heuristic"
+        with configs.override_config(small):
+            assert configs.config_source(1, 8, 14336, 2, torch.int8) == "override"
+        for m in (1, 4, 256, 8192):  # the entry get_config returns is the one the source names
+            key = int(configs.config_source(m, 8, 14336, 2, torch.int8).split("=")[1])
+            assert configs.get_config(m, 8, 14336, 2, torch.int8) == {1: small, 1024: big}[key]
+    finally:
+        configs.load_table.cache_clear()
+
+
 def test_tune_refuses_without_gpu():
     if HAS_CUDA:
         pytest.skip("checks the CPU-only message")

@@ -432,7 +432,7 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
         raise RuntimeError("the kernel benchmark needs a CUDA GPU, and torch.cuda.is_available() is False")
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("TRITON_INTERPRET=1 is set, so Triton would not compile for the GPU; unset it")
-    from .kernels.configs import get_config
+    from .kernels.configs import config_source, get_config
 
     shapes = [parse_shape(s) for s in settings.shapes]
     dtypes = parse_dtypes(settings.dtypes)
@@ -469,13 +469,16 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                     calls = calls_per_graph(num_layers, floor)
                     seconds, method = time_calls(x, layers, routing, calls, reps=settings.reps,
                                                  warmup=settings.warmup, use_graph=settings.use_graph)
-                    row.update(calls_per_replay=calls, timing=method,
-                               config=get_config(m, e, i, k, weight_dtype, torch.device("cuda")))
+                    lookup = (m, e, i, k, weight_dtype, torch.device("cuda"))
+                    row.update(calls_per_replay=calls, timing=method, config=get_config(*lookup),
+                               config_source=config_source(*lookup))
                     row.update(row_metrics(m=m, hidden=h, inter=i, top_k=k, dtype=dtype, time_s=seconds,
                                            distinct=distinct, copy_bytes_per_s=copy_bps,
                                            matmul_flops_per_s=matmul_fps))
+                    borrowed = "" if row["config_source"] == f"table M={m}" else f"  ({row['config_source']})"
                     log(f"  M={m:<5d} {dtype:4s} {row['time_us']:10.1f} us  weights {row['bw_frac']:6.1%} of copy  "
-                        f"{row['tflops']:6.1f} TFLOP/s ({row['flop_frac']:6.1%})  roofline {row['roofline_frac']:6.1%}")
+                        f"{row['tflops']:6.1f} TFLOP/s ({row['flop_frac']:6.1%})  roofline {row['roofline_frac']:6.1%}"
+                        f"{borrowed}")
                 except Exception as exc:  # noqa: BLE001 - one failing row must not lose the run
                     row["error"] = f"{type(exc).__name__}: {exc}"
                     log(f"  M={m:<5d} {dtype:4s} FAILED: {row['error']}")

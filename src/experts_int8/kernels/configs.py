@@ -319,12 +319,27 @@ def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: t
     return _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device)
 
 
+def config_source(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
+                  device: Optional[torch.device] = None) -> str:
+    """Where ``get_config``'s entry for ``m`` comes from: ``"override"``, ``"table M=<key>"`` (the tuned M
+    that serves ``m``: a key other than ``m`` is an entry tuned for another size) or ``"heuristic"``. The
+    benchmark records it per row, so a row timed on a borrowed entry shows as such."""
+    if _OVERRIDE.get() is not None:
+        return "override"
+    return _lookup(m, num_experts, inter, top_k, weight_dtype, device)[1]
+
+
 def _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device) -> dict:
+    return _lookup(m, num_experts, inter, top_k, weight_dtype, device)[0]
+
+
+def _lookup(m, num_experts, inter, top_k, weight_dtype, device) -> tuple[dict, str]:
     dev = device_name(device)
     table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
     if table:
-        return dict(table[table_key(table, m, num_experts, top_k)])
-    return device_heuristic(m, num_experts, top_k, weight_dtype, device)
+        key = table_key(table, m, num_experts, top_k)
+        return dict(table[key]), f"table M={key}"
+    return device_heuristic(m, num_experts, top_k, weight_dtype, device), "heuristic"
 
 
 def tail_config(config: dict, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
