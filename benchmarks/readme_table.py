@@ -1,7 +1,8 @@
 """Rewrite the README's speed table from bench_kernel runs: the first run's times (with the fraction of
 the measured ceiling: copy bandwidth at M <= 16, matmul rate from M=1024) and speed-ups, then the
 speed-up in each further run. Rows and their order are the table's own; each row's marks come from the
-int8 entry that ran it (§ register form, ‡ Gluon kernels, † tail pass). The paragraph above the table
+int8 entry that ran it (§ register form, ‡ Gluon kernels, † tail pass) and ◦ where either format's entry
+was tuned for another M (the rows' config_source). The paragraph above the table
 names the runs and their commits: edit it by hand.
 
     python3 benchmarks/readme_table.py benchmarks/results/bench_kernel_NVIDIA_H200_<new>.json \\
@@ -24,9 +25,13 @@ def cell(row: dict) -> str:
     return time
 
 
-def marks(config: dict) -> str:
+def marks(int8: dict, bf16: dict) -> str:
+    """The int8 entry's kernels (§, ‡) and tail pass (†); ◦ where either format ran an entry tuned for another
+    M (the row's ``config_source``, in runs that record it)."""
+    config = int8["config"]
     kernel = " §" if config.get("WSRR") else " ‡" if config.get("GLUON") else ""
-    return kernel + (" †" if config.get("TAIL_ROWS") else "")
+    borrowed = any(r.get("config_source", f"table M={r['M']}") != f"table M={r['M']}" for r in (int8, bf16))
+    return kernel + (" †" if config.get("TAIL_ROWS") else "") + (" ◦" if borrowed else "")
 
 
 def main() -> None:
@@ -57,7 +62,7 @@ def main() -> None:
         bf16, int8 = runs[0][(shape, m, "bf16")], runs[0][(shape, m, "int8")]
         others = " / ".join(f"{r[(shape, m, 'bf16')]['time_us'] / r[(shape, m, 'int8')]['time_us']:.2f}x"
                             for r in runs[1:])
-        out.append(f"| {first} | {m}{marks(int8['config'])} | {cell(bf16)} | {cell(int8)} | "
+        out.append(f"| {first} | {m}{marks(int8, bf16)} | {cell(bf16)} | {cell(int8)} | "
                    f"{bf16['time_us'] / int8['time_us']:.2f}x | {others} |")
         end += 1
     lines[head + 2:end] = out

@@ -1103,6 +1103,8 @@ def test_readme_table_is_rewritten_from_bench_runs(tmp_path):
         rows = [dict(shape="qwen3", M=m, dtype=d, time_us=t * scale, bw_frac=0.5, flop_frac=0.25,
                      config=dict(WSRR=1) if wsrr and m > 16 else {})
                 for m, d, t in ((1, "bf16", 30.0), (1, "int8", 20.0), (2048, "bf16", 500.0), (2048, "int8", 400.0))]
+        for row in rows if wsrr else ():  # this run records where each entry came from: M=2048's bf16 borrowed
+            row["config_source"] = "table M=1024" if (row["M"], row["dtype"]) == (2048, "bf16") else f"table M={row['M']}"
         path = tmp_path / f"run{scale}.json"
         path.write_text(json.dumps(dict(rows=rows)))
         return str(path)
@@ -1114,6 +1116,9 @@ def test_readme_table_is_rewritten_from_bench_runs(tmp_path):
     assert readme.read_text().split("\n")[4:6] == ["| qwen3 (1) | 1 | 30 µs (50%) | 20 µs (50%) | 1.50x | 1.50x |",
                                                    "|  | 2048 | 500 µs (25%) | 400 µs (25%) | 1.25x | 1.25x |"]
     assert readme.read_text().startswith("before\n") and readme.read_text().endswith("\nafter\n")
+    subprocess.run([sys.executable, str(script), old, new, "--readme", str(readme)], check=True, capture_output=True)
+    assert readme.read_text().split("\n")[4:6] == ["| qwen3 (1) | 1 | 60 µs (50%) | 40 µs (50%) | 1.50x | 1.50x |",
+                                                   "|  | 2048 § ◦ | 1000 µs (25%) | 800 µs (25%) | 1.25x | 1.25x |"]
     missing = subprocess.run([sys.executable, str(script), new, str(tmp_path / "nothing.json"), "--readme",
                               str(readme)], capture_output=True, text=True)
     assert missing.returncode != 0 and "not a bench_kernel JSON" in missing.stderr
