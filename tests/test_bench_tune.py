@@ -238,6 +238,8 @@ def test_bench_runs_on_gpu(tmp_path, monkeypatch):
     assert all("time_us" in r for r in result["rows"]) and len(result["rows"]) == 4
     assert settled == [0.25, 0.25] and result["settings"]["settle_s"] == 0.25  # once a (shape, dtype) section
     assert result["ceilings"]["copy_GBps"] > 100 and list(tmp_path.glob("*.json"))
+    # where each row's entry came from (no H200 table has this shape: the heuristic unless a user tuned it)
+    assert all(r["config_source"] == "heuristic" or r["config_source"].startswith("table M=") for r in result["rows"])
 
 
 # --- tuner -----------------------------------------------------------------------------------------
