@@ -30,7 +30,7 @@ def marks(int8: dict, bf16: dict) -> str:
     M (the row's ``config_source``, in runs that record it)."""
     config = int8["config"]
     kernel = " §" if config.get("WSRR") else " ‡" if config.get("GLUON") else ""
-    borrowed = any(r.get("config_source", f"table M={r['M']}") != f"table M={r['M']}" for r in (int8, bf16))
+    borrowed = any(r.get("config_source") not in (None, f"table M={r['M']}") for r in (int8, bf16))
     return kernel + (" †" if config.get("TAIL_ROWS") else "") + (" ◦" if borrowed else "")
 
 

@@ -8,13 +8,13 @@ source benchmarks/gpu_session/common.sh "$1"
 export TUNE_DTYPES=bf16
 retune /tmp/retuned_gaps "128,2048,768,8 --m 8,32,64,128,256,512 --budget-s 150" \
     "8,4096,14336,2 --m 8,32,64,128,512 --budget-s 150"
-ab_retuned qwen3 --shapes qwen3-30b-a3b --m 8,32,64,128,256,512
-ab_retuned mixtral --shapes mixtral-8x7b --m 8,32,64,128,512
+ab retuned retuned/qwen3 --dtype bf16 --values 0,1 --rounds 3 --shapes qwen3-30b-a3b --m 8,32,64,128,256,512
+ab retuned retuned/mixtral --dtype bf16 --values 0,1 --rounds 3 --shapes mixtral-8x7b --m 8,32,64,128,512
 tar czf "$R/retuned/tables_bf16.tgz" -C /tmp/retuned_gaps .
 # int8's own borrowed rows (item 169): qwen3 128-512 and 8x7b 128
 export TUNE_DTYPES=int8
 retune /tmp/retuned_gaps "128,2048,768,8 --m 128,256,512 --budget-s 120" "8,4096,14336,2 --m 128 --budget-s 60"
-ab_retuned qwen3_int8 --shapes qwen3-30b-a3b --m 128,256,512
-ab_retuned mixtral_int8 --shapes mixtral-8x7b --m 128
+ab retuned retuned/qwen3_int8 --values 0,1 --rounds 3 --shapes qwen3-30b-a3b --m 128,256,512
+ab retuned retuned/mixtral_int8 --values 0,1 --rounds 3 --shapes mixtral-8x7b --m 128
 tables_tgz; tar czf "$R/retuned/tables_int8.tgz" -C /tmp/retuned_gaps .
 step "done"; echo CHAIN_DONE

@@ -23,11 +23,10 @@ retune() {
       --out-dir "$RETUNED_TABLES" --no-progress 2>&1 | grep -E "(int8|bf16) M=|took|Error|error"
   done
 }
-# ab_retuned NAME ARGS...: the fresh tune in $RETUNED_TABLES timed against the tables in three interleaved rounds
-# (variant_ab.py retuned ARGS, weight format $TUNE_DTYPES), results in $R/retuned/NAME, then the fold (1% floor)
-ab_retuned() {
-  mkdir -p "$R/retuned/$1"; step "A/B retuned ${TUNE_DTYPES:-int8} $1"
-  timeout 200 python3 benchmarks/variant_ab.py retuned --dtype "${TUNE_DTYPES:-int8}" --values 0,1 --rounds 3 \
-      --out "$R/retuned/$1" "${@:2}" 2>&1 | grep -v -i warn | tail -8
-  step "fold"; python3 benchmarks/fold_ab.py "$R/retuned/$1/variant_ab_retuned.json" --out-dir $D --min-gain 0.01
+# ab VARIANT DIR ARGS...: `variant_ab.py VARIANT ARGS` with its results in $R/DIR, then its winners folded into
+# the chain's tables (fold_ab.py, 1% floor); a re-tune is the variant `retuned` (after `retune`)
+ab() {
+  mkdir -p "$R/$2"; step "A/B $1 $2"
+  timeout 450 python3 benchmarks/variant_ab.py "$1" --out "$R/$2" "${@:3}" 2>&1 | grep -v -i warn
+  step "fold $2"; python3 benchmarks/fold_ab.py "$R/$2/variant_ab_$1.json" --out-dir $D --min-gain 0.01
 }

@@ -7,10 +7,7 @@
 source benchmarks/gpu_session/common.sh "$1"
 for v in "split_k 1,2,4" "down_tile 0,1,2" "down_pipe 0,2,3,5,128" "deep 0,1,2,4" "decode_tile 0,1,3" "tma 0,1,2,3" \
     "pdl_prefetch 0,2,4"; do
-  set -- $v; mkdir -p "$R/$1"
-  step "A/B $1"; timeout 150 python3 benchmarks/variant_ab.py $1 --values $2 --rounds 3 --m 2 --shapes mixtral-8x7b \
-      --out "$R/$1" 2>&1 | grep -v -i warn | tail -2
-  step "fold $1"; python3 benchmarks/fold_ab.py "$R/$1/variant_ab_$1.json" --out-dir $D --min-gain 0.01
+  set -- $v; ab "$1" "$1" --values "$2" --rounds 3 --m 2 --shapes mixtral-8x7b
 done
 tables_tgz
 step "bench"; timeout 120 python3 benchmarks/bench_kernel.py --out "$R/bench" --no-plot --shapes mixtral-8x7b \

@@ -7,8 +7,8 @@ source benchmarks/gpu_session/common.sh "$1"
 export TUNE_DTYPES=bf16
 retune /tmp/retuned_bf16 "128,2048,768,8 --m 2048,4096,8192 --budget-s 60" "64,2048,1408,6 --m 2048,4096,8192 --budget-s 60" \
     "8,4096,14336,2 --m 2 --budget-s 60"
-ab_retuned prefill --shapes qwen3-30b-a3b deepseek-v2-lite --m 2048,4096,8192
-ab_retuned decode --shapes mixtral-8x7b --m 2
+ab retuned retuned/prefill --dtype bf16 --values 0,1 --rounds 3 --shapes qwen3-30b-a3b deepseek-v2-lite --m 2048,4096,8192
+ab retuned retuned/decode --dtype bf16 --values 0,1 --rounds 3 --shapes mixtral-8x7b --m 2
 tables_tgz; tar czf "$R/retuned/tables.tgz" -C /tmp/retuned_bf16 .
 step "bench"; timeout 150 python3 benchmarks/bench_kernel.py --out "$R/bench" --no-plot --m 2,2048,4096,8192 \
     --shapes mixtral-8x7b qwen3-30b-a3b deepseek-v2-lite 2>&1 | tail -30

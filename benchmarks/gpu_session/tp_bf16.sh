@@ -6,10 +6,7 @@
 # start.sh tp_bf16.sh, then wait.sh; extract configs.tgz into src/experts_int8/kernels/configs.
 source benchmarks/gpu_session/common.sh "$1"
 SHARDS="8:4096:7168:2 8:4096:3584:2 8:6144:8192:2 8:6144:4096:2"
-mkdir -p "$R/tma"
-step "A/B bf16 TMA on the shards"; timeout 420 python3 benchmarks/variant_ab.py tma --dtype bf16 --values 0,1 \
-    --rounds 2 --m 1,2,4,16,256,512,1024,2048,4096,8192 --shapes $SHARDS --out "$R/tma" 2>&1 | grep -v -i warn | tail -42
-step "fold"; python3 benchmarks/fold_ab.py "$R/tma/variant_ab_tma.json" --out-dir $D --min-gain 0.01
+ab tma tma --dtype bf16 --values 0,1 --rounds 2 --m 1,2,4,16,256,512,1024,2048,4096,8192 --shapes $SHARDS
 tables_tgz
 step "shards' bench"; timeout 300 python3 benchmarks/bench_kernel.py --shapes $SHARDS --m 1,2,4,16,256,512,1024,2048,4096,8192 \
     --out "$R/bench" --no-plot 2>&1 | grep -A45 "^shape"

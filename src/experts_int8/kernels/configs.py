@@ -324,7 +324,7 @@ def config_source(m: int, num_experts: int, inter: int, top_k: int, weight_dtype
     """Where ``get_config``'s entry for ``m`` comes from: ``"override"``, ``"table M=<key>"`` (the tuned M
     that serves ``m``: a key other than ``m`` is an entry tuned for another size) or ``"heuristic"``. The
     benchmark records it per row, so a row timed on a borrowed entry shows as such."""
-    if _OVERRIDE.get() is not None:
+    if overridden():
         return "override"
     return _lookup(m, num_experts, inter, top_k, weight_dtype, device)[1]
 
