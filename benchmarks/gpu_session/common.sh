@@ -8,9 +8,14 @@ export PYTHONPATH=$PWD/src
 # folds and configs.tgz use that copy. Extract configs.tgz into src/experts_int8/kernels/configs.
 export EXPERTS_INT8_CACHE=$R/cache
 D=$EXPERTS_INT8_CACHE/configs
-rm -rf "$D" && mkdir -p "$D" && cp src/experts_int8/kernels/configs/*.json "$D"/
 tables_tgz() { tar czf "$R/configs.tgz" -C "$D" .; }
-exec >"$R/chain.log" 2>&1
+if [ -n "$CHAIN_NESTED" ]; then
+  # a step of another chain (s31.sh): keep its tables and its log, less this script's end marker
+  exec > >(grep --line-buffered -v '^CHAIN_DONE$' >>"$R/chain.log") 2>&1
+else
+  rm -rf "$D" && mkdir -p "$D" && cp src/experts_int8/kernels/configs/*.json "$D"/
+  : >"$R/chain.log"; exec >>"$R/chain.log" 2>&1  # appended to, so that nested steps' lines interleave in order
+fi
 step() { echo "=== $1 ($(date +%T))"; }
 # retune DIR SPEC...: each SPEC (`experts-int8 tune --shape` arguments: the shape, --m, --budget-s) tuned into
 # the fresh folder DIR, exported as $RETUNED_TABLES for `variant_ab.py retuned` to time against the tables;
