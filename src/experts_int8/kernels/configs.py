@@ -326,20 +326,22 @@ def config_source(m: int, num_experts: int, inter: int, top_k: int, weight_dtype
     benchmark records it per row, so a row timed on a borrowed entry shows as such."""
     if overridden():
         return "override"
-    return _lookup(m, num_experts, inter, top_k, weight_dtype, device)[1]
+    key = _lookup(m, num_experts, inter, top_k, weight_dtype, device)[1]
+    return "heuristic" if key is None else f"table M={key}"
 
 
 def _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device) -> dict:
     return _lookup(m, num_experts, inter, top_k, weight_dtype, device)[0]
 
 
-def _lookup(m, num_experts, inter, top_k, weight_dtype, device) -> tuple[dict, str]:
+def _lookup(m, num_experts, inter, top_k, weight_dtype, device) -> tuple[dict, Optional[int]]:
+    """The entry for ``m`` and the table key it comes from (None: the heuristic)."""
     dev = device_name(device)
     table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
     if table:
         key = table_key(table, m, num_experts, top_k)
-        return dict(table[key]), f"table M={key}"
-    return device_heuristic(m, num_experts, top_k, weight_dtype, device), "heuristic"
+        return dict(table[key]), key
+    return device_heuristic(m, num_experts, top_k, weight_dtype, device), None
 
 
 def tail_config(config: dict, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
