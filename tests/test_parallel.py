@@ -1,0 +1,150 @@
+"""Experts split over the ranks of a process group (``experts_int8.parallel``): the shards' outputs add up
+to the whole layer's, and a model parallelized over real torch.distributed ranks (gloo on CPU, NCCL on
+GPUs) gives the single-process model's logits."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from experts_int8 import Int8Experts, quantize_, select_experts
+from experts_int8.parallel import ParallelExperts, parallelize_experts, shard_experts
+from models import tiny_model
+
+
+def experts(e=6, h=32, i=24, bias=False, activation="silu"):
+    kwargs = {}
+    if bias:
+        kwargs = dict(gate_up_proj_bias=torch.randn(e, 2 * i), down_proj_bias=torch.randn(e, h))
+    return Int8Experts.from_float(torch.randn(e, 2 * i, h) / h**0.5, torch.randn(e, h, i) / i**0.5,
+                                  activation=activation, **kwargs)
+
+
+@pytest.mark.parametrize("mode", ["tp", "ep"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("bias, activation", [(False, "silu"), (True, "swiglu_oai")])
+def test_shards_add_up_to_the_layer(mode, world_size, bias, activation):
+    full = experts(bias=bias, activation=activation)
+    x = torch.randn(9, 32)
+    w, ids = select_experts(torch.randn(9, 6), 2)
+    want = full(x, ids, w)
+    shards = [shard_experts(full, mode, r, world_size) for r in range(world_size)]
+    got = sum(s(x, ids, w) for s in shards)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(full(x, ids, w), want)  # the shards are copies: the whole layer is untouched
+    # every int8 value and scale lives on exactly one rank (tp: the down scales on all of them)
+    assert sum(s.gate_up_proj.numel() for s in shards) == full.gate_up_proj.numel()
+    assert sum(s.down_proj.numel() for s in shards) == full.down_proj.numel()
+    if mode == "tp":
+        assert [s.intermediate_size for s in shards] == [len(p) for p in torch.arange(24).tensor_split(world_size)]
+        assert all(torch.equal(s.down_proj_scale, full.down_proj_scale) for s in shards)
+    else:
+        assert [s.num_experts for s in shards] == [len(p) for p in torch.arange(6).tensor_split(world_size)]
+        assert all(s.global_num_experts == 6 and s.expert_map.tolist().count(-1) == 6 - s.num_experts for s in shards)
+
+
+def test_tp_shard_keeps_matching_gate_and_up_rows():
+    full = experts(i=4)
+    shard = shard_experts(full, "tp", 1, 2)  # columns 2, 3 of I: gate rows 2, 3 and up rows 6, 7
+    assert torch.equal(shard.gate_up_proj, full.gate_up_proj[:, [2, 3, 6, 7]])
+    assert torch.equal(shard.gate_up_proj_scale, full.gate_up_proj_scale[:, [2, 3, 6, 7]])
+    assert torch.equal(shard.down_proj, full.down_proj[:, :, 2:4])
+    assert shard.gate_up_proj.is_contiguous() and shard.down_proj.is_contiguous()
+
+
+@pytest.mark.parametrize("args, error, match", [
+    (("tp", 0, 2), TypeError, "Int8Experts"),
+    (("pp", 0, 2), ValueError, "mode must be one of"),
+    (("ep", 2, 2), ValueError, "0 <= rank < world_size"),
+    (("ep", 0, 7), ValueError, "cannot split 6 experts over 7 ranks; use fewer ranks or mode='tp'"),
+    (("tp", 0, 25), ValueError, "cannot split 24 columns of I over 25 ranks"),
+])
+def test_shard_errors(args, error, match):
+    module = torch.nn.Linear(2, 2) if error is TypeError else experts()
+    with pytest.raises(error, match=match):
+        shard_experts(module, *args)
+
+
+def test_shard_of_a_shard_and_no_process_group():
+    with pytest.raises(ValueError, match="already a shard"):
+        shard_experts(shard_experts(experts(), "ep", 0, 2), "ep", 0, 2)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        parallelize_experts(experts())
+
+
+# --------------------------------------------------------------------------------------------------
+# Real ranks: one process each (torch.multiprocessing), a TCP rendezvous on localhost
+# --------------------------------------------------------------------------------------------------
+ARCHS = ("mixtral", "gpt_oss", "deepseek_v2")  # plain; biases + clamped SwiGLU; shared experts + grouped routing
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, world_size: int, port: int, backend: str, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    results = {}
+    try:
+        for arch in ARCHS:
+            for mode in ("tp", "ep"):
+                model = tiny_model(arch, dtype=dtype, seed=0)  # the same weights on every rank
+                quantize_(model)
+                model.to(device)
+                tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
+                with torch.no_grad():
+                    want = model(tokens).logits.float()
+                    full_bytes = sum(m.gate_up_proj.numel() + m.down_proj.numel()
+                                     for m in model.modules() if isinstance(m, Int8Experts))
+                    parallelize_experts(model, mode)
+                    parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
+                    got = model(tokens).logits.float()
+                results[f"{arch}/{mode}"] = dict(
+                    err=((got - want).norm() / want.norm()).item(), parts=len(parts),
+                    local_bytes=sum(p.local.gate_up_proj.numel() + p.local.down_proj.numel() for p in parts),
+                    full_bytes=full_bytes)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(results, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(world_size: int, backend: str, tmp_path) -> list[dict]:
+    mp.spawn(_rank, args=(world_size, _free_port(), backend, str(tmp_path)), nprocs=world_size, join=True)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def _check(ranks: list[dict], world_size: int, tol: float) -> None:
+    for results in ranks:
+        assert set(results) == {f"{a}/{m}" for a in ARCHS for m in ("tp", "ep")}
+        for name, r in results.items():
+            assert r["parts"] >= 1, name
+            assert r["err"] < tol, (name, r["err"])
+            # each rank holds about 1/W of the expert weights (a whole expert more or less under ep)
+            assert r["local_bytes"] < r["full_bytes"] * (1 / world_size + 0.35), (name, r)
+    for name in ranks[0]:  # and the ranks hold the whole, once
+        assert sum(results[name]["local_bytes"] for results in ranks) == ranks[0][name]["full_bytes"], name
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_on_cpu_match_one_process(world_size, tmp_path):
+    _check(_run_ranks(world_size, "gloo", tmp_path), world_size, tol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_ranks_on_two_gpus_match_one_gpu(tmp_path):
+    _check(_run_ranks(2, "nccl", tmp_path), 2, tol=2e-2)  # bf16 activations: partial sums rounded per rank
