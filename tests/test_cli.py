@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -94,6 +96,26 @@ def test_generate_int8_and_float_checkpoints(demo_run):
         assert "tokens/s" in result.output and "peak process memory" in result.output
         texts.append(result.stdout.splitlines()[0])
     assert texts[0].startswith("The assert") and texts[0] == texts[1]
+
+
+def test_generate_parallel_over_two_ranks(demo_run):
+    """torchrun, two CPU ranks (gloo), the experts split over them: rank 0 prints the one-process text."""
+    _, keep = demo_run
+    args = [keep / "int8", "--prompt", "The assert", "--max-new-tokens", "5", "--device", "cpu", "--no-progress"]
+    single = invoke("generate", *args)
+    assert single.exit_code == 0, single.output
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "experts_int8.cli", "generate", *map(str, args), "--parallel", "tp"],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [single.stdout.splitlines()[0]]  # one rank printed, the same text
+    assert "2 ranks, tp" in run.stderr
+
+
+def test_generate_parallel_needs_torchrun(demo_run):
+    _, keep = demo_run
+    assert_one_line_error(invoke("generate", keep / "int8", "--prompt", "a", "--device", "cpu", "--parallel", "ep"),
+                          "--parallel ep needs several ranks: launch with torchrun")
 
 
 def _fused_checkpoint(tmp_path, arch="mixtral"):

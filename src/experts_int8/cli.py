@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -296,6 +297,7 @@ Examples:
   experts-int8 generate ~/models/Mixtral-8x7B-int8 --prompt "The capital of France is"
   experts-int8 generate ~/models/Mixtral-8x7B-v0.1 --prompt "Hello" --max-new-tokens 64   # quantized on load
   experts-int8 demo --keep /tmp/demo && experts-int8 generate /tmp/demo/int8 --prompt "The assert"
+  torchrun --nproc-per-node 2 --no-python experts-int8 generate ./Mixtral-8x7B-int8 --prompt "Hi" --parallel tp
 """)
 @click.argument("model", type=click.Path())
 @click.option("--prompt", required=True, help="Text to continue.")
@@ -303,8 +305,11 @@ Examples:
 @device_option
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
               help="Compute dtype (and dtype of the non-expert weights).")
+@click.option("--parallel", type=click.Choice(["tp", "ep"]), default=None,
+              help="Split the routed experts over the ranks torchrun started (tp: slices of each expert; ep: "
+                   "whole experts); rank 0 prints.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def generate_command(model, prompt, max_new_tokens, device, dtype, no_progress):
+def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_progress):
     """Load MODEL with int8 experts and continue PROMPT (greedy); print the text, tokens/s and peak memory.
 
     A float checkpoint is quantized while it loads; an int8 checkpoint (config.json with
@@ -323,6 +328,9 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, no_progress):
         raise ValueError(f"{model} has no tokenizer (tokenizer.json / tokenizer_config.json); copy the tokenizer "
                          f"files of the original model into it")
     dev = check_device(device or _default_device())
+    if parallel:
+        _generate_parallel(model, prompt, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
+        return
     quiet_transformers()
     from transformers import AutoTokenizer
 
@@ -343,6 +351,56 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, no_progress):
     what, peak = peak_memory(dev)
     click.echo(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt {ids.shape[1]} "
                f"tokens, greedy); loaded in {load_s:.1f} s; {what}: {format_bytes(peak)}", err=True)
+
+
+def _generate_parallel(model, prompt, max_new_tokens, dev, dtype, mode, kind, no_progress):
+    """``generate --parallel``: one process per rank (torchrun), the experts split over the ranks; the model
+    loads on each rank's CPU, keeps its part of the experts and moves to its device; rank 0 prints."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from .convert import format_bytes
+    from .parallel import parallelize_experts
+    from .run import generate, load_model, peak_memory, quiet_transformers
+
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size < 2:
+        raise ValueError(f"--parallel {mode} needs several ranks: launch with torchrun, e.g. torchrun "
+                         f"--nproc-per-node 2 --no-python experts-int8 generate ... --parallel {mode}")
+    if dev.type == "cuda":
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    try:
+        rank = dist.get_rank()
+        quiet_transformers()
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        if rank == 0:
+            what = "int8 checkpoint" if kind == "int8" else "float checkpoint, quantizing on load"
+            click.echo(f"loading {model} ({what}) on every rank's CPU, experts split ({mode}) over {world_size} "
+                       f"ranks on {dev.type}", err=True)
+        t0 = time.perf_counter()
+        m, _ = load_model(model, device="cpu", dtype=dtype)
+        parallelize_experts(m, mode, device=dev)
+        m.to(dev)
+        load_s = time.perf_counter() - t0
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
+        if ids.shape[1] == 0:
+            raise ValueError("the prompt is empty after tokenization")
+        g = generate(m, ids, max_new_tokens, progress=not no_progress and rank == 0)
+        if rank == 0:
+            click.echo(prompt + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
+            what, peak = peak_memory(dev)
+            click.echo(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt "
+                       f"{ids.shape[1]} tokens, greedy, {world_size} ranks, {mode}); loaded in {load_s:.1f} s; "
+                       f"{what} on rank 0: {format_bytes(peak)}", err=True)
+    finally:
+        dist.destroy_process_group()
 
 
 @command("eval", epilog="""\b
