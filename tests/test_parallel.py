@@ -90,7 +90,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world_size: int, port: int, backend: str, out_dir: str) -> None:
+def _rank(rank: int, world_size: int, port: int, out_dir: str, backend: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
     if device.type == "cuda":
@@ -122,8 +122,32 @@ def _rank(rank: int, world_size: int, port: int, backend: str, out_dir: str) -> 
         dist.destroy_process_group()
 
 
-def _run_ranks(world_size: int, backend: str, tmp_path) -> list[dict]:
-    mp.spawn(_rank, args=(world_size, _free_port(), backend, str(tmp_path)), nprocs=world_size, join=True)
+def _compile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """The Triton path (interpreted) of a lone experts module split over the ranks, eager and under
+    ``torch.compile(fullgraph=True)``: the all-reduce traces with the kernel's custom op, no graph break."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)  # the same layer and inputs on every rank
+        full = Int8Experts.from_float(torch.randn(4, 64, 32) / 32**0.5, torch.randn(4, 32, 32) / 32**0.5,
+                                      backend="triton")
+        x = torch.randn(5, 32)
+        w, ids = select_experts(torch.randn(5, 4), 2)
+        want = full(x, ids, w)
+        errors = {}
+        for mode in ("tp", "ep"):
+            part = parallelize_experts(full, mode)
+            compiled = torch.compile(part, fullgraph=True, backend="aot_eager")
+            errors[mode] = [(part(x, ids, w) - want).abs().max().item(), (compiled(x, ids, w) - want).abs().max().item()]
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(errors, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(worker, world_size: int, tmp_path, *args) -> list[dict]:
+    """``worker(rank, world_size, port, out_dir, *args)`` in one process a rank; each writes rank<r>.json."""
+    mp.spawn(worker, args=(world_size, _free_port(), str(tmp_path), *args), nprocs=world_size, join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
 
 
@@ -141,10 +165,16 @@ def _check(ranks: list[dict], world_size: int, tol: float) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_on_cpu_match_one_process(world_size, tmp_path):
-    _check(_run_ranks(world_size, "gloo", tmp_path), world_size, tol=1e-5)
+    _check(_run_ranks(_rank, world_size, tmp_path, "gloo"), world_size, tol=1e-5)
+
+
+def test_ranks_compile_fullgraph(tmp_path):
+    for errors in _run_ranks(_compile_rank, 2, tmp_path):
+        assert set(errors) == {"tp", "ep"}
+        assert all(max(pair) < 1e-3 for pair in errors.values()), errors
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_ranks_on_two_gpus_match_one_gpu(tmp_path):
-    _check(_run_ranks(2, "nccl", tmp_path), 2, tol=2e-2)  # bf16 activations: partial sums rounded per rank
+    _check(_run_ranks(_rank, 2, tmp_path, "nccl"), 2, tol=2e-2)  # bf16 activations: partial sums rounded per rank
