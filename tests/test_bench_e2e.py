@@ -44,6 +44,9 @@ def test_cli_help_and_bad_config():
     assert bad.exit_code != 0 and "choose one of" in bad.output
     bad = runner.invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--columns", "ours-fp8"])
     assert bad.exit_code != 0 and "--columns" in bad.output and "ours-fp8" in bad.output
+    bad = runner.invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--device", "cpu",
+                               "--parallel", "tp"])
+    assert bad.exit_code != 0 and "--parallel tp needs several ranks: launch with torchrun" in bad.output
 
 
 def test_columns_run_in_their_order():

@@ -145,6 +145,33 @@ def _compile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def _bench_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """``bench_e2e.run(parallel="tp")`` on a tiny Mixtral: every rank runs it, rank 0 reports and writes."""
+    from experts_int8 import bench_e2e
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(rank)  # different weights drawn on each rank: the run takes rank 0's
+        built = []
+        random_model = bench_e2e.random_model
+        bench_e2e.random_model = lambda *a, **k: built.append(random_model(*a, **k)) or built[-1]
+        lines = []
+        result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(2,), prompt_len=6, new_tokens=3, reps=1,
+                               cache="dynamic", columns=("ours-bf16", "ours-int8"), out=os.path.join(out_dir, "json"),
+                               log=lines.append, parallel="tp",
+                               overrides=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+        model = built[0]
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(dict(rows=[r["column"] for r in result["rows"]], world_size=result["world_size"],
+                           parallel=result["parallel"], logged=len(lines),
+                           embed=model.get_input_embeddings().weight.double().sum().item(),
+                           parts=sum(isinstance(m, ParallelExperts) for m in model.modules())), f)
+    finally:
+        dist.destroy_process_group()
+
+
 def _run_ranks(worker, world_size: int, tmp_path, *args) -> list[dict]:
     """``worker(rank, world_size, port, out_dir, *args)`` in one process a rank; each writes rank<r>.json."""
     mp.spawn(worker, args=(world_size, _free_port(), str(tmp_path), *args), nprocs=world_size, join=True)
@@ -172,6 +199,16 @@ def test_ranks_compile_fullgraph(tmp_path):
     for errors in _run_ranks(_compile_rank, 2, tmp_path):
         assert set(errors) == {"tp", "ep"}
         assert all(max(pair) < 1e-3 for pair in errors.values()), errors
+
+
+def test_bench_e2e_parallel_over_two_ranks(tmp_path):
+    ranks = _run_ranks(_bench_rank, 2, tmp_path)
+    for r in ranks:
+        assert r["rows"] == ["ours-bf16", "ours-int8"] and r["world_size"] == 2 and r["parallel"] == "tp"
+        assert r["parts"] == 2  # both MoE layers' int8 experts split
+    assert ranks[0]["embed"] == ranks[1]["embed"]  # one model: rank 0's weights
+    assert ranks[0]["logged"] > 0 and ranks[1]["logged"] == 0  # rank 0 reports
+    assert len(list((tmp_path / "json").glob("bench_e2e_*.json"))) == 1
 
 
 @pytest.mark.gpu

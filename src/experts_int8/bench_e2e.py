@@ -16,6 +16,11 @@ For each batch size: end-to-end latency of ``prompt_len`` prompt tokens + ``new_
 prefill alone, and decode throughput = batch * (new_tokens - 1) / (end-to-end - prefill).
 
     experts-int8 bench-e2e --config mixtral-8x7b --random-weights
+    torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \
+        --columns ours-int8 --parallel tp       # the int8 experts split over two GPUs
+
+With ``parallel`` (under torchrun, a process group initialized) every rank builds the model, takes rank 0's
+weights and prompts, and the int8 column splits its experts over the ranks (``parallel.py``); rank 0 reports.
 """
 
 from __future__ import annotations
@@ -111,6 +116,8 @@ def greedy_decode(model, ids: torch.Tensor, new_tokens: int, step: Optional[Call
 def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, reps: int,
             cache: str = "static", decode: str = "generate", step: Optional[Callable] = None) -> dict:
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
+    if torch.distributed.is_initialized():
+        torch.distributed.broadcast(ids, 0)  # every rank generates from rank 0's prompts
     mask = torch.ones_like(ids)
     kw = dict(attention_mask=mask, do_sample=False, pad_token_id=0, cache_implementation=cache)
 
@@ -131,10 +138,12 @@ def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, re
 def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int = 1024, new_tokens: int = 128,
         reps: int = 3, cache: str = "static", decode: str = "generate", overrides: Optional[dict] = None,
         columns=COLUMNS, out: Optional[str] = None,
-        compile_mode: str = "reduce-overhead", log: Callable[[str], None] = print) -> dict:
+        compile_mode: str = "reduce-overhead", log: Callable[[str], None] = print,
+        parallel: Optional[str] = None) -> dict:
     from transformers import CompileConfig
 
     from .integrations.transformers import quantize_
+    from .parallel import MODES, parallelize_experts
 
     if decode not in ("generate", "loop"):
         raise ValueError(f"decode must be 'generate' or 'loop', got {decode!r}")
@@ -144,7 +153,20 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
         raise ValueError(f"columns must be a non-empty subset of {COLUMNS} in that order, got {columns!r}")
     if decode == "loop" and cache != "static":
         raise ValueError("decode='loop' drives a static cache; use cache='static'")
+    world_size = 1
+    if parallel is not None:
+        if parallel not in MODES:
+            raise ValueError(f"parallel must be one of {MODES}, got {parallel!r}")
+        if not torch.distributed.is_initialized():
+            raise RuntimeError("parallel needs torch.distributed initialized (run under torchrun)")
+        world_size = torch.distributed.get_world_size()
+        if torch.distributed.get_rank() != 0:
+            log, out = (lambda s: None), None  # rank 0 reports
     model = random_model(config, device, overrides=overrides)
+    if parallel is not None:
+        with torch.no_grad():  # one model on every rank: rank 0's random weights
+            for t in list(model.parameters()) + list(model.buffers()):
+                torch.distributed.broadcast(t, 0)
     default_impl = model.config._experts_implementation  # what users get today
     if compile_mode != COMPILE_MODES[0]:  # generate's own compiled step (transformers' default otherwise)
         model.generation_config.compile_config = CompileConfig(mode=compile_mode)
@@ -156,6 +178,8 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
             model.set_experts_implementation("experts_int8")
         elif column == "ours-int8":
             quantize_(model)
+            if parallel is not None:
+                parallelize_experts(model, parallel)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         step = compiled_step(model, device, compile_mode) if decode == "loop" else None
@@ -171,7 +195,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
                   gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                   torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache, decode=decode,
-                  compile_mode=compile_mode,
+                  compile_mode=compile_mode, parallel=parallel, world_size=world_size,
                   command=" ".join(sys.argv), commit=library_commit()[0], rows=rows)
     log(table(result))
     if out:
@@ -187,8 +211,10 @@ def table(result: dict) -> str:
     by = {(r["column"], r["batch"]): r for r in result["rows"]}
     columns = list(dict.fromkeys(r["column"] for r in result["rows"]))
     batches = sorted({r["batch"] for r in result["rows"]})
+    split = (f"; int8 experts split ({result['parallel']}) over {result['world_size']} ranks"
+             if result.get("parallel") else "")
     lines = [f"{result['config']} on {result['gpu']}: {result['prompt_len']} prompt + {result['new_tokens']} new tokens, "
-             f"decode via {result.get('decode', 'generate')}",
+             f"decode via {result.get('decode', 'generate')}{split}",
              "batch | " + " | ".join(f"{c} e2e s, tok/s" for c in columns)]
     for b in batches:
         cells = [f"{by[(c, b)]['e2e_s']:.3f}, {by[(c, b)]['decode_tok_s']:.1f}" for c in columns if (c, b) in by]

@@ -10,6 +10,7 @@ and exits with status 1; with ``--debug`` the full traceback is shown. Ctrl-C ex
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -353,29 +354,41 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
                f"tokens, greedy); loaded in {load_s:.1f} s; {what}: {format_bytes(peak)}", err=True)
 
 
-def _generate_parallel(model, prompt, max_new_tokens, dev, dtype, mode, kind, no_progress):
-    """``generate --parallel``: one process per rank (torchrun), the experts split over the ranks; the model
-    loads on each rank's CPU, keeps its part of the experts and moves to its device; rank 0 prints."""
-    import time
-
+@contextlib.contextmanager
+def torchrun_ranks(command: str, mode: str, dev):
+    """The process group of the ranks torchrun started, for ``COMMAND --parallel MODE``: yields this rank's
+    device (``cuda:LOCAL_RANK`` on CUDA, NCCL; the CPU with gloo otherwise)."""
     import torch
     import torch.distributed as dist
-
-    from .convert import format_bytes
-    from .parallel import parallelize_experts
-    from .run import generate, load_model, peak_memory, quiet_transformers
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size < 2:
         raise ValueError(f"--parallel {mode} needs several ranks: launch with torchrun, e.g. torchrun "
-                         f"--nproc-per-node 2 --no-python experts-int8 generate ... --parallel {mode}")
+                         f"--nproc-per-node 2 --no-python experts-int8 {command} ... --parallel {mode}")
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
         torch.cuda.reset_peak_memory_stats(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     try:
-        rank = dist.get_rank()
+        yield dev
+    finally:
+        dist.destroy_process_group()
+
+
+def _generate_parallel(model, prompt, max_new_tokens, dev, dtype, mode, kind, no_progress):
+    """``generate --parallel``: one process per rank (torchrun), the experts split over the ranks; the model
+    loads on each rank's CPU, keeps its part of the experts and moves to its device; rank 0 prints."""
+    import time
+
+    import torch.distributed as dist
+
+    from .convert import format_bytes
+    from .parallel import parallelize_experts
+    from .run import generate, load_model, peak_memory, quiet_transformers
+
+    with torchrun_ranks("generate", mode, dev) as dev:
+        rank, world_size = dist.get_rank(), dist.get_world_size()
         quiet_transformers()
         from transformers import AutoTokenizer
 
@@ -399,8 +412,6 @@ def _generate_parallel(model, prompt, max_new_tokens, dev, dtype, mode, kind, no
             click.echo(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt "
                        f"{ids.shape[1]} tokens, greedy, {world_size} ranks, {mode}); loaded in {load_s:.1f} s; "
                        f"{what} on rank 0: {format_bytes(peak)}", err=True)
-    finally:
-        dist.destroy_process_group()
 
 
 @command("eval", epilog="""\b
@@ -475,6 +486,8 @@ Examples:
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights --decode loop   # no per-token host sync
   experts-int8 bench-e2e --config qwen3-30b-a3b --random-weights --batch 1,8
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights --layers 4 --prompt-len 256 --new-tokens 32
+  torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \
+      --columns ours-int8 --parallel tp
 """)
 @click.option("--config", "config_name", required=True, metavar="NAME",
               help="Architecture to build: mixtral-8x7b or qwen3-30b-a3b.")
@@ -497,9 +510,11 @@ Examples:
 @click.option("--columns", default=None, metavar="LIST",
               help="Comma-separated subset of hf-bf16, ours-bf16, ours-int8 (default: all three; they run "
                    "in that order, int8 last since it quantizes in place).")
+@click.option("--parallel", type=click.Choice(["tp", "ep"]), default=None,
+              help="Under torchrun: the int8 column's experts split over the ranks (rank 0 reports).")
 @click.option("--out", default="benchmarks/results", show_default=True, type=click.Path(file_okay=False))
 def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, new_tokens, layers, reps, cache,
-                      decode, compile_mode, columns, out):
+                      decode, compile_mode, columns, parallel, out):
     """End-to-end generation latency: transformers' experts vs ours in bf16 vs ours in int8.
 
     One model, three columns in one run: transformers' default experts implementation, the same bf16
@@ -517,9 +532,17 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns else COLUMNS
     if not chosen or set(chosen) - set(COLUMNS):
         raise click.BadParameter(f"choose from {', '.join(COLUMNS)}, got {columns!r}", param_hint="--columns")
-    run(config_name, columns=tuple(c for c in COLUMNS if c in chosen), device=device or _default_device(), batches=sizes, prompt_len=prompt_len,
-        new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, compile_mode=compile_mode, out=out, log=click.echo,
-        overrides=dict(num_hidden_layers=layers) if layers else None)
+    kwargs = dict(columns=tuple(c for c in COLUMNS if c in chosen), batches=sizes, prompt_len=prompt_len,
+                  new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, compile_mode=compile_mode, out=out,
+                  log=click.echo, overrides=dict(num_hidden_layers=layers) if layers else None)
+    dev = device or _default_device()
+    if not parallel:
+        run(config_name, device=dev, **kwargs)
+        return
+    from .run import check_device
+
+    with torchrun_ranks("bench-e2e", parallel, check_device(dev)) as rank_device:
+        run(config_name, device=str(rank_device), parallel=parallel, **kwargs)
 
 
 if __name__ == "__main__":
