@@ -123,7 +123,8 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     ``"ep"``, over ``group``, default the whole world) wrapped in a :class:`ParallelExperts`; each part
     moves to ``device`` (default: where the module is). In place; returns ``model`` (for a lone
     :class:`Int8Experts`, its wrapped part). Call it on every
-    rank with the same model (same weights), after ``dist.init_process_group``."""
+    rank with the same model (same weights), after ``dist.init_process_group``. The result is for inference:
+    save a checkpoint before splitting (each rank holds only its part)."""
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("parallelize_experts needs torch.distributed initialized on every rank first "
                            "(dist.init_process_group, e.g. under torchrun)")
