@@ -90,92 +90,87 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank: int, world_size: int, port: int, out_dir: str, backend: str) -> None:
+def _in_group(rank: int, worker, world_size: int, port: int, backend: str, out_dir: str) -> None:
+    """One rank's process: join the group, run ``worker(rank, device, out_dir) -> dict``, write it as
+    rank<r>.json."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device(f"cuda:{rank}" if backend == "nccl" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if device.type == "cuda" else None)
+    try:
+        result = worker(rank, device, out_dir)
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(result, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run_ranks(worker, world_size: int, tmp_path, backend: str = "gloo") -> list[dict]:
+    mp.spawn(_in_group, args=(worker, world_size, _free_port(), backend, str(tmp_path)), nprocs=world_size, join=True)
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+
+
+def _models_match(rank: int, device: torch.device, out_dir: str) -> dict:
+    """Each architecture's logits before and after its experts are split, both modes."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     results = {}
-    try:
-        for arch in ARCHS:
-            for mode in ("tp", "ep"):
-                model = tiny_model(arch, dtype=dtype, seed=0)  # the same weights on every rank
-                quantize_(model)
-                model.to(device)
-                tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
-                with torch.no_grad():
-                    want = model(tokens).logits.float()
-                    full_bytes = sum(m.gate_up_proj.numel() + m.down_proj.numel()
-                                     for m in model.modules() if isinstance(m, Int8Experts))
-                    parallelize_experts(model, mode)
-                    parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
-                    got = model(tokens).logits.float()
-                results[f"{arch}/{mode}"] = dict(
-                    err=((got - want).norm() / want.norm()).item(), parts=len(parts),
-                    local_bytes=sum(p.local.gate_up_proj.numel() + p.local.down_proj.numel() for p in parts),
-                    full_bytes=full_bytes)
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(results, f)
-    finally:
-        dist.destroy_process_group()
+    for arch in ARCHS:
+        for mode in ("tp", "ep"):
+            model = tiny_model(arch, dtype=dtype, seed=0)  # the same weights on every rank
+            quantize_(model)
+            model.to(device)
+            tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
+            with torch.no_grad():
+                want = model(tokens).logits.float()
+                full_bytes = sum(m.gate_up_proj.numel() + m.down_proj.numel()
+                                 for m in model.modules() if isinstance(m, Int8Experts))
+                parallelize_experts(model, mode)
+                parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
+                got = model(tokens).logits.float()
+            results[f"{arch}/{mode}"] = dict(
+                err=((got - want).norm() / want.norm()).item(), parts=len(parts),
+                local_bytes=sum(p.local.gate_up_proj.numel() + p.local.down_proj.numel() for p in parts),
+                full_bytes=full_bytes)
+    return results
 
 
-def _compile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _compiles(rank: int, device: torch.device, out_dir: str) -> dict:
     """The Triton path (interpreted) of a lone experts module split over the ranks, eager and under
     ``torch.compile(fullgraph=True)``: the all-reduce traces with the kernel's custom op, no graph break."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        torch.manual_seed(0)  # the same layer and inputs on every rank
-        full = Int8Experts.from_float(torch.randn(4, 64, 32) / 32**0.5, torch.randn(4, 32, 32) / 32**0.5,
-                                      backend="triton")
-        x = torch.randn(5, 32)
-        w, ids = select_experts(torch.randn(5, 4), 2)
-        want = full(x, ids, w)
-        errors = {}
-        for mode in ("tp", "ep"):
-            part = parallelize_experts(full, mode)
-            compiled = torch.compile(part, fullgraph=True, backend="aot_eager")
-            errors[mode] = [(part(x, ids, w) - want).abs().max().item(), (compiled(x, ids, w) - want).abs().max().item()]
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(errors, f)
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)  # the same layer and inputs on every rank
+    full = Int8Experts.from_float(torch.randn(4, 64, 32) / 32**0.5, torch.randn(4, 32, 32) / 32**0.5,
+                                  backend="triton")
+    x = torch.randn(5, 32)
+    w, ids = select_experts(torch.randn(5, 4), 2)
+    want = full(x, ids, w)
+    errors = {}
+    for mode in ("tp", "ep"):
+        part = parallelize_experts(full, mode)
+        compiled = torch.compile(part, fullgraph=True, backend="aot_eager")
+        errors[mode] = [(part(x, ids, w) - want).abs().max().item(), (compiled(x, ids, w) - want).abs().max().item()]
+    return errors
 
 
-def _bench_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+def _bench_e2e(rank: int, device: torch.device, out_dir: str) -> dict:
     """``bench_e2e.run(parallel="tp")`` on a tiny Mixtral: every rank runs it, rank 0 reports and writes."""
     from experts_int8 import bench_e2e
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        torch.manual_seed(rank)  # different weights drawn on each rank: the run takes rank 0's
-        built = []
-        random_model = bench_e2e.random_model
-        bench_e2e.random_model = lambda *a, **k: built.append(random_model(*a, **k)) or built[-1]
-        lines = []
-        result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(2,), prompt_len=6, new_tokens=3, reps=1,
-                               cache="dynamic", columns=("ours-bf16", "ours-int8"), out=os.path.join(out_dir, "json"),
-                               log=lines.append, parallel="tp",
-                               overrides=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                              num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
-        model = built[0]
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(dict(rows=[r["column"] for r in result["rows"]], world_size=result["world_size"],
-                           parallel=result["parallel"], logged=len(lines),
-                           embed=model.get_input_embeddings().weight.double().sum().item(),
-                           parts=sum(isinstance(m, ParallelExperts) for m in model.modules())), f)
-    finally:
-        dist.destroy_process_group()
-
-
-def _run_ranks(worker, world_size: int, tmp_path, *args) -> list[dict]:
-    """``worker(rank, world_size, port, out_dir, *args)`` in one process a rank; each writes rank<r>.json."""
-    mp.spawn(worker, args=(world_size, _free_port(), str(tmp_path), *args), nprocs=world_size, join=True)
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world_size)]
+    torch.manual_seed(rank)  # different weights drawn on each rank: the run takes rank 0's
+    built = []
+    random_model = bench_e2e.random_model
+    bench_e2e.random_model = lambda *a, **k: built.append(random_model(*a, **k)) or built[-1]
+    lines = []
+    result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(2,), prompt_len=6, new_tokens=3, reps=1,
+                           cache="dynamic", columns=("ours-bf16", "ours-int8"), out=os.path.join(out_dir, "json"),
+                           log=lines.append, parallel="tp",
+                           overrides=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+    model = built[0]
+    return dict(rows=[r["column"] for r in result["rows"]], world_size=result["world_size"],
+                parallel=result["parallel"], logged=len(lines),
+                embed=model.get_input_embeddings().weight.double().sum().item(),
+                parts=sum(isinstance(m, ParallelExperts) for m in model.modules()))
 
 
 def _check(ranks: list[dict], world_size: int, tol: float) -> None:
@@ -192,17 +187,17 @@ def _check(ranks: list[dict], world_size: int, tol: float) -> None:
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_on_cpu_match_one_process(world_size, tmp_path):
-    _check(_run_ranks(_rank, world_size, tmp_path, "gloo"), world_size, tol=1e-5)
+    _check(_run_ranks(_models_match, world_size, tmp_path), world_size, tol=1e-5)
 
 
 def test_ranks_compile_fullgraph(tmp_path):
-    for errors in _run_ranks(_compile_rank, 2, tmp_path):
+    for errors in _run_ranks(_compiles, 2, tmp_path):
         assert set(errors) == {"tp", "ep"}
         assert all(max(pair) < 1e-3 for pair in errors.values()), errors
 
 
 def test_bench_e2e_parallel_over_two_ranks(tmp_path):
-    ranks = _run_ranks(_bench_rank, 2, tmp_path)
+    ranks = _run_ranks(_bench_e2e, 2, tmp_path)
     for r in ranks:
         assert r["rows"] == ["ours-bf16", "ours-int8"] and r["world_size"] == 2 and r["parallel"] == "tp"
         assert r["parts"] == 2  # both MoE layers' int8 experts split
@@ -214,4 +209,4 @@ def test_bench_e2e_parallel_over_two_ranks(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_ranks_on_two_gpus_match_one_gpu(tmp_path):
-    _check(_run_ranks(_rank, 2, tmp_path, "nccl"), 2, tol=2e-2)  # bf16 activations: partial sums rounded per rank
+    _check(_run_ranks(_models_match, 2, tmp_path, "nccl"), 2, tol=2e-2)  # bf16 activations: partial sums rounded per rank

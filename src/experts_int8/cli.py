@@ -317,11 +317,8 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
     quantization_config.quant_method = experts_int8, from save_pretrained or `experts-int8 quantize`)
     loads directly. MODEL must include its tokenizer files.
     """
-    import torch
-
-    from .convert import format_bytes, read_model_dir
-    from .run import (DTYPES, check_device, checkpoint_kind, generate, has_tokenizer, load_model, peak_memory,
-                      quiet_transformers)
+    from .convert import read_model_dir
+    from .run import DTYPES, check_device, checkpoint_kind, has_tokenizer
 
     _, config, _ = read_model_dir(model)
     kind = checkpoint_kind(config)
@@ -329,29 +326,57 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
         raise ValueError(f"{model} has no tokenizer (tokenizer.json / tokenizer_config.json); copy the tokenizer "
                          f"files of the original model into it")
     dev = check_device(device or _default_device())
-    if parallel:
-        _generate_parallel(model, prompt, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
-        return
+    ranks = torchrun_ranks("generate", parallel, dev) if parallel else contextlib.nullcontext(dev)
+    with ranks as dev:
+        _generate(model, prompt, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
+
+
+def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_progress):
+    """``generate``'s load, generation and report. With ``parallel`` (inside :func:`torchrun_ranks`) the model
+    loads on each rank's CPU, keeps its part of the experts and moves to the rank's device; rank 0 reports."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from .convert import format_bytes
+    from .parallel import parallelize_experts
+    from .run import generate, load_model, peak_memory, quiet_transformers
+
+    rank, world_size = (dist.get_rank(), dist.get_world_size()) if parallel else (0, 1)
+
+    def say(*args, **kwargs):
+        if rank == 0:
+            click.echo(*args, **kwargs)
+
     quiet_transformers()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    click.echo(f"loading {model} ({'int8 checkpoint' if kind == 'int8' else 'float checkpoint, quantizing on load'})"
-               f" on {dev} ...", err=True)
-    t0 = __import__("time").perf_counter()
-    m, _ = load_model(model, device=dev, dtype=DTYPES[dtype])
-    load_s = __import__("time").perf_counter() - t0
+    what = "int8 checkpoint" if kind == "int8" else "float checkpoint, quantizing on load"
+    where = (f"on every rank's CPU, experts split ({parallel}) over {world_size} ranks on {dev.type}" if parallel
+             else f"on {dev} ...")
+    say(f"loading {model} ({what}) {where}", err=True)
+    t0 = time.perf_counter()
+    if parallel:
+        m, _ = load_model(model, device="cpu", dtype=dtype)
+        parallelize_experts(m, parallel, device=dev)
+        m.to(dev)
+    else:
+        m, _ = load_model(model, device=dev, dtype=dtype)
+    load_s = time.perf_counter() - t0
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] == 0:
         raise ValueError("the prompt is empty after tokenization")
-    g = generate(m, ids, max_new_tokens, progress=not no_progress)
-    text = tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True)
-    click.echo(prompt + text)
-    what, peak = peak_memory(dev)
-    click.echo(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt {ids.shape[1]} "
-               f"tokens, greedy); loaded in {load_s:.1f} s; {what}: {format_bytes(peak)}", err=True)
+    g = generate(m, ids, max_new_tokens, progress=not no_progress and rank == 0)
+    say(prompt + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
+    memory, peak = peak_memory(dev)
+    split = f", {world_size} ranks, {parallel}" if parallel else ""
+    say(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt {ids.shape[1]} tokens, "
+        f"greedy{split}); loaded in {load_s:.1f} s; {memory}{' on rank 0' if parallel else ''}: {format_bytes(peak)}",
+        err=True)
 
 
 @contextlib.contextmanager
@@ -368,50 +393,11 @@ def torchrun_ranks(command: str, mode: str, dev):
     if dev.type == "cuda":
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     try:
         yield dev
     finally:
         dist.destroy_process_group()
-
-
-def _generate_parallel(model, prompt, max_new_tokens, dev, dtype, mode, kind, no_progress):
-    """``generate --parallel``: one process per rank (torchrun), the experts split over the ranks; the model
-    loads on each rank's CPU, keeps its part of the experts and moves to its device; rank 0 prints."""
-    import time
-
-    import torch.distributed as dist
-
-    from .convert import format_bytes
-    from .parallel import parallelize_experts
-    from .run import generate, load_model, peak_memory, quiet_transformers
-
-    with torchrun_ranks("generate", mode, dev) as dev:
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        quiet_transformers()
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(model)
-        if rank == 0:
-            what = "int8 checkpoint" if kind == "int8" else "float checkpoint, quantizing on load"
-            click.echo(f"loading {model} ({what}) on every rank's CPU, experts split ({mode}) over {world_size} "
-                       f"ranks on {dev.type}", err=True)
-        t0 = time.perf_counter()
-        m, _ = load_model(model, device="cpu", dtype=dtype)
-        parallelize_experts(m, mode, device=dev)
-        m.to(dev)
-        load_s = time.perf_counter() - t0
-        ids = tokenizer(prompt, return_tensors="pt").input_ids
-        if ids.shape[1] == 0:
-            raise ValueError("the prompt is empty after tokenization")
-        g = generate(m, ids, max_new_tokens, progress=not no_progress and rank == 0)
-        if rank == 0:
-            click.echo(prompt + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
-            what, peak = peak_memory(dev)
-            click.echo(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt "
-                       f"{ids.shape[1]} tokens, greedy, {world_size} ranks, {mode}); loaded in {load_s:.1f} s; "
-                       f"{what} on rank 0: {format_bytes(peak)}", err=True)
 
 
 @command("eval", epilog="""\b
