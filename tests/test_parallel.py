@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from experts_int8 import Int8Experts, quantize_, select_experts
+from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts
 from experts_int8.parallel import ParallelExperts, parallelize_experts, shard_experts
 from models import tiny_model
 
@@ -175,9 +175,72 @@ def _bench_e2e(rank: int, device: torch.device, out_dir: str) -> dict:
                 parts=sum(isinstance(m, ParallelExperts) for m in model.modules()))
 
 
-def _check(ranks: list[dict], world_size: int, tol: float) -> None:
+def _checkpoints(tmp_path) -> None:
+    """A float and an int8 checkpoint of each architecture, under tmp_path/<arch>/{float,int8}."""
+    for arch in ARCHS:
+        model = tiny_model(arch, seed=0)
+        model.save_pretrained(tmp_path / arch / "float")
+        quantize_(model).save_pretrained(tmp_path / arch / "int8")
+
+
+def _loads_split(rank: int, device: torch.device, out_dir: str) -> dict:
+    """``load_model(parallel=mode)`` of each architecture's int8 checkpoint (read split) and float one (loaded
+    whole, then split), against the one-process model; each rank's experts bytes."""
+    from experts_int8.run import load_model
+
+    dtype = torch.float32  # fp32 on GPUs too: see _models_match
+    tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
+    results = {}
+    for arch in ARCHS:
+        with torch.no_grad():
+            whole, _ = load_model(os.path.join(out_dir, arch, "int8"), device=device, dtype=dtype)
+            want = whole(tokens).logits.float()
+            full_bytes = sum(m.gate_up_proj.numel() + m.down_proj.numel()
+                             for m in whole.modules() if isinstance(m, Int8Experts))
+            for kind in ("int8", "float"):
+                for mode in ("tp", "ep"):
+                    model, _ = load_model(os.path.join(out_dir, arch, kind), device=device, dtype=dtype, parallel=mode)
+                    parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
+                    got = model(tokens).logits.float()
+                    results[f"{arch}/{kind}/{mode}"] = {
+                        "err": ((got - want).norm() / want.norm()).item(), "parts": len(parts),
+                        "local_bytes": sum(p.local.gate_up_proj.numel() + p.local.down_proj.numel() for p in parts),
+                        "full_bytes": full_bytes,
+                        "on_device": all(p.local.gate_up_proj.device == device for p in parts)}
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_load_model_split_matches_one_process(world_size, tmp_path):
+    _checkpoints(tmp_path)
+    ranks = _run_ranks(_loads_split, world_size, tmp_path)
+    _check(ranks, world_size, tol=1e-5, kinds=("int8", "float"))
+    assert all(r["on_device"] for results in ranks for r in results.values())
+
+
+def test_split_while_loading_errors(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from experts_int8.parallel import split_while_loading
+
+    with pytest.raises(RuntimeError, match="init_process_group"), split_while_loading("tp"):
+        pass
+    tiny_model("mixtral").save_pretrained(tmp_path)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="this one is float. Quantize it once"), split_while_loading("tp"):
+            AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config())
+        with pytest.raises(ValueError, match="mode must be one of"), split_while_loading("pp"):
+            pass
+    finally:
+        dist.destroy_process_group()
+
+
+def _check(ranks: list[dict], world_size: int, tol: float, kinds: tuple = ()) -> None:
     for results in ranks:
-        assert set(results) == {f"{a}/{m}" for a in ARCHS for m in ("tp", "ep")}
+        assert set(results) == {"/".join((a, *k, m)) for a in ARCHS for k in ([(k,) for k in kinds] or [()])
+                                for m in ("tp", "ep")}
         for name, r in results.items():
             assert r["parts"] >= 1, name
             assert r["err"] < tol, (name, r["err"])
@@ -212,6 +275,17 @@ def test_bench_e2e_parallel_over_two_ranks(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_ranks_on_two_gpus_match_one_gpu(tmp_path):
     _check(_run_ranks(_models_match, 2, tmp_path, "nccl", "gpu"), 2, tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend, where", [("gloo", "one_gpu"), ("nccl", "gpu")])
+def test_load_model_split_on_gpus(backend, where, tmp_path):
+    if where == "gpu" and torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    _checkpoints(tmp_path)
+    ranks = _run_ranks(_loads_split, 2, tmp_path, backend, where)
+    _check(ranks, 2, tol=1e-4, kinds=("int8", "float"))
+    assert all(r["on_device"] for results in ranks for r in results.values())
 
 
 @pytest.mark.gpu

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 from safetensors import safe_open
 
@@ -29,22 +29,34 @@ def _signature(name: str) -> tuple:
     return tuple(p for p in parts[:-2] if p.isdigit()) + tuple(parts[-2:])
 
 
+class CheckpointKeys:
+    """Finds the checkpoint key of an in-memory tensor name: the name itself, or the one key with its
+    layer indices and last two parts (``save_pretrained`` may write a model's renamed modules under their
+    original names)."""
+
+    def __init__(self, keys: Iterable[str]):
+        self.keys = set(keys)
+        self.by_signature: dict[tuple, list[str]] = {}
+        for key in self.keys:
+            self.by_signature.setdefault(_signature(key), []).append(key)
+
+    def find(self, name: str) -> Optional[str]:
+        if name in self.keys:
+            return name
+        candidates = self.by_signature.get(_signature(name), [])
+        return candidates[0] if len(candidates) == 1 else None
+
+
 def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
     """Raise ValueError naming the key when an expected int8 experts tensor or its scale is missing,
     mis-shaped or of the wrong dtype. ``expected``: in-memory name -> (safetensors dtype, shape)."""
-    by_signature: dict[tuple, list[str]] = {}
-    for key in headers:
-        by_signature.setdefault(_signature(key), []).append(key)
+    keys = CheckpointKeys(headers)
     problems = []
     for name, (dtype, shape) in sorted(expected.items()):
-        if name in headers:
-            key = name
-        else:
-            candidates = by_signature.get(_signature(name), [])
-            if len(candidates) != 1:
-                problems.append(f"{name}: not found in the checkpoint (expected {dtype} {list(shape)})")
-                continue
-            key = candidates[0]
+        key = keys.find(name)
+        if key is None:
+            problems.append(f"{name}: not found in the checkpoint (expected {dtype} {list(shape)})")
+            continue
         got_dtype, got_shape = headers[key]
         if got_dtype != dtype or tuple(got_shape) != tuple(shape):
             problems.append(f"{key}: expected {dtype} {list(shape)}, got {got_dtype} {list(got_shape)}")
@@ -52,4 +64,4 @@ def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[in
         raise ValueError("int8 experts checkpoint is incomplete or inconsistent:\n  " + "\n  ".join(problems))
 
 
-__all__ = ["check_int8_checkpoint", "read_headers"]
+__all__ = ["CheckpointKeys", "check_int8_checkpoint", "read_headers"]

@@ -332,15 +332,14 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
 
 
 def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_progress):
-    """``generate``'s load, generation and report. With ``parallel`` (inside :func:`torchrun_ranks`) the model
-    loads on each rank's CPU, keeps its part of the experts and moves to the rank's device; rank 0 reports."""
+    """``generate``'s load, generation and report. With ``parallel`` (inside :func:`torchrun_ranks`) each rank
+    holds its part of the experts on its device (``load_model(parallel=...)``); rank 0 reports."""
     import time
 
     import torch
     import torch.distributed as dist
 
     from .convert import format_bytes
-    from .parallel import parallelize_experts
     from .run import generate, load_model, peak_memory, quiet_transformers
 
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if parallel else (0, 1)
@@ -356,16 +355,12 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     what = "int8 checkpoint" if kind == "int8" else "float checkpoint, quantizing on load"
-    where = (f"on every rank's CPU, experts split ({parallel}) over {world_size} ranks on {dev.type}" if parallel
-             else f"on {dev} ...")
+    where = (f"experts split ({parallel}) over {world_size} ranks on {dev.type}"
+             + (", each rank reading its part" if kind == "int8" else ", loaded whole on every rank's CPU first")
+             if parallel else f"on {dev} ...")
     say(f"loading {model} ({what}) {where}", err=True)
     t0 = time.perf_counter()
-    if parallel:
-        m, _ = load_model(model, device="cpu", dtype=dtype)
-        parallelize_experts(m, parallel, device=dev)
-        m.to(dev)
-    else:
-        m, _ = load_model(model, device=dev, dtype=dtype)
+    m, _ = load_model(model, device=dev, dtype=dtype, parallel=parallel)
     load_s = time.perf_counter() - t0
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] == 0:

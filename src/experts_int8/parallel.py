@@ -17,24 +17,34 @@ Two splits (``mode``):
 Expert biases: ``tp`` slices the gate/up bias with its rows and adds the down bias on rank 0 only (it
 would be counted W times otherwise); ``ep`` keeps each expert's biases with it.
 
-    torchrun --nproc-per-node 2 script.py   # in script.py:
-    dist.init_process_group("nccl"); torch.cuda.set_device(local_rank)
+Two ways in (``torchrun --nproc-per-node 2 script.py``, after ``dist.init_process_group("nccl")``):
+
+    with split_while_loading("tp"):  # an int8 checkpoint: each rank reads only its part from the files
+        model = AutoModelForCausalLM.from_pretrained(int8_path, dtype=torch.bfloat16, device_map=f"cuda:{rank}")
+
     model = AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
-    parallelize_experts(model, mode="tp", device=f"cuda:{local_rank}")  # shards, then moves the shard
-    model.to(f"cuda:{local_rank}")
+    parallelize_experts(model, mode="tp", device=f"cuda:{rank}")  # a loaded model: split, each part moved
+    model.to(f"cuda:{rank}")
 """
 
 from __future__ import annotations
 
+from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.distributed as dist
+from safetensors import safe_open
 from torch import nn
 
+from .checkpoint import CheckpointKeys
 from .layer import Int8Experts
 
 MODES = ("tp", "ep")
+# The experts tensors of one module, in the fused layout (the biases only with bias=True)
+TENSORS = ("gate_up_proj", "gate_up_proj_scale", "down_proj", "down_proj_scale", "gate_up_proj_bias", "down_proj_bias")
 
 
 def _split(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -45,6 +55,70 @@ def _split(n: int, parts: int, index: int) -> tuple[int, int]:
     return lo, lo + base + (index < extra)
 
 
+@dataclass(frozen=True)
+class Split:
+    """One rank's place in a split of the experts: ``mode`` over ``world_size`` ranks."""
+
+    mode: str
+    rank: int
+    world_size: int
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if not (isinstance(self.world_size, int) and self.world_size >= 1 and isinstance(self.rank, int)
+                and 0 <= self.rank < self.world_size):
+            raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank!r}, world_size={self.world_size!r}")
+
+    def bounds(self, num_experts: int, intermediate_size: int) -> tuple[int, int]:
+        """``[lo, hi)`` of this rank's columns of I (tp) or experts (ep)."""
+        parts = intermediate_size if self.mode == "tp" else num_experts
+        if self.world_size > parts:
+            what, hint = ("columns of I", "") if self.mode == "tp" else ("experts", " or mode='tp'")
+            raise ValueError(f"cannot split {parts} {what} over {self.world_size} ranks; use fewer ranks{hint}")
+        return _split(parts, self.world_size, self.rank)
+
+    def take(self, tensor: str, t, lo: int, hi: int, intermediate_size: int, device) -> torch.Tensor:
+        """This rank's part ``[lo, hi)`` of the whole experts tensor ``t`` named ``tensor`` (one of
+        :data:`TENSORS`), as a new contiguous tensor on ``device``. ``t`` is a tensor or a safetensors
+        slice: only basic slicing is used, so from a file only the part is read."""
+        i = intermediate_size
+        if self.mode == "ep":
+            part = t[lo:hi]
+        elif tensor.startswith("gate_up_proj"):  # the gate rows and the matching up rows (with scales, biases)
+            part = torch.cat([t[:, lo:hi], t[:, i + lo:i + hi]], dim=1)
+        elif tensor == "down_proj":
+            part = t[:, :, lo:hi]
+        else:  # down scales come from whole rows: every rank keeps them; the down bias counts on rank 0 only
+            part = t[:]
+        # always a copy, of the part only: the whole tensor can be freed, and the shard never aliases it
+        part = part.to(device=device, memory_format=torch.contiguous_format, copy=True)
+        if self.mode == "tp" and tensor == "down_proj_bias" and self.rank != 0:
+            part.zero_()
+        return part
+
+    def shard(self, like: Int8Experts, read, device) -> Int8Experts:
+        """This rank's part of an experts module shaped as ``like`` (its tensors may be on the meta
+        device), the whole tensors given by ``read(tensor_name)``."""
+        e, h, i = like.num_experts, like.hidden_size, like.intermediate_size
+        lo, hi = self.bounds(e, i)
+        names = TENSORS if like.has_bias else TENSORS[:4]
+        parts = {t: self.take(t, read(t), lo, hi, i, device) for t in names}
+        local_e, local_i = (e, hi - lo) if self.mode == "tp" else (hi - lo, i)
+        with torch.device("meta"):
+            shard = Int8Experts(local_e, h, local_i, activation=like.activation, bias=like.has_bias,
+                                global_num_experts=e, backend=like.backend)
+        shard.load_quantized(parts["gate_up_proj"], parts["gate_up_proj_scale"], parts["down_proj"],
+                             parts["down_proj_scale"])
+        if like.has_bias:
+            shard.load_biases(parts["gate_up_proj_bias"], parts["down_proj_bias"])
+        if self.mode == "ep":
+            expert_map = torch.full((e,), -1, dtype=torch.int32)
+            expert_map[lo:hi] = torch.arange(hi - lo, dtype=torch.int32)
+            shard.expert_map = expert_map.to(device)
+        return shard
+
+
 def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
                   device: Optional[torch.device] = None) -> Int8Experts:
     """Rank ``rank``'s part of ``module`` under ``mode`` (see the module docstring), as a new
@@ -52,52 +126,11 @@ def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
     if not isinstance(module, Int8Experts):
         raise TypeError(f"shard_experts takes an Int8Experts module (quantize the model first), got "
                         f"{type(module).__name__}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if not (isinstance(world_size, int) and world_size >= 1 and isinstance(rank, int) and 0 <= rank < world_size):
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank!r}, world_size={world_size!r}")
+    split = Split(mode, rank, world_size)
     if module.expert_map is not None:
         raise ValueError("this experts module is already a shard (it has an expert_map)")
-    e, h, i = module.num_experts, module.hidden_size, module.intermediate_size
     device = torch.device(device) if device is not None else module.gate_up_proj.device
-    parts = i if mode == "tp" else e
-    if world_size > parts:
-        what, hint = ("columns of I", "") if mode == "tp" else ("experts", " or mode='tp'")
-        raise ValueError(f"cannot split {parts} {what} over {world_size} ranks; use fewer ranks{hint}")
-    lo, hi = _split(parts, world_size, rank)
-
-    def take(t: torch.Tensor, *index) -> torch.Tensor:
-        # always a copy, of the part only: the full tensor can be freed, and the shard's never alias it
-        return t[index].to(device=device, memory_format=torch.contiguous_format, copy=True)
-
-    if mode == "tp":
-        rows = torch.cat([torch.arange(lo, hi), torch.arange(i + lo, i + hi)]).to(module.gate_up_proj.device)
-        new_e, new_i = e, hi - lo
-        w13, s13 = take(module.gate_up_proj, slice(None), rows), take(module.gate_up_proj_scale, slice(None), rows)
-        w2, s2 = take(module.down_proj, slice(None), slice(None), slice(lo, hi)), take(module.down_proj_scale, slice(None))
-        if module.has_bias:
-            b13 = take(module.gate_up_proj_bias, slice(None), rows)
-            b2 = take(module.down_proj_bias, slice(None))
-            if rank != 0:
-                b2.zero_()
-    else:
-        new_e, new_i = hi - lo, i
-        experts = slice(lo, hi)
-        w13, s13 = take(module.gate_up_proj, experts), take(module.gate_up_proj_scale, experts)
-        w2, s2 = take(module.down_proj, experts), take(module.down_proj_scale, experts)
-        if module.has_bias:
-            b13, b2 = take(module.gate_up_proj_bias, experts), take(module.down_proj_bias, experts)
-    with torch.device("meta"):
-        shard = Int8Experts(new_e, h, new_i, activation=module.activation, bias=module.has_bias,
-                            global_num_experts=e, backend=module.backend)
-    shard.load_quantized(w13, s13, w2, s2)
-    if module.has_bias:
-        shard.load_biases(b13, b2)
-    if mode == "ep":
-        expert_map = torch.full((e,), -1, dtype=torch.int32)
-        expert_map[lo:hi] = torch.arange(hi - lo, dtype=torch.int32)
-        shard.expert_map = expert_map.to(device)
-    return shard
+    return split.shard(module, lambda t: getattr(module, t), device)
 
 
 class ParallelExperts(nn.Module):
@@ -117,6 +150,74 @@ class ParallelExperts(nn.Module):
         return f"mode={self.mode}, world_size={dist.get_world_size(self.group)}"
 
 
+def _require_dist(what: str) -> None:
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(f"{what} needs torch.distributed initialized on every rank first "
+                           f"(dist.init_process_group, e.g. under torchrun)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading an int8 checkpoint split: each rank reads only its part of the experts from the files
+# --------------------------------------------------------------------------------------------------
+_LOADING: ContextVar[Optional[tuple]] = ContextVar("experts_int8_split_while_loading", default=None)
+
+
+@contextmanager
+def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = None,
+                        device: Optional[torch.device] = None):
+    """Inside this context, ``from_pretrained`` of an experts_int8 (int8) checkpoint gives this rank only its
+    part of every experts module (``mode`` over ``group``), read from the safetensors files slice by slice
+    onto ``device`` (default: where transformers places the module) and wrapped in :class:`ParallelExperts`.
+    No rank ever holds the whole experts. A float checkpoint raises here: quantize it once
+    (``experts-int8 quantize``), or load it whole and call :func:`parallelize_experts`."""
+    _require_dist("split_while_loading")
+    token = _LOADING.set((Split(mode, dist.get_rank(group), dist.get_world_size(group)), group, device))
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
+def loading_split() -> Optional[tuple]:
+    """``(split, group, device)`` inside :func:`split_while_loading`, else None (for the quantizer)."""
+    return _LOADING.get()
+
+
+class PendingShard(nn.Module):
+    """Holds an experts module's place while transformers loads the rest of the model. It has no tensors,
+    so transformers reads none of the checkpoint's whole experts tensors; ``like`` (on the meta device)
+    says which module's part :func:`fill_pending_shards` will read."""
+
+    def __init__(self, like: Int8Experts):
+        super().__init__()
+        object.__setattr__(self, "like", like)  # not a submodule: its meta tensors are not the model's
+
+
+def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[dist.ProcessGroup],
+                        device_for) -> int:
+    """Replace every :class:`PendingShard` of ``model`` by this rank's part of its module, read from the
+    safetensors ``files`` (keys: the module's name + tensor name) onto ``device_for(name)``, in a
+    :class:`ParallelExperts`. Returns how many."""
+    pending = [(name, m) for name, m in model.named_modules() if isinstance(m, PendingShard)]
+    if not pending:
+        return 0
+    with ExitStack() as stack:
+        handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files
+                   if str(f).endswith(".safetensors")]
+        where = {key: h for h in handles for key in h.keys()}
+        keys = CheckpointKeys(where)
+        for name, slot in pending:
+            def read(tensor: str, name=name):
+                key = keys.find(f"{name}.{tensor}")
+                if key is None:
+                    raise ValueError(f"the checkpoint has no tensor for {name}.{tensor}")
+                return where[key].get_slice(key)
+            part = ParallelExperts(split.shard(slot.like, read, device_for(name)), split.mode, group)
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, part)
+    return len(pending)
+
+
 def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist.ProcessGroup] = None,
                         device: Optional[torch.device] = None) -> nn.Module:
     """Replace every :class:`Int8Experts` in ``model`` by this rank's part of it (``mode`` ``"tp"`` or
@@ -125,9 +226,7 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     :class:`Int8Experts`, its wrapped part). Call it on every
     rank with the same model (same weights), after ``dist.init_process_group``. The result is for inference:
     save a checkpoint before splitting (each rank holds only its part)."""
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("parallelize_experts needs torch.distributed initialized on every rank first "
-                           "(dist.init_process_group, e.g. under torchrun)")
+    _require_dist("parallelize_experts")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     rank, world_size = dist.get_rank(group), dist.get_world_size(group)
@@ -144,4 +243,5 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     return model
 
 
-__all__ = ["MODES", "ParallelExperts", "parallelize_experts", "shard_experts"]
+__all__ = ["MODES", "ParallelExperts", "PendingShard", "Split", "fill_pending_shards", "loading_split",
+           "parallelize_experts", "shard_experts", "split_while_loading"]

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import resource
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -50,11 +52,17 @@ def has_tokenizer(path) -> bool:
     return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
-def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16):
-    """``(model, kind)``: the model of directory ``path`` with int8 routed experts, in eval mode on ``device``."""
+def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, parallel: Optional[str] = None,
+               group=None):
+    """``(model, kind)``: the model of directory ``path`` with int8 routed experts, in eval mode on ``device``.
+
+    ``parallel`` (``"tp"`` or ``"ep"``, with torch.distributed initialized): the routed experts split over
+    ``group``'s ranks (:mod:`experts_int8.parallel`). An int8 checkpoint is read split, each rank only its
+    part of the experts; a float one loads whole on the CPU, is quantized, and then split."""
     from transformers import AutoModelForCausalLM
 
     from .integrations.transformers import ExpertsInt8Config, verify_int8_model
+    from .parallel import parallelize_experts, split_while_loading
 
     _, config, files = read_model_dir(path)
     kind = checkpoint_kind(config)
@@ -62,18 +70,22 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16):
         raise ValueError(f"{path} has no *.safetensors weights")
     dev = check_device(str(device))
     kwargs = {"dtype": dtype}
-    move_after = False
-    if dev.type != "cpu":
+    if kind == "float":
+        kwargs["quantization_config"] = ExpertsInt8Config()
+    whole_then_split = parallel is not None and kind == "float"
+    move_after = dev.type != "cpu" and not whole_then_split
+    if move_after:
         try:
             import accelerate  # noqa: F401  -- device_map needs it
 
-            kwargs["device_map"] = str(dev)
+            kwargs["device_map"], move_after = str(dev), False
         except ImportError:
-            move_after = True
-    if kind == "float":
-        kwargs["quantization_config"] = ExpertsInt8Config()
-    model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
-    if move_after:
+            pass
+    with split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    if whole_then_split:
+        parallelize_experts(model, parallel, group, dev)
+    if move_after or whole_then_split:
         model = model.to(dev)
     verify_int8_model(model)
     return model.eval(), kind

@@ -51,6 +51,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..checkpoint import check_int8_checkpoint, read_headers
 from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
+from ..parallel import PendingShard, fill_pending_shards, loading_split
 from ..quant import quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
@@ -415,6 +416,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         self._quantized: set[str] = set()
         self._targets: set[str] = set()  # full names of the int8 weights (and expert biases) to fill
         self._layout = "fused"  # the architecture's experts layout in the checkpoint (Arch.layout)
+        self._loading = None  # (split, group, device) under parallel.split_while_loading
+        self._files: list = []
 
     @property
     def quantized_element_size(self) -> float:
@@ -451,6 +454,11 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             return model
         self._layout = _layout_of(model)
         biased = self._layout == "gpt_oss"
+        self._loading = loading_split()
+        if self._loading is not None and not self.pre_quantized:
+            raise ValueError("split_while_loading reads experts_int8 (int8) checkpoints; this one is float. Quantize "
+                             "it once (experts-int8 quantize), or load it whole and call parallelize_experts")
+        expected = {}  # the saved int8 tensors' safetensors dtype and shape (pre-quantized checkpoints)
         for name, module in todo:
             w13, w2 = module.gate_up_proj, module.down_proj
             e, h, i = to_fused_layout(self._layout, "down_proj", w2).shape
@@ -464,19 +472,22 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                     if biased:
                         new.gate_up_proj_bias = torch.empty_like(module.gate_up_proj_bias)
                         new.down_proj_bias = torch.empty_like(module.down_proj_bias)
+            for t, value in new.state_dict().items():
+                expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}.get(value.dtype),
+                                           tuple(value.shape))
+            if self._loading is not None:  # this rank's part is read after loading (fill_pending_shards)
+                _set_submodule(model, name, PendingShard(new))
+                model._keys_to_ignore_on_load_unexpected = (
+                    set(model._keys_to_ignore_on_load_unexpected or ()) | {"^" + re.escape(name + ".")})
+                continue
             _set_submodule(model, name, new)
             self._targets.update({f"{name}.gate_up_proj", f"{name}.down_proj"})
             if biased:
                 self._targets.update({f"{name}.gate_up_proj_bias", f"{name}.down_proj_bias"})
+        self._files = list(checkpoint_files or [])
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
             # (transformers would re-initialize it and only log a report).
-            expected = {}
-            for name, module in find_experts(model):
-                if isinstance(module, Int8Experts):
-                    for t, value in module.state_dict().items():
-                        expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}[value.dtype],
-                                                   tuple(value.shape))
             check_int8_checkpoint(read_headers(checkpoint_files), expected)
         return model
 
@@ -501,6 +512,12 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     def _process_model_after_weight_loading(self, model, **kwargs):
         if self._errors:
             raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
+        if self._loading is not None:
+            split, group, device = self._loading
+            if not self._files:
+                raise ValueError("split_while_loading: transformers gave no checkpoint files to read the experts from")
+            fill_pending_shards(model, self._files, split, group,
+                                lambda name: device or _device_for(self._device_map, name) or torch.device("cpu"))
         if not self.pre_quantized:
             missing = sorted(self._targets - self._quantized)
             if missing:
