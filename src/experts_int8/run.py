@@ -72,20 +72,21 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     kwargs = {"dtype": dtype}
     if kind == "float":
         kwargs["quantization_config"] = ExpertsInt8Config()
-    whole_then_split = parallel is not None and kind == "float"
-    move_after = dev.type != "cpu" and not whole_then_split
-    if move_after:
+    whole_then_split = parallel is not None and kind == "float"  # loads on the CPU, then splits onto dev
+    move_after = dev.type != "cpu"
+    if move_after and not whole_then_split:
         try:
             import accelerate  # noqa: F401  -- device_map needs it
 
             kwargs["device_map"], move_after = str(dev), False
         except ImportError:
             pass
-    with split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext():
+    split = split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext()
+    with split:
         model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     if whole_then_split:
         parallelize_experts(model, parallel, group, dev)
-    if move_after or whole_then_split:
+    if move_after:
         model = model.to(dev)
     verify_int8_model(model)
     return model.eval(), kind
