@@ -238,9 +238,10 @@ def test_split_while_loading_errors(tmp_path):
 
 
 def _check(ranks: list[dict], world_size: int, tol: float, kinds: tuple = ()) -> None:
+    """Every rank's results: ``arch[/kind]/mode`` -> the split's error and expert bytes."""
+    middles = [f"/{k}" for k in kinds] or [""]
     for results in ranks:
-        assert set(results) == {"/".join((a, *k, m)) for a in ARCHS for k in ([(k,) for k in kinds] or [()])
-                                for m in ("tp", "ep")}
+        assert set(results) == {f"{a}{k}/{m}" for a in ARCHS for k in middles for m in ("tp", "ep")}
         for name, r in results.items():
             assert r["parts"] >= 1, name
             assert r["err"] < tol, (name, r["err"])
