@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -235,6 +237,25 @@ def test_split_while_loading_errors(tmp_path):
             pass
     finally:
         dist.destroy_process_group()
+
+
+def test_split_while_loading_alone_registers_the_quantizer(tmp_path):
+    """The README's example imports only experts_int8.parallel: that must be enough to read an int8 checkpoint."""
+    quantize_(tiny_model("mixtral")).save_pretrained(tmp_path)
+    script = f"""
+import os, torch.distributed as dist
+from transformers import AutoModelForCausalLM
+from experts_int8.parallel import ParallelExperts, split_while_loading
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{_free_port()}")
+dist.init_process_group("gloo", rank=0, world_size=1)
+with split_while_loading("ep"):
+    model = AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})
+print(sum(isinstance(m, ParallelExperts) for m in model.modules()))
+dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == str(tiny_model("mixtral").config.num_hidden_layers)
 
 
 def _check(ranks: list[dict], world_size: int, tol: float, kinds: tuple = ()) -> None:

@@ -171,6 +171,8 @@ def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = N
     No rank ever holds the whole experts. A float checkpoint raises here: quantize it once
     (``experts-int8 quantize``), or load it whole and call :func:`parallelize_experts`."""
     _require_dist("split_while_loading")
+    from .integrations import transformers as _  # noqa: F401  -- registers quant_method "experts_int8"
+
     token = _LOADING.set((Split(mode, dist.get_rank(group), dist.get_world_size(group)), group, device))
     try:
         yield
