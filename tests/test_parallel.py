@@ -124,19 +124,29 @@ def _models_match(rank: int, device: torch.device, out_dir: str) -> dict:
             model = tiny_model(arch, seed=0)  # the same weights on every rank
             quantize_(model)
             model.to(device)
-            tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
             with torch.no_grad():
-                want = model(tokens).logits.float()
-                full_bytes = sum(m.gate_up_proj.numel() + m.down_proj.numel()
-                                 for m in model.modules() if isinstance(m, Int8Experts))
+                want, full_bytes = _logits(model, device), _experts_bytes(model)
                 parallelize_experts(model, mode)
-                parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
-                got = model(tokens).logits.float()
-            results[f"{arch}/{mode}"] = dict(
-                err=((got - want).norm() / want.norm()).item(), parts=len(parts),
-                local_bytes=sum(p.local.gate_up_proj.numel() + p.local.down_proj.numel() for p in parts),
-                full_bytes=full_bytes)
+                results[f"{arch}/{mode}"] = _split_result(model, device, want, full_bytes)
     return results
+
+
+def _logits(model, device) -> torch.Tensor:
+    tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
+    return model(tokens).logits.float()
+
+
+def _experts_bytes(model) -> int:
+    return sum(m.gate_up_proj.numel() + m.down_proj.numel() for m in model.modules() if isinstance(m, Int8Experts))
+
+
+def _split_result(model, device, want: torch.Tensor, full_bytes: int) -> dict:
+    """A split model against the whole one's logits: its error, its parts and their expert bytes and device."""
+    parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
+    got = _logits(model, device)
+    return {"err": ((got - want).norm() / want.norm()).item(), "parts": len(parts),
+            "local_bytes": _experts_bytes(model), "full_bytes": full_bytes,
+            "on_device": all(p.local.gate_up_proj.device == device for p in parts)}
 
 
 def _compiles(rank: int, device: torch.device, out_dir: str) -> dict:
@@ -191,24 +201,15 @@ def _loads_split(rank: int, device: torch.device, out_dir: str) -> dict:
     from experts_int8.run import load_model
 
     dtype = torch.float32  # fp32 on GPUs too: see _models_match
-    tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1)).to(device)
     results = {}
     for arch in ARCHS:
         with torch.no_grad():
             whole, _ = load_model(os.path.join(out_dir, arch, "int8"), device=device, dtype=dtype)
-            want = whole(tokens).logits.float()
-            full_bytes = sum(m.gate_up_proj.numel() + m.down_proj.numel()
-                             for m in whole.modules() if isinstance(m, Int8Experts))
+            want, full_bytes = _logits(whole, device), _experts_bytes(whole)
             for kind in ("int8", "float"):
                 for mode in ("tp", "ep"):
                     model, _ = load_model(os.path.join(out_dir, arch, kind), device=device, dtype=dtype, parallel=mode)
-                    parts = [m for m in model.modules() if isinstance(m, ParallelExperts)]
-                    got = model(tokens).logits.float()
-                    results[f"{arch}/{kind}/{mode}"] = {
-                        "err": ((got - want).norm() / want.norm()).item(), "parts": len(parts),
-                        "local_bytes": sum(p.local.gate_up_proj.numel() + p.local.down_proj.numel() for p in parts),
-                        "full_bytes": full_bytes,
-                        "on_device": all(p.local.gate_up_proj.device == device for p in parts)}
+                    results[f"{arch}/{kind}/{mode}"] = _split_result(model, device, want, full_bytes)
     return results
 
 

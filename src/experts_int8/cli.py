@@ -517,12 +517,13 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
                   new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, compile_mode=compile_mode, out=out,
                   log=click.echo, overrides=dict(num_hidden_layers=layers) if layers else None)
     dev = device or _default_device()
-    if not parallel:
-        run(config_name, device=dev, **kwargs)
-        return
-    from .run import check_device
+    if parallel:
+        from .run import check_device
 
-    with torchrun_ranks("bench-e2e", parallel, check_device(dev)) as rank_device:
+        ranks = torchrun_ranks("bench-e2e", parallel, check_device(dev))
+    else:
+        ranks = contextlib.nullcontext(dev)
+    with ranks as rank_device:
         run(config_name, device=str(rank_device), parallel=parallel, **kwargs)
 
 

@@ -472,9 +472,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                     if biased:
                         new.gate_up_proj_bias = torch.empty_like(module.gate_up_proj_bias)
                         new.down_proj_bias = torch.empty_like(module.down_proj_bias)
-            for t, value in new.state_dict().items():
-                expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}.get(value.dtype),
-                                           tuple(value.shape))
+            if self.pre_quantized:
+                for t, value in new.state_dict().items():
+                    expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}[value.dtype],
+                                               tuple(value.shape))
             if self._loading is not None:  # this rank's part is read after loading (fill_pending_shards)
                 _set_submodule(model, name, PendingShard(new))
                 model._keys_to_ignore_on_load_unexpected = (
