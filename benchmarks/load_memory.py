@@ -85,64 +85,6 @@ def model_bytes(model) -> int:
     return sum(-(-t.numel() * t.element_size() // 512) * 512 for t in model.state_dict().values())
 
 
-def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return float(10 * torch.log10(ref.pow(2).mean() / (ref - out).pow(2).mean().clamp_min(1e-30)))
-
-
-def record_experts(model):
-    """Forward hooks on every experts module: a list that fills with (inputs, top_k_index, top_k_weights,
-    output) per MoE layer and forward, and the hook handles."""
-    from experts_int8.integrations.transformers import find_experts
-
-    seen = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(
-        (args[0].detach().clone(), args[1].clone(), args[2].clone(), out.detach().clone())))
-        for _, m in find_experts(model)]
-    return seen, hooks
-
-
-def routing_quality(ref_model, int8_model, x) -> dict:
-    """int8 vs reference (bf16) quality: free-running, and with the reference's routing (see the module doc)."""
-    from experts_int8.integrations.transformers import find_experts
-
-    seen, hooks = record_experts(ref_model)
-    with torch.no_grad():
-        ref_logits = ref_model(x).logits.float()
-    for h in hooks:
-        h.remove()
-    experts = [m for _, m in find_experts(int8_model)]
-    assert len(seen) == len(experts), (len(seen), len(experts))
-    # Free-running: the int8 model routes on its own hidden states.
-    mine, hooks = record_experts(int8_model)
-    with torch.no_grad():
-        free_logits = int8_model(x).logits.float()
-    for h in hooks:
-        h.remove()
-    changed = [float((a[1].sort(-1).values != b[1].sort(-1).values).any(-1).float().mean())
-               for a, b in zip(seen, mine)]
-    # Each int8 experts module on the reference's inputs and routing.
-    with torch.no_grad():
-        per_layer = [snr_db(out.float(), m(inp, ids, w).float()) for m, (inp, ids, w, out) in zip(experts, seen)]
-
-    # Whole model, each layer's top-k ids and weights replaced by the reference's.
-    def forced(mod, args, ids, w):
-        return (args[0], ids, w)
-
-    hooks = [m.register_forward_pre_hook(lambda mod, args, r=r: forced(mod, args, r[1], r[2]))
-             for m, r in zip(experts, seen)]
-    try:
-        with torch.no_grad():
-            forced_logits = int8_model(x).logits.float()
-    finally:
-        for h in hooks:
-            h.remove()
-    return {"logits_snr_db_free_running": snr_db(ref_logits, free_logits),
-            "tokens_with_changed_topk_per_layer": changed,
-            "logits_snr_db_reference_routing": snr_db(ref_logits, forced_logits),
-            "moe_layer_snr_db_reference_routing": per_layer}
-
-
 def main() -> int:
     from experts_int8.bench import library_commit
 
@@ -164,6 +106,7 @@ def main() -> int:
 
     import experts_int8.ops as ops
     from experts_int8 import ExpertsInt8Config
+    from experts_int8.evaluate import routing_quality
     from experts_int8.integrations.transformers import find_experts, verify_int8_model
 
     bf16_dir, int8_dir = os.path.join(args.workdir, "bf16"), os.path.join(args.workdir, "int8")

@@ -21,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts  # noqa: E402
+from experts_int8.evaluate import routing_quality, snr_db  # noqa: E402
 from experts_int8.integrations.transformers import (  # noqa: E402
     ARCHITECTURES,
     _arch,
@@ -35,11 +36,6 @@ from models import ARCH_NAMES, COMMON, tiny_model  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # device_map needs accelerate; on CPU the default placement is the CPU anyway.
 ON_DEVICE = {"device_map": "cuda"} if DEVICE == "cuda" else {}
-
-
-def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    return float(10 * torch.log10(ref.pow(2).mean() / (ref - out).pow(2).mean().clamp_min(1e-30)))
 
 
 def _float_experts(model):
@@ -93,15 +89,18 @@ def _inputs(seed=0):
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCH_NAMES)
 def test_int8_model_close_to_bf16(arch, checkpoints, int8_models):
+    """>= 30 dB with the bf16 model's routing, per MoE layer and for the logits; free-running too where no
+    top-k choice flipped. (The tiny random routers have near-ties: on the H200, GPT-OSS's int8 noise flips
+    a choice in its second layer and the free-running SNR reads 25.9 dB, while its bf16 and fp32 models
+    flip one against the other on CPU; benchmarks/NOTES.md item 181.)"""
     ref_model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16, **ON_DEVICE)
-    q_model = int8_models(arch)
-    x = _inputs()
-    with torch.no_grad():
-        ref, out = ref_model(x).logits.float(), q_model(x).logits.float()
-    assert torch.isfinite(out).all()
-    assert snr_db(ref, out) >= 30.0, f"{arch}: SNR {snr_db(ref, out):.1f} dB"
+    quality = routing_quality(ref_model, int8_models(arch), _inputs())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, (arch, quality)
+    assert quality["logits_snr_db_reference_routing"] >= 30.0, (arch, quality)
     # The quantization must actually change something (not a float model in disguise).
-    assert not torch.equal(ref, out)
+    assert quality["logits_snr_db_reference_routing"] < float("inf"), (arch, quality)
+    if not any(quality["tokens_with_changed_topk_per_layer"]):
+        assert quality["logits_snr_db_free_running"] >= 30.0, (arch, quality)
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)
@@ -618,9 +617,9 @@ def test_device_memory_tracker_sees_a_device_merge(mixtral_4_layers, monkeypatch
 
 
 def test_load_memory_quality_separates_routing_flips_from_int8_error(tmp_path):
-    """benchmarks/load_memory.py's quality measure on a small version of its random Mixtral: the int8
-    experts are >= 30 dB with the bf16 model's routing, while near-tied random routers flip some tokens'
-    top-k, which is what pulls the free-running logits SNR of a random model down."""
+    """benchmarks/load_memory.py's quality measure (``evaluate.routing_quality``) on a small version of its
+    random Mixtral: the int8 experts are >= 30 dB with the bf16 model's routing, while near-tied random
+    routers flip some tokens' top-k, which is what pulls the free-running logits SNR of a random model down."""
     import argparse
     import importlib.util
 
@@ -634,7 +633,7 @@ def test_load_memory_quality_separates_routing_flips_from_int8_error(tmp_path):
     q = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config(),
                                              dtype=torch.bfloat16)
     x = torch.randint(0, args.vocab, (2, 64), generator=torch.Generator().manual_seed(0))
-    quality = load_memory.routing_quality(ref, q, x)
+    quality = routing_quality(ref, q, x)
     assert len(quality["moe_layer_snr_db_reference_routing"]) == args.layers
     assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
     assert quality["logits_snr_db_reference_routing"] >= 30.0, quality

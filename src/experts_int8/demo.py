@@ -22,6 +22,8 @@ from typing import Callable
 
 import torch
 
+from .evaluate import snr_db
+
 DEMO_CONFIG = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                    num_attention_heads=8, num_key_value_heads=4, num_local_experts=8, num_experts_per_tok=2,
                    max_position_embeddings=1024, tie_word_embeddings=False)
@@ -31,12 +33,6 @@ PROMPT = ("The assert statement is a convenient way to insert debugging assertio
           "the built-in variable is True under normal circumstances and False when optimization is "
           "requested on the command line. The current code generator emits no code for an assert")
 DEFAULT_ROUTER_SCALE = 20.0
-
-
-def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
-    ref, out = ref.double(), out.double()
-    noise = (ref - out).pow(2).mean()
-    return float("inf") if noise == 0 else float(10 * torch.log10(ref.pow(2).mean() / noise))
 
 
 def build_tokenizer():

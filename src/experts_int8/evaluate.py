@@ -6,6 +6,8 @@ that to run any causal LM's MLPs through :func:`experts_int8.fused_experts` with
 pretrained dense checkpoints become real-weight test cases for the MoE kernel. :func:`compare_models`
 then measures what the quantization costs: perplexity of both models, top-1 next-token agreement and
 the mean KL divergence ``KL(float || int8)`` of the next-token distributions, over sliding windows.
+:func:`routing_quality` separates, in an MoE model, the int8 experts' own error from the top-k choices
+that int8 noise upstream of a router flips (near-tied routers, as random ones are, flip often).
 
 Both functions are model-agnostic: they need a module tree with ``gate_proj``/``up_proj``/
 ``down_proj`` ``nn.Linear`` children (llama, mistral, qwen2/3, gemma, ...) and a causal LM whose
@@ -25,7 +27,8 @@ from .layer import Int8Experts
 from .ops import BACKENDS
 from .reference import ACTIVATIONS, act_and_mul
 
-__all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation"]
+__all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation", "routing_quality",
+           "snr_db"]
 
 _GATED_NAMES = ("gate_proj", "up_proj", "down_proj")
 
@@ -210,3 +213,64 @@ def compare_models(float_model: nn.Module, int8_model: nn.Module,
         "tokens": count,
         "windows": n_windows,
     }
+
+
+def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
+    """Signal-to-noise ratio of ``out`` against ``ref`` in dB (inf where they are equal)."""
+    ref, out = ref.double(), out.double()
+    noise = (ref - out).pow(2).mean()
+    return float("inf") if noise == 0 else float(10 * torch.log10(ref.pow(2).mean() / noise))
+
+
+def _record_experts(model: nn.Module) -> tuple[list, list]:
+    """Forward hooks on every experts module: a list that fills with (inputs, top-k ids, top-k weights,
+    output) per MoE layer and forward, and the hook handles."""
+    from .integrations.transformers import find_experts
+
+    seen = []
+    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(
+        (args[0].detach().clone(), args[1].clone(), args[2].clone(), out.detach().clone())))
+        for _, m in find_experts(model)]
+    return seen, hooks
+
+
+@torch.inference_mode()
+def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: torch.Tensor) -> dict:
+    """The int8 model against the float one on ``input_ids``, free-running and with the float model's routing.
+
+    Near-tied routers turn the int8 noise upstream of them into flipped top-k choices, an O(1) change for
+    those tokens that says nothing about the int8 experts themselves (trained routers are rarely tied;
+    random ones often are). Returns the logits SNR of the free-running int8 model
+    (``logits_snr_db_free_running``), the fraction of tokens whose top-k set changed in each MoE layer
+    (``tokens_with_changed_topk_per_layer``), each int8 experts module on the float model's inputs, top-k
+    ids and weights against that layer's float output (``moe_layer_snr_db_reference_routing``), and the
+    int8 logits with every layer's top-k ids and weights replaced by the float model's
+    (``logits_snr_db_reference_routing``). Both models take transformers 5's experts call
+    ``experts(hidden_states, top_k_index, top_k_weights)``.
+    """
+    from .integrations.transformers import find_experts
+
+    def run(model, hooks=()):
+        try:
+            return model(input_ids.to(next(model.parameters()).device)).logits.float().cpu()
+        finally:
+            for h in hooks:
+                h.remove()
+
+    seen, hooks = _record_experts(float_model)
+    ref_logits = run(float_model, hooks)
+    experts = [m for _, m in find_experts(int8_model)]
+    if len(seen) != len(experts):
+        raise ValueError(f"the models differ: {len(seen)} MoE layers ran in the float model, the int8 model has "
+                         f"{len(experts)}")
+    mine, hooks = _record_experts(int8_model)
+    free_logits = run(int8_model, hooks)
+    changed = [float((a[1].sort(-1).values != b[1].sort(-1).values).any(-1).float().mean())
+               for a, b in zip(seen, mine)]
+    per_layer = [snr_db(out.float(), m(inp, ids, w).float()) for m, (inp, ids, w, out) in zip(experts, seen)]
+    hooks = [m.register_forward_pre_hook(lambda mod, args, r=r: (args[0], r[1], r[2])) for m, r in zip(experts, seen)]
+    forced_logits = run(int8_model, hooks)
+    return {"logits_snr_db_free_running": snr_db(ref_logits, free_logits),
+            "tokens_with_changed_topk_per_layer": changed,
+            "logits_snr_db_reference_routing": snr_db(ref_logits, forced_logits),
+            "moe_layer_snr_db_reference_routing": per_layer}

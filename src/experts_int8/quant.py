@@ -32,7 +32,9 @@ def quantize_rows(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, 
     lo, hi = torch.aminmax(wf, dim=-1)
     amax = torch.maximum(hi, lo.neg())  # = |w|.amax(-1), exactly, without an |w| temporary
     # All-zero rows get scale 1 so q = 0 and dequantization stays exact (never 0/0).
-    scale = torch.where(amax > 0, amax / QMAX, torch.ones_like(amax))
+    # A tensor divisor: CUDA divides by a Python number through its reciprocal, which rounds some scales
+    # one ulp away from the CPU's true division; this way both devices write the same checkpoint.
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, QMAX), torch.ones_like(amax))
     q = wf.div_(scale.unsqueeze(-1)).round_().clamp_(-QMAX, QMAX).to(torch.int8)
     return q, scale
 
