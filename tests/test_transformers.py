@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts  # noqa: E402
-from experts_int8.evaluate import routing_quality, snr_db  # noqa: E402
+from experts_int8.evaluate import routing_quality  # noqa: E402
 from experts_int8.integrations.transformers import (  # noqa: E402
     ARCHITECTURES,
     _arch,

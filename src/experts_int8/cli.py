@@ -418,12 +418,17 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
 
     MODEL is a float checkpoint directory with a tokenizer. Its routed experts are quantized on load
     (or, with --dense-as-experts, its dense MLPs), and both models score the same text over sliding
-    windows. Both models are held in memory at once.
+    windows. Both models are held in memory at once. For routed experts it also reports, on the first
+    window, the logits SNR with the float model's routing (the int8 experts' own error), every MoE
+    layer's SNR on the float model's inputs and routing, and how many tokens' top-k choices the int8
+    noise upstream of a router changed.
     """
     import copy
 
+    import torch
+
     from .convert import read_model_dir
-    from .evaluate import compare_models, dense_mlps_as_int8_experts_
+    from .evaluate import compare_models, dense_mlps_as_int8_experts_, routing_quality
     from .run import DTYPES, check_device, checkpoint_kind, has_tokenizer, load_model, quiet_transformers
 
     if stride >= window:
@@ -459,6 +464,14 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     click.echo(f"{'top-1 accuracy':24}{r['top1_acc_float']:10.2%}{r['top1_acc_int8']:10.2%}")
     click.echo(f"{'top-1 agreement':24}{'':10}{r['top1_agreement']:10.2%}")
     click.echo(f"{'mean KL(float || int8)':24}{'':10}{r['mean_kl']:10.2e}  nats")
+    if not dense_as_experts:
+        q = routing_quality(float_model, int8_model, torch.tensor([ids[:window]]))
+        layers, changed = sorted(q["moe_layer_snr_db_reference_routing"]), q["tokens_with_changed_topk_per_layer"]
+        click.echo(f"first window ({window} tokens), logits SNR: {q['logits_snr_db_free_running']:.1f} dB, "
+                   f"{q['logits_snr_db_reference_routing']:.1f} dB with the float model's routing")
+        click.echo(f"  MoE layers with the float routing: min {layers[0]:.1f} dB, median {layers[len(layers) // 2]:.1f}"
+                   f" dB over {len(layers)}; top-k changed for {max(changed):.1%} of tokens in the worst layer,"
+                   f" {sum(changed) / len(changed):.1%} on average")
 
 
 @command("bench-e2e", epilog="""\b
