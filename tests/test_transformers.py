@@ -103,6 +103,11 @@ def test_int8_model_close_to_bf16(arch, checkpoints, int8_models):
         assert quality["logits_snr_db_free_running"] >= 30.0, (arch, quality)
 
 
+def test_routing_quality_refuses_models_that_differ():
+    with pytest.raises(ValueError, match="the models differ: 2 MoE layers ran in the float model, the int8 model has 1"):
+        routing_quality(tiny_model("mixtral"), quantize_(tiny_model("deepseek_v2")), _inputs().cpu())
+
+
 @pytest.mark.parametrize("arch", ARCH_NAMES)
 def test_every_routed_expert_is_int8(arch, checkpoints, int8_models):
     ref_model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16)
