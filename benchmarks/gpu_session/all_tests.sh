@@ -1,7 +1,7 @@
 #!/bin/bash
 # Every test on the GPU. The unmarked tests run there too (bf16 added to the kernel tests' dtypes, the models
 # on cuda through the Triton kernel; item 181 found two faults that only show there), and no session has run
-# them whole: first the kernel tests' file (the thirty-fourth reached ~70% of it in 480 s), then the unmarked
+# them whole: first the kernel tests' file (the thirty-fourth's 540 s run stopped inside it), then the unmarked
 # files that session did not run on the GPU, then the marked GPU tests (run whole before, >300 s).
 # start.sh all_tests.sh, then wait.sh 570 until CHAIN_DONE (up to four calls; the steps are in order of value).
 source benchmarks/gpu_session/common.sh "$1"
