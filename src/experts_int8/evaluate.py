@@ -9,7 +9,7 @@ the mean KL divergence ``KL(float || int8)`` of the next-token distributions, ov
 :func:`routing_quality` separates, in an MoE model, the int8 experts' own error from the top-k choices
 that int8 noise upstream of a router flips (near-tied routers, as random ones are, flip often).
 
-Both functions are model-agnostic: they need a module tree with ``gate_proj``/``up_proj``/
+The first two are model-agnostic: they need a module tree with ``gate_proj``/``up_proj``/
 ``down_proj`` ``nn.Linear`` children (llama, mistral, qwen2/3, gemma, ...) and a causal LM whose
 ``forward(input_ids)`` returns an object with ``.logits``.
 """
