@@ -19,13 +19,13 @@ from models import ARCH_NAMES, COMMON, tiny_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from experts_int8 import ExpertsInt8Config  # noqa: E402
+from experts_int8.evaluate import snr_db as _snr_db  # noqa: E402
 from experts_int8.integrations.transformers import find_experts  # noqa: E402
 from experts_int8.quant import quantize_weights  # noqa: E402
 
 
 def snr_db(ref, out):
-    ref, out = ref.double(), out.double()
-    return round(float(10 * torch.log10(ref.pow(2).mean() / (ref - out).pow(2).mean().clamp_min(1e-30))), 1)
+    return round(_snr_db(ref, out), 1)
 
 
 def load(path, device, dtype, quantize):

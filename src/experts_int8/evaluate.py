@@ -132,8 +132,7 @@ def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] =
         plan.append((name, linears, act))
     for name, (gate, up, down), act in plan:
         new = Int8DenseMLP.from_linears(gate, up, down, activation=act, backend=backend, name=name)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, new)
+        model.set_submodule(name, new)
     return len(targets)
 
 

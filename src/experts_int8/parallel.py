@@ -214,9 +214,8 @@ def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[d
                 if key is None:
                     raise ValueError(f"the checkpoint has no tensor for {name}.{tensor}")
                 return where[key].get_slice(key)
-            part = ParallelExperts(split.shard(slot.like, read, device_for(name)), split.mode, group)
-            parent_name, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent_name) if parent_name else model, child, part)
+            part = split.shard(slot.like, read, device_for(name))
+            model.set_submodule(name, ParallelExperts(part, split.mode, group))
     return len(pending)
 
 
@@ -229,19 +228,19 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     rank with the same model (same weights), after ``dist.init_process_group``. The result is for inference:
     save a checkpoint before splitting (each rank holds only its part)."""
     _require_dist("parallelize_experts")
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    split = Split(mode, dist.get_rank(group), dist.get_world_size(group))  # checks mode before any work
+
+    def part(module: Int8Experts) -> ParallelExperts:
+        return ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
+
     if isinstance(model, Int8Experts):  # a lone experts module: its part, wrapped
-        return ParallelExperts(shard_experts(model, mode, rank, world_size, device), mode, group)
+        return part(model)
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, Int8Experts)]
     if not targets:
         raise ValueError(f"{type(model).__name__} has no Int8Experts modules: quantize it first "
                          f"(ExpertsInt8Config when loading, or quantize_)")
     for name, module in targets:
-        part = ParallelExperts(shard_experts(module, mode, rank, world_size, device), mode, group)
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, part)
+        model.set_submodule(name, part(module))
     return model
 
 

@@ -264,12 +264,6 @@ def _activation_of(model: nn.Module, module: nn.Module) -> str:
     return activation_from_hf(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", "silu"))
 
 
-def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
 def _int8_param_names(model: nn.Module) -> set[str]:
     return {f"{n}.{t}" for n, m in model.named_modules() if isinstance(m, Int8Experts)
             for t in ("gate_up_proj", "gate_up_proj_scale", "down_proj", "down_proj_scale")}
@@ -477,11 +471,11 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                     expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}[value.dtype],
                                                tuple(value.shape))
             if self._loading is not None:  # this rank's part is read after loading (fill_pending_shards)
-                _set_submodule(model, name, PendingShard(new))
+                model.set_submodule(name, PendingShard(new))
                 model._keys_to_ignore_on_load_unexpected = (
                     set(model._keys_to_ignore_on_load_unexpected or ()) | {"^" + re.escape(name + ".")})
                 continue
-            _set_submodule(model, name, new)
+            model.set_submodule(name, new)
             self._targets.update({f"{name}.gate_up_proj", f"{name}.down_proj"})
             if biased:
                 self._targets.update({f"{name}.gate_up_proj_bias", f"{name}.down_proj_bias"})
@@ -613,7 +607,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
         new = Int8Experts.from_float(to_fused_layout(layout, "gate_up_proj", module.gate_up_proj.data),
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
                                      activation=_activation_of(model, module), name=name, **biases)
-        _set_submodule(model, name, new)
+        model.set_submodule(name, new)
         module._parameters.clear()  # free the float tensors now, even if someone holds the old module
         del module
     config_obj = model.config
