@@ -66,8 +66,11 @@ def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
     config = tiny_config(arch)
     model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # make the selection-only bias matter
+                b.copy_(torch.randn_like(b) * 0.05)
+        for name, p in model.named_parameters():
+            if name.endswith("e_score_correction_bias"):  # (a parameter in some architectures)
                 p.copy_(torch.randn_like(p) * 0.05)
             elif name.endswith("_proj_bias") and ".experts." in name:  # GPT-OSS expert biases
                 p.copy_(torch.randn_like(p) * 0.1)
