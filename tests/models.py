@@ -14,48 +14,82 @@ COMMON = dict(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_valu
               pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
-def _configs():
-    from transformers import (DeepseekV2Config, DeepseekV3Config, GptOssConfig, JambaConfig, MixtralConfig,
-                              OlmoeConfig, Qwen2MoeConfig, Qwen3MoeConfig)
-
-    return {
-        "mixtral": lambda: MixtralConfig(**COMMON, intermediate_size=48, num_hidden_layers=2,
-                                         num_local_experts=5, num_experts_per_tok=2),
-        "qwen2_moe": lambda: Qwen2MoeConfig(**COMMON, intermediate_size=96, moe_intermediate_size=32,
-                                            shared_expert_intermediate_size=48, num_hidden_layers=2,
-                                            num_experts=6, num_experts_per_tok=2, decoder_sparse_step=1),
-        "qwen3_moe": lambda: Qwen3MoeConfig(**COMMON, head_dim=16, intermediate_size=96,
-                                            moe_intermediate_size=32, num_hidden_layers=2, num_experts=6,
-                                            num_experts_per_tok=2, norm_topk_prob=True),
-        "olmoe": lambda: OlmoeConfig(**COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=6,
-                                     num_experts_per_tok=2),
-        "deepseek_v2": lambda: DeepseekV2Config(**COMMON, intermediate_size=96, moe_intermediate_size=32,
-                                                num_hidden_layers=2, first_k_dense_replace=1,
+# arch -> (transformers config class, its tiny settings). Classes are looked up by name, so an older
+# transformers without one skips that architecture's tests instead of failing the import.
+_LINEAR_ATTN = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                    linear_num_key_heads=2, linear_num_value_heads=4,
+                    layer_types=["linear_attention", "full_attention"])
+_MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+_CONFIGS = {
+    "mixtral": ("MixtralConfig", dict(intermediate_size=48, num_hidden_layers=2, num_local_experts=5,
+                                      num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(intermediate_size=96, moe_intermediate_size=32,
+                                         shared_expert_intermediate_size=48, num_hidden_layers=2, num_experts=6,
+                                         num_experts_per_tok=2, decoder_sparse_step=1)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                                         num_hidden_layers=2, num_experts=6, num_experts_per_tok=2,
+                                         norm_topk_prob=True)),
+    "qwen3_next": ("Qwen3NextConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                                           shared_expert_intermediate_size=48, num_hidden_layers=2, num_experts=6,
+                                           num_experts_per_tok=2, norm_topk_prob=True, **_LINEAR_ATTN)),
+    "qwen3_5_moe_text": ("Qwen3_5MoeTextConfig", dict(head_dim=16, moe_intermediate_size=32,
+                                                      shared_expert_intermediate_size=48, num_hidden_layers=2,
+                                                      num_experts=6, num_experts_per_tok=2, **_LINEAR_ATTN)),
+    "olmoe": ("OlmoeConfig", dict(intermediate_size=32, num_hidden_layers=2, num_experts=6, num_experts_per_tok=2)),
+    "deepseek_v2": ("DeepseekV2Config", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                             first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
+                                             num_experts_per_tok=2, n_group=4, topk_group=2,
+                                             topk_method="group_limited_greedy", routed_scaling_factor=1.5,
+                                             q_lora_rank=None, **_MLA)),
+    "deepseek_v3": ("DeepseekV3Config", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                             first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
+                                             num_experts_per_tok=2, n_group=4, topk_group=2,
+                                             routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24,
+                                             **_MLA)),
+    "glm4_moe": ("Glm4MoeConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                                       num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=8,
+                                       n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                       routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True)),
+    "glm4_moe_lite": ("Glm4MoeLiteConfig", dict(intermediate_size=96, moe_intermediate_size=32,
+                                                num_hidden_layers=2, mlp_layer_types=["dense", "sparse"],
                                                 n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                                                n_group=4, topk_group=2, topk_method="group_limited_greedy",
-                                                routed_scaling_factor=1.5, kv_lora_rank=16, q_lora_rank=None,
-                                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
-        "deepseek_v3": lambda: DeepseekV3Config(**COMMON, intermediate_size=96, moe_intermediate_size=32,
-                                                num_hidden_layers=2, first_k_dense_replace=1,
-                                                n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
-                                                n_group=4, topk_group=2, routed_scaling_factor=2.5,
-                                                norm_topk_prob=True, kv_lora_rank=16, q_lora_rank=24,
-                                                qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16),
-        "jamba": lambda: JambaConfig(**COMMON, intermediate_size=48, num_hidden_layers=4, num_experts=4,
-                                     num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
-                                     attn_layer_period=2, attn_layer_offset=1, mamba_d_state=8,
-                                     mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, use_mamba_kernels=False),
-        "gpt_oss": lambda: GptOssConfig(**COMMON, head_dim=16, intermediate_size=32, num_hidden_layers=2,
-                                        num_local_experts=6, num_experts_per_tok=2, sliding_window=8,
-                                        layer_types=["sliding_attention", "full_attention"], rope_scaling=None),
-    }
+                                                n_group=1, topk_group=1, routed_scaling_factor=1.8,
+                                                norm_topk_prob=True, q_lora_rank=24, **_MLA)),
+    "dots1": ("Dots1Config", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                  first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
+                                  num_experts_per_tok=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                  norm_topk_prob=True)),
+    "minimax_m2": ("MiniMaxM2Config", dict(head_dim=16, intermediate_size=32, num_hidden_layers=2,
+                                           num_local_experts=6, num_experts_per_tok=2)),
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                                moe_num_experts=6, moe_k=2, moe_num_shared_experts=1,
+                                                moe_layer_start_index=0, moe_layer_end_index=1)),
+    "hunyuan_v1_moe": ("HunYuanMoEV1Config", dict(head_dim=16, intermediate_size=32, num_hidden_layers=2,
+                                                  num_experts=6, moe_topk=2, use_qk_norm=True)),
+    "jamba": ("JambaConfig", dict(intermediate_size=48, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                                  expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2,
+                                  attn_layer_offset=1, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
+                                  mamba_dt_rank=8, use_mamba_kernels=False)),
+    "granitemoe": ("GraniteMoeConfig", dict(intermediate_size=32, num_hidden_layers=2, num_local_experts=6,
+                                            num_experts_per_tok=2)),
+    "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=32, num_hidden_layers=2, num_local_experts=6,
+                                     num_experts_per_tok=2, sliding_window=8,
+                                     layer_types=["sliding_attention", "full_attention"], rope_scaling=None)),
+}
 
 
-ARCH_NAMES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "jamba", "gpt_oss")
+ARCH_NAMES = tuple(_CONFIGS)
 
 
 def tiny_config(arch: str):
-    return _configs()[arch]()
+    import pytest
+    import transformers
+
+    name, settings = _CONFIGS[arch]
+    config_class = getattr(transformers, name, None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    return config_class(**COMMON, **settings)
 
 
 def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):

@@ -183,10 +183,14 @@ def test_routing_table_matches_model_router(arch, int8_models):
     name, experts = find_experts(model)[0]
     block = model.get_submodule(name.rpartition(".")[0])
     router = getattr(block, _arch(model).router)
-    # The router's output varies across transformers versions (logits, or (logits, weights, ids)); the
-    # experts module always receives (hidden_states, top_k_index, top_k_weights).
-    hooks = [router.register_forward_hook(lambda mod, args, out: logits_seen.append(
-                 out[0] if isinstance(out, tuple) else out)),
+    # The router's output varies across architectures and transformers versions (logits, (logits, weights,
+    # ids), or Granite's (ids, weights, logits) in 5.17): the logits are its float tensor over all experts.
+    # The experts module always receives (hidden_states, top_k_index, top_k_weights).
+    def logits_of(out):
+        return next(t for t in (out if isinstance(out, tuple) else (out,))
+                    if t.is_floating_point() and t.shape[-1] == experts.num_experts)
+
+    hooks = [router.register_forward_hook(lambda mod, args, out: logits_seen.append(logits_of(out))),
              experts.register_forward_pre_hook(lambda mod, args: routed_seen.append(args[1:3]))]
     try:
         with torch.no_grad():

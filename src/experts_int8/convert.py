@@ -285,13 +285,13 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                     raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
                 s = handles[f].get_slice(key)
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
+        if _model_type(config) in STREAMING_UNSUPPORTED:
+            raise ValueError(STREAMING_UNSUPPORTED[_model_type(config)])
         groups = plan_groups(headers)
         if not groups:
             raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                              f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
                              f"'...experts.gate_up_proj'); nothing to quantize")
-        if _model_type(config) in STREAMING_UNSUPPORTED:
-            raise ValueError(STREAMING_UNSUPPORTED[_model_type(config)])
         text = _text_config(config)
         hidden = text.get("hidden_size")
         shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
@@ -356,6 +356,9 @@ STREAMING_UNSUPPORTED = {
     "gpt_oss": "GPT-OSS checkpoints keep experts as [E, H, 2I] with interleaved gate/up columns and biases, "
                "which the streaming converter does not rewrite yet; load the model with "
                "quantization_config=ExpertsInt8Config() (quantized while loading) and save_pretrained it instead",
+    "granitemoe": "Granite MoE checkpoints name each layer's experts block_sparse_moe.input_linear / output_linear, "
+                  "which the streaming converter does not read yet; load the model with "
+                  "quantization_config=ExpertsInt8Config() (quantized while loading) and save_pretrained it instead",
 }
 
 

@@ -31,13 +31,19 @@ checkpoint dtype. :data:`ARCHITECTURES` lists the supported model types with the
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
 from torch import nn
-from transformers.core_model_loading import ConversionOps, WeightConverter
+from transformers.core_model_loading import (
+    ConversionOps,
+    PrefixChange,
+    WeightConverter,
+    WeightRenaming,
+)
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 from transformers.quantizers.auto import (
     AUTO_QUANTIZATION_CONFIG_MAPPING,
@@ -68,7 +74,7 @@ class Arch:
 
     ``router``: attribute of the MoE block (the experts module's parent) that holds the router.
     ``routing(config)``: select_experts keyword options for the (text) config.
-    ``correction_bias``: attribute of the router with the selection-only score bias, if any.
+    ``correction_bias``: dotted path, from the MoE block, of the selection-only score bias, if any.
     ``layout``: "fused" (transformers 5 experts: ``gate_up_proj [E, 2I, H]`` gate then up,
     ``down_proj [E, H, I]``) or "gpt_oss" (``gate_up_proj [E, H, 2I]`` with gate and up columns
     interleaved, ``down_proj [E, I, H]``, expert biases, clamped SwiGLU), converted while quantizing.
@@ -92,22 +98,38 @@ def _deepseek_v2(c) -> dict:
     return opts
 
 
-def _deepseek_v3(c) -> dict:
+def _deepseek_v3(c) -> dict:  # also GLM-4.5 and dots.llm1: sigmoid scores, biased choice, groups
     return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": bool(c.norm_topk_prob),
             "num_expert_group": c.n_group, "topk_group": c.topk_group,
             "routed_scaling_factor": float(c.routed_scaling_factor)}
 
 
+def _sigmoid_topk(c) -> dict:
+    return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": True}
+
+
+_ALWAYS = _softmax_topk(lambda c: True)
+_NORM_TOPK_PROB = _softmax_topk(lambda c: c.norm_topk_prob)
 ARCHITECTURES: dict[str, Arch] = {
-    "mixtral": Arch("gate", _softmax_topk(lambda c: True)),
-    "qwen2_moe": Arch("gate", _softmax_topk(lambda c: c.norm_topk_prob)),
-    "qwen3_moe": Arch("gate", _softmax_topk(lambda c: c.norm_topk_prob)),
-    "olmoe": Arch("gate", _softmax_topk(lambda c: c.norm_topk_prob)),
+    "mixtral": Arch("gate", _ALWAYS),
+    "qwen2_moe": Arch("gate", _NORM_TOPK_PROB),
+    "qwen3_moe": Arch("gate", _NORM_TOPK_PROB),
+    "qwen3_next": Arch("gate", _NORM_TOPK_PROB),
+    "qwen3_5_moe_text": Arch("gate", _ALWAYS),
+    "olmoe": Arch("gate", _NORM_TOPK_PROB),
     "deepseek_v2": Arch("gate", _deepseek_v2),
-    "deepseek_v3": Arch("gate", _deepseek_v3, correction_bias="e_score_correction_bias"),
+    "deepseek_v3": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "glm4_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "glm4_moe_lite": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "dots1": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "minimax_m2": Arch("gate", _sigmoid_topk, correction_bias="e_score_correction_bias"),
+    # softmax scores, a biased choice (its "moe_statics"), renormalized
+    "ernie4_5_moe": Arch("gate", _ALWAYS, correction_bias="gate.moe_statics.e_score_correction_bias"),
+    "hunyuan_v1_moe": Arch("gate", _ALWAYS),
     "jamba": Arch("router", _softmax_topk(lambda c: False)),
     # softmax over the top-k logits == softmax over all, renormalized over the top k
-    "gpt_oss": Arch("router", _softmax_topk(lambda c: True), layout="gpt_oss"),
+    "granitemoe": Arch("router", _ALWAYS),
+    "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
 }
 
 
@@ -143,8 +165,13 @@ def routing_options(model: nn.Module, moe_block: Optional[nn.Module] = None) -> 
     arch = _arch(model)
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     opts = arch.routing(config)
-    if arch.correction_bias is not None and moe_block is not None:
-        opts["correction_bias"] = getattr(getattr(moe_block, arch.router), arch.correction_bias)
+    if moe_block is None:
+        return opts
+    top_k = getattr(getattr(moe_block, arch.router), "top_k", None)
+    if isinstance(top_k, int):  # per-layer top-k (Hunyuan's moe_topk may be a list)
+        opts["top_k"] = top_k
+    if arch.correction_bias is not None:
+        opts["correction_bias"] = functools.reduce(getattr, arch.correction_bias.split("."), moe_block).reshape(-1)
     return opts
 
 
@@ -270,13 +297,17 @@ def _int8_param_names(model: nn.Module) -> set[str]:
 
 
 def _is_expert_converter(conversion, int8_names: set[str]) -> bool:
-    if not isinstance(conversion, WeightConverter):
+    """A merge of per-expert tensors into an experts tensor (WeightConverter), or a rename of a whole
+    experts tensor (Granite's ``input_linear.weight`` -> ``experts.gate_up_proj``). A rename of a module
+    (Mixtral's ``block_sparse_moe`` -> ``mlp``) is neither: it applies to every key under it."""
+    if not isinstance(conversion, (WeightConverter, WeightRenaming)):
         return False
+    whole = isinstance(conversion, WeightRenaming)
     targets = getattr(conversion, "target_patterns", None) or []
     targets = [targets] if isinstance(targets, str) else targets
     for target in targets:
         plain = re.sub(r"[\^\$\\]", "", target)
-        if plain and any(plain in name for name in int8_names):
+        if plain and any(name.endswith(plain) if whole else plain in name for name in int8_names):
             return True
     return False
 
@@ -290,10 +321,10 @@ def _drop_expert_converters(model: nn.Module) -> None:
             from transformers.conversion_mapping import get_model_conversion_mapping
 
             conversions = get_model_conversion_mapping(model, add_legacy=False)
-        except Exception:  # noqa: BLE001 -- no mapping for this model: nothing to revert on save
+        except Exception:
             conversions = []
         # Same as transformers for models not built by from_pretrained: no prefix changes on save.
-        conversions = [c for c in conversions if type(c).__name__ != "PrefixChange"]
+        conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
     model._weight_conversions = [c for c in conversions if not _is_expert_converter(c, int8_names)]
 
 
@@ -497,7 +528,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         # one expert's float copy (Int8Quantize moves expert by expert to the device).
         if not self.pre_quantized:
             for conversion in weight_conversions:
-                if _is_expert_converter(conversion, self._targets):
+                if isinstance(conversion, WeightConverter) and _is_expert_converter(conversion, self._targets):
                     conversion.force_cpu = True
         return list(weight_conversions) + self.get_weight_conversions()
 
