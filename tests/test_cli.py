@@ -247,7 +247,8 @@ def test_eval_bad_input_one_line(demo_run, tmp_path):
     assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--dense-as-experts"), "no dense gated MLP")
 
 
-@pytest.mark.parametrize("arch,name", [("gpt_oss", "GPT-OSS"), ("granitemoe", "Granite MoE")])
+@pytest.mark.parametrize("arch,name", [("gpt_oss", "GPT-OSS"), ("granitemoe", "Granite MoE"),
+                                       ("granitemoehybrid", "Granite MoE")])
 def test_quantize_refuses_what_it_cannot_read_with_the_way_that_works(bf16_checkpoint, tmp_path, arch, name):
     src = bf16_checkpoint(arch)
     assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), name, "ExpertsInt8Config")

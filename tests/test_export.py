@@ -17,11 +17,12 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 ct = pytest.importorskip("compressed_tensors")
 from compressed_tensors.compressors import BaseCompressor  # noqa: E402
 from compressed_tensors.compressors.pack_quantized import pack_to_int32, unpack_from_int32  # noqa: E402
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
+from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig  # noqa: E402
 
 from experts_int8.integrations.transformers import find_experts  # noqa: E402  (registers experts_int8)
@@ -160,6 +161,9 @@ def test_library_decompresses_our_int8_bit_exactly(converted, arch, layout):
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`")  # we do pass dequantize=True on purpose
 @pytest.mark.parametrize("arch,layout", [c for c in CASES if c[1] == "per-expert"])
 def test_transformers_loads_the_export(converted, arch, layout):
+    if arch == "phimoe" and Version(transformers.__version__) < Version("5.24"):
+        pytest.skip("transformers 5.17 quantizes PhiMoE's router, an nn.Linear named block_sparse_moe.gate in the "
+                    "export's ignore list and mlp.router in the model, then cannot initialize it; 5.24 loads it")
     src, dst, native, _ = converted(arch, layout)
     ct_model, info = AutoModelForCausalLM.from_pretrained(
         dst, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(dequantize=True),

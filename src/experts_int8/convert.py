@@ -352,13 +352,15 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
 
 
 # Architectures the integration loads but this tensor-by-tensor converter does not convert (yet).
+_LOAD_AND_SAVE = ("load the model with quantization_config=ExpertsInt8Config() (quantized while loading) and "
+                  "save_pretrained it instead")
+_GRANITE = ("Granite MoE checkpoints name each layer's experts block_sparse_moe.input_linear / output_linear, "
+            "which the streaming converter does not read yet; " + _LOAD_AND_SAVE)
 STREAMING_UNSUPPORTED = {
     "gpt_oss": "GPT-OSS checkpoints keep experts as [E, H, 2I] with interleaved gate/up columns and biases, "
-               "which the streaming converter does not rewrite yet; load the model with "
-               "quantization_config=ExpertsInt8Config() (quantized while loading) and save_pretrained it instead",
-    "granitemoe": "Granite MoE checkpoints name each layer's experts block_sparse_moe.input_linear / output_linear, "
-                  "which the streaming converter does not read yet; load the model with "
-                  "quantization_config=ExpertsInt8Config() (quantized while loading) and save_pretrained it instead",
+               "which the streaming converter does not rewrite yet; " + _LOAD_AND_SAVE,
+    "granitemoe": _GRANITE,
+    "granitemoehybrid": _GRANITE,
 }
 
 
