@@ -84,28 +84,51 @@ _CONFIGS = {
                                      layer_types=["sliding_attention", "full_attention"], rope_scaling=None)),
 }
 
+# Vision-language models whose text model is an MoE: wrapper model_type -> (config class, text settings).
+# Their rows in ARCHITECTURES are the text model's type; they load with AutoModelForImageTextToText.
+_VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=COMMON["hidden_size"],
+               deepstack_visual_indexes=[])
+_VISION_LANGUAGE = {
+    "qwen3_vl_moe": ("Qwen3VLMoeConfig", _CONFIGS["qwen3_moe"][1]),
+    "qwen3_5_moe": ("Qwen3_5MoeConfig", _CONFIGS["qwen3_5_moe_text"][1]),
+    "glm4v_moe": ("Glm4vMoeConfig", {**{k: v for k, v in _CONFIGS["glm4_moe"][1].items() if k != "use_qk_norm"},
+                                     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                         "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}}),
+}
+
 
 ARCH_NAMES = tuple(_CONFIGS)
+VISION_LANGUAGE_NAMES = tuple(_VISION_LANGUAGE)
 
 
 def tiny_config(arch: str):
     import pytest
     import transformers
 
-    name, settings = _CONFIGS[arch]
+    name, settings = _CONFIGS[arch] if arch in _CONFIGS else _VISION_LANGUAGE[arch]
     config_class = getattr(transformers, name, None)
     if config_class is None:
         pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    if arch in _VISION_LANGUAGE:
+        vision = config_class().vision_config
+        return config_class(text_config={**COMMON, **settings},
+                            vision_config={k: v for k, v in _VISION.items() if hasattr(vision, k)},
+                            tie_word_embeddings=False)
     return config_class(**COMMON, **settings)
 
 
-def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
-    """A random-weight ``*ForCausalLM`` of ``arch``; weights are scaled so logits are not degenerate."""
-    from transformers import AutoModelForCausalLM
+def auto_class(arch: str):
+    """The transformers Auto class that loads ``arch``'s checkpoints."""
+    import transformers
 
+    return transformers.AutoModelForImageTextToText if arch in _VISION_LANGUAGE else transformers.AutoModelForCausalLM
+
+
+def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
+    """A random-weight model of ``arch`` (``auto_class``); weights are scaled so logits are not degenerate."""
     torch.manual_seed(seed)
     config = tiny_config(arch)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model = auto_class(arch).from_config(config, dtype=dtype)
     with torch.no_grad():
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):  # make the selection-only bias matter

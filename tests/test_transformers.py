@@ -31,7 +31,7 @@ from experts_int8.integrations.transformers import (  # noqa: E402
 )
 from experts_int8.quant import quantize_weights  # noqa: E402
 
-from models import ARCH_NAMES, COMMON, tiny_model  # noqa: E402
+from models import ARCH_NAMES, COMMON, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # device_map needs accelerate; on CPU the default placement is the CPU anyway.
@@ -175,12 +175,7 @@ def test_save_reload_identical(arch, int8_models, tmp_path):
         assert torch.equal(m1.gate_up_proj, m2.gate_up_proj) and torch.equal(m1.down_proj_scale, m2.down_proj_scale)
 
 
-@pytest.mark.parametrize("arch", ARCH_NAMES)
-def test_routing_table_matches_model_router(arch, int8_models):
-    """The table's select_experts options reproduce each architecture's own router."""
-    if ARCHITECTURES[arch].routing is None:
-        pytest.skip(f"{arch}'s routing has no select_experts equivalent (see test_routing_options_refuses_routing_it_cannot_express)")
-    model = int8_models(arch)
+def _assert_routing_table_matches_router(model):
     logits_seen, routed_seen = [], []
     name, experts = find_experts(model)[0]
     block = model.get_submodule(name.rpartition(".")[0])
@@ -208,13 +203,42 @@ def test_routing_table_matches_model_router(arch, int8_models):
     torch.testing.assert_close(weights.float().gather(1, order_ref.indices), w.gather(1, order.indices), **tol)
 
 
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_routing_table_matches_model_router(arch, int8_models):
+    """The table's select_experts options reproduce each architecture's own router."""
+    if ARCHITECTURES[arch].routing is None:
+        pytest.skip(f"{arch}'s routing has no select_experts equivalent "
+                    f"(see test_routing_options_refuses_routing_it_cannot_express)")
+    _assert_routing_table_matches_router(int8_models(arch))
+
+
+@pytest.mark.parametrize("arch", VISION_LANGUAGE_NAMES)
+def test_vision_language_moe_text_model_int8(arch, tmp_path):
+    """A vision-language model's MoE text model: int8 while loading through AutoModelForImageTextToText,
+    as close to bf16 as the text-only models, its routing row right, identical after save and reload."""
+    tiny_model(arch, dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    ref_model = auto_class(arch).from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, **ON_DEVICE)
+    model = auto_class(arch).from_pretrained(tmp_path / "bf16", quantization_config=ExpertsInt8Config(),
+                                             dtype=torch.bfloat16, **ON_DEVICE)
+    assert verify_int8_model(model) == len(find_experts(ref_model)) > 0
+    quality = routing_quality(ref_model, model, _inputs())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, (arch, quality)
+    assert 30.0 <= quality["logits_snr_db_reference_routing"] < float("inf"), (arch, quality)
+    _assert_routing_table_matches_router(model)
+    model.save_pretrained(tmp_path / "int8")
+    reloaded = auto_class(arch).from_pretrained(tmp_path / "int8", **ON_DEVICE)
+    with torch.no_grad():
+        assert torch.equal(model(_inputs(2)).logits, reloaded(_inputs(2)).logits)
+
+
 def test_routing_options_refuses_routing_it_cannot_express(int8_models):
     with pytest.raises(ValueError, match="phimoe's routing has no select_experts equivalent"):
         routing_options(int8_models("phimoe"))
 
 
 def test_architecture_table_covers_tested_models():
-    assert set(ARCH_NAMES) == set(ARCHITECTURES)
+    text_models = {tiny_config(arch).get_text_config().model_type for arch in VISION_LANGUAGE_NAMES}
+    assert set(ARCH_NAMES) | text_models == set(ARCHITECTURES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -325,13 +349,12 @@ def test_model_without_moe_warns_when_allowed(caplog):
 
 
 def test_unsupported_architecture_lists_supported():
-    from transformers import PhimoeConfig
+    from transformers import FlexOlmoConfig
 
-    cfg = PhimoeConfig(**COMMON, intermediate_size=32, num_hidden_layers=1, num_local_experts=4,
-                       num_experts_per_tok=2)
+    cfg = FlexOlmoConfig(**COMMON, intermediate_size=32, num_hidden_layers=1, num_experts=4, num_experts_per_tok=2)
     model = AutoModelForCausalLM.from_config(cfg)
     assert find_experts(model)  # it is an MoE, just not in our table
-    with pytest.raises(ValueError, match="phimoe") as err:
+    with pytest.raises(ValueError, match="flex_olmo") as err:
         quantize_(model)
     for name in ARCH_NAMES:
         assert name in str(err.value)

@@ -118,11 +118,13 @@ ARCHITECTURES: dict[str, Arch] = {
     "qwen3_moe": Arch("gate", _NORM_TOPK_PROB),
     "qwen3_next": Arch("gate", _NORM_TOPK_PROB),
     "qwen3_5_moe_text": Arch("gate", _ALWAYS),
+    "qwen3_vl_moe_text": Arch("gate", _ALWAYS),  # (vision-language models: the text model's type)
     "olmoe": Arch("gate", _NORM_TOPK_PROB),
     "deepseek_v2": Arch("gate", _deepseek_v2),
     "deepseek_v3": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "glm4_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "glm4_moe_lite": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "glm4v_moe_text": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "dots1": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "minimax_m2": Arch("gate", _sigmoid_topk, correction_bias="e_score_correction_bias"),
     # softmax scores, a biased choice (its "moe_statics"), renormalized
@@ -531,13 +533,17 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return Int8Quantize(self)
 
     def update_weight_conversions(self, weight_conversions, model=None):
+        if self.pre_quantized:
+            # An int8 checkpoint holds each experts tensor under its model name, in the kernel's layout
+            # (save_pretrained and experts-int8 quantize write no per-expert keys): a merge or transpose
+            # meant for the float checkpoint must not run on it (transformers 5.17 transposed Qwen3-VL's).
+            return [c for c in weight_conversions if not _is_expert_converter(c, self._targets)]
         # Merge each layer's per-expert float tensors on the CPU: device memory never holds more than
         # one expert's float copy (Int8Quantize moves expert by expert to the device).
-        if not self.pre_quantized:
-            for conversion in weight_conversions:
-                if isinstance(conversion, WeightConverter) and _is_expert_converter(conversion, self._targets):
-                    conversion.force_cpu = True
-        return list(weight_conversions) + self.get_weight_conversions()
+        for conversion in weight_conversions:
+            if isinstance(conversion, WeightConverter) and _is_expert_converter(conversion, self._targets):
+                conversion.force_cpu = True
+        return list(weight_conversions)
 
     def get_weight_conversions(self):
         return []
