@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
-from models import ARCH_NAMES, tiny_model
+from models import ARCH_NAMES, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from experts_int8 import ExpertsInt8Config
@@ -130,8 +130,8 @@ def _fused_checkpoint(tmp_path, arch="mixtral"):
     return path
 
 
-@pytest.mark.parametrize("arch,layout", [(a, "per-expert") for a in ARCH_NAMES if a not in STREAMING_UNSUPPORTED] +
-                         [("mixtral", "fused")])
+@pytest.mark.parametrize("arch,layout", [(a, "per-expert") for a in ARCH_NAMES + VISION_LANGUAGE_NAMES
+                                         if a not in STREAMING_UNSUPPORTED] + [("mixtral", "fused")])
 def test_quantize_matches_on_the_fly_quantization(bf16_checkpoint, tmp_path, arch, layout):
     src = bf16_checkpoint(arch) if layout == "per-expert" else _fused_checkpoint(tmp_path, arch)
     dst = tmp_path / "int8"
@@ -140,7 +140,7 @@ def test_quantize_matches_on_the_fly_quantization(bf16_checkpoint, tmp_path, arc
     assert re.search(r"min [0-9.]+ dB, median [0-9.]+ dB", result.output), result.output
     assert len(glob.glob(str(dst / "*.safetensors"))) > 1 and (dst / "model.safetensors.index.json").is_file()
 
-    fly = AutoModelForCausalLM.from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
+    fly = auto_class(arch).from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
     fly.save_pretrained(tmp_path / "saved")
     ours, theirs = tensors(dst), tensors(tmp_path / "saved")
     assert set(ours) == set(theirs)
@@ -150,10 +150,23 @@ def test_quantize_matches_on_the_fly_quantization(bf16_checkpoint, tmp_path, arc
         else:  # copied from the source; transformers 5.17 loads DeepSeek-V3's score bias in fp32
             assert torch.equal(ours[key].to(theirs[key].dtype), theirs[key]), key
 
-    reloaded = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16)
+    reloaded = auto_class(arch).from_pretrained(dst, dtype=torch.bfloat16)
     ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(reloaded(ids).logits, fly(ids).logits)
+
+
+def test_quantize_refuses_transposed_fused_experts_with_the_way_that_works(tmp_path):
+    """Fused experts stored [E, H, 2I] / [E, I, H] (as Qwen3-VL's releases): transformers transposes them
+    while loading; the streaming converter refuses them and says so."""
+    src = _fused_checkpoint(tmp_path, "mixtral")
+    (path,) = glob.glob(str(src / "*.safetensors"))
+    state = {k: v.transpose(1, 2).contiguous() if k.endswith(("experts.gate_up_proj", "experts.down_proj")) else v
+             for k, v in load_file(path).items()}
+    save_file(state, path, metadata={"format": "pt"})
+    result = invoke("quantize", src, tmp_path / "o", "--no-progress")
+    assert_one_line_error(result, "experts layout not supported", "[E, 2I, H]", "ExpertsInt8Config")
+    assert not (tmp_path / "o").exists()
 
 
 def test_quantize_failure_leaves_nothing(bf16_checkpoint, tmp_path):
@@ -236,6 +249,27 @@ def test_eval_compares_float_and_int8(demo_run, tmp_path):
     assert float(snr.group(2)) >= 30 and float(layers.group(1)) >= 30
     assert float(snr.group(2)) >= float(snr.group(1))  # flips only lower the free-running SNR
     assert 0 <= float(layers.group(3)) <= 100
+
+
+def test_generate_and_eval_a_vision_language_checkpoint(demo_run, tmp_path):
+    """Qwen3-VL has no causal-LM class: generate and eval load it as image-text-to-text, text prompts only."""
+    import shutil
+
+    _, keep = demo_run
+    config = tiny_config("qwen3_vl_moe")
+    config.text_config.vocab_size = 1024  # the demo's tokenizer
+    auto_class("qwen3_vl_moe").from_config(config, dtype=torch.bfloat16).save_pretrained(tmp_path / "vl")
+    for f in glob.glob(str(keep / "bf16" / "tokenizer*")):
+        shutil.copy(f, tmp_path / "vl")
+    result = invoke("generate", tmp_path / "vl", "--prompt", "The assert", "--max-new-tokens", "4", "--device", "cpu",
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("The assert"), result.output
+    text = tmp_path / "text.txt"
+    text.write_text("for x in range(10): print(x)\n" * 20)
+    result = invoke("eval", tmp_path / "vl", "--text", text, "--device", "cpu", "--window", "64", "--stride", "32")
+    assert result.exit_code == 0, result.output
+    assert re.search(r"perplexity\s+([\d.]+)\s+([\d.]+)", result.output), result.output
 
 
 def test_eval_bad_input_one_line(demo_run, tmp_path):

@@ -429,7 +429,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
 
     from .convert import read_model_dir
     from .evaluate import compare_models, dense_mlps_as_int8_experts_, routing_quality
-    from .run import DTYPES, check_device, checkpoint_kind, has_tokenizer, load_model, quiet_transformers
+    from .run import (DTYPES, auto_model_class, check_device, checkpoint_kind, has_tokenizer, load_model,
+                      quiet_transformers)
 
     if stride >= window:
         raise click.BadParameter(f"must be smaller than --window ({window})", param_hint="--stride")
@@ -443,12 +444,12 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
     dev = check_device(device or _default_device())
     quiet_transformers()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
     if len(ids) < 2:
         raise ValueError(f"{text_file} gives fewer than 2 tokens")
-    float_model = AutoModelForCausalLM.from_pretrained(model, dtype=DTYPES[dtype]).to(dev).eval()
+    float_model = auto_model_class(config).from_pretrained(model, dtype=DTYPES[dtype]).to(dev).eval()
     if dense_as_experts:
         int8_model = copy.deepcopy(float_model)
         count = dense_mlps_as_int8_experts_(int8_model)

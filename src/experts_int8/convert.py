@@ -172,7 +172,8 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
         if tuple(s13) != (e, 2 * i, h) or (hidden is not None and h != hidden):
             raise ValueError(f"{g.prefix}: experts layout not supported: gate_up_proj {list(s13)}, down_proj "
                              f"{list(s2)}; expected gate_up_proj [E, 2I, H] and down_proj [E, H, I]"
-                             + (f" with H = hidden_size = {hidden}" if hidden is not None else ""))
+                             + (f" with H = hidden_size = {hidden}" if hidden is not None else "")
+                             + f" (where transformers converts the layout: {_LOAD_AND_SAVE})")
         return e, h, i
     experts = sorted({e for _, e in g.per_expert})
     n = len(experts)

@@ -52,6 +52,16 @@ def has_tokenizer(path) -> bool:
     return any((Path(path) / f).is_file() for f in TOKENIZER_FILES)
 
 
+def auto_model_class(config: dict):
+    """transformers' Auto class for a checkpoint's ``config.json``: the causal LM where there is one, else
+    the vision-language model (Qwen3-VL, GLM-4.5V), which runs text prompts through its text model."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return AutoModelForCausalLM if config.get("model_type") in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES \
+        else AutoModelForImageTextToText
+
+
 def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, parallel: Optional[str] = None,
                group=None):
     """``(model, kind)``: the model of directory ``path`` with int8 routed experts, in eval mode on ``device``.
@@ -59,8 +69,6 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     ``parallel`` (``"tp"`` or ``"ep"``, with torch.distributed initialized): the routed experts split over
     ``group``'s ranks (:mod:`experts_int8.parallel`). An int8 checkpoint is read split, each rank only its
     part of the experts; a float one loads whole on the CPU, is quantized, and then split."""
-    from transformers import AutoModelForCausalLM
-
     from .integrations.transformers import ExpertsInt8Config, verify_int8_model
     from .parallel import parallelize_experts, split_while_loading
 
@@ -83,7 +91,7 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
             pass
     split = split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext()
     with split:
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model = auto_model_class(config).from_pretrained(str(path), **kwargs)
     if whole_then_split:
         parallelize_experts(model, parallel, group, dev)
     if move_after:
