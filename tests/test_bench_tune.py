@@ -539,6 +539,30 @@ def test_cli_shape_from_model_config(tmp_path, cfg, shape):
     assert cli.shape_from_model_config(str(tmp_path / "config.json")) == shape
 
 
+def test_cli_shape_from_every_supported_architecture_config(tmp_path):
+    """Each architecture names E, I and k its own way (ERNIE's moe_k, Hunyuan's moe_topk, a vision-language
+    model's text_config): the shape read from its config.json is its experts module's and router's."""
+    pytest.importorskip("transformers")
+    from models import ARCH_NAMES, VISION_LANGUAGE_NAMES, tiny_config, tiny_model
+
+    from experts_int8.integrations.transformers import _arch, find_experts, to_fused_layout
+
+    for arch in ARCH_NAMES + VISION_LANGUAGE_NAMES:
+        tiny_config(arch).save_pretrained(tmp_path / arch)
+        model = tiny_model(arch)
+        name, experts = find_experts(model)[0]
+        e, h, i = to_fused_layout(_arch(model).layout, "down_proj", experts.down_proj).shape
+        top_k = getattr(model.get_submodule(name.rpartition(".")[0]), _arch(model).router).top_k
+        assert cli.shape_from_model_config(str(tmp_path / arch)) == (e, h, i, top_k), arch
+
+
+def test_cli_model_config_with_per_layer_shapes_says_to_tune_each(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(num_experts=64, hidden_size=4096, moe_topk=[8, 8],
+                                                          moe_intermediate_size=[3072, 1536])))
+    r = _run("tune", "--model-config", str(tmp_path))
+    assert r.exit_code == 1 and "moe_intermediate_size differs between layers ([1536, 3072])" in r.output
+
+
 def test_cli_model_config_without_experts_is_a_clean_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(hidden_size=576, intermediate_size=1536)))
     r = _run("tune", "--model-config", str(tmp_path))

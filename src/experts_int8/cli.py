@@ -99,13 +99,17 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     def first(*keys):
         for key in keys:
             if cfg.get(key) is not None:
-                return int(cfg[key])
+                values = set(cfg[key]) if isinstance(cfg[key], list) else {cfg[key]}  # per layer (Hunyuan)
+                if len(values) != 1:
+                    raise ValueError(f"{p}: {key} differs between layers ({sorted(values)}); tune each layer's "
+                                     f"shape with --shape E,H,I,k")
+                return int(values.pop())
         raise ValueError(f"{p} is not an MoE model config: none of {', '.join(keys)} is set")
 
     experts = first("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
     hidden = first("hidden_size")
     inter = first("moe_intermediate_size", "intermediate_size")
-    top_k = first("num_experts_per_tok", "moe_top_k", "top_k")
+    top_k = first("num_experts_per_tok", "moe_top_k", "top_k", "moe_k", "moe_topk")
     return experts, hidden, inter, top_k
 
 
