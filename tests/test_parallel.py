@@ -83,7 +83,9 @@ def test_shard_of_a_shard_and_no_process_group():
 # --------------------------------------------------------------------------------------------------
 # Real ranks: one process each (torch.multiprocessing), a TCP rendezvous on localhost
 # --------------------------------------------------------------------------------------------------
-ARCHS = ("mixtral", "gpt_oss", "deepseek_v2")  # plain; biases + clamped SwiGLU; shared experts + grouped routing
+# plain; biases + clamped SwiGLU; shared experts + grouped routing; experts tensors renamed from the checkpoint's
+# (Granite); a vision-language model's text model
+ARCHS = ("mixtral", "gpt_oss", "deepseek_v2", "granitemoe", "qwen3_vl_moe")
 
 
 def _free_port() -> int:
