@@ -14,12 +14,13 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 transformers = pytest.importorskip("transformers")
-from models import ARCH_NAMES, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
-from experts_int8 import ExpertsInt8Config
-from experts_int8.cli import main
-from experts_int8.convert import STREAMING_UNSUPPORTED
+from experts_int8 import ExpertsInt8Config  # noqa: E402
+from experts_int8.cli import main  # noqa: E402
+from experts_int8.convert import STREAMING_UNSUPPORTED  # noqa: E402
+
+from models import ARCH_NAMES, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
 
 COMMANDS = ("demo", "quantize", "generate", "eval", "bench", "tune", "bench-e2e")
 
