@@ -21,7 +21,8 @@ How it plugs in (transformers' own mechanisms, no per-model patches):
     reserves the int8 size, not the checkpoint's bf16 size.
   * Saving writes the fused int8 tensors and their scales under the in-memory names
     (``...experts.gate_up_proj``, ``...experts.gate_up_proj_scale``, ...), so reloading is a plain
-    key match that needs no conversion and no re-quantization.
+    key match that needs no conversion and no re-quantization: the experts' converters (merges,
+    transposes, renames of whole tensors) are dropped on save and on an int8 load alike.
   * ``experts_implementation="experts_int8"`` is also registered in transformers' ``ExpertsInterface``:
     it runs any (float) experts module through our fused kernel.
 
