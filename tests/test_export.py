@@ -25,6 +25,7 @@ from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
 from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig  # noqa: E402
 
+from experts_int8.evaluate import routing_quality  # noqa: E402
 from experts_int8.integrations.transformers import find_experts  # noqa: E402  (registers experts_int8)
 from experts_int8.cli import main  # noqa: E402
 from experts_int8.convert import (  # noqa: E402
@@ -187,11 +188,16 @@ def test_transformers_loads_the_export(converted, arch, layout):
         assert torch.equal(w, dequantize_weights(nat[key], nat[key + "_scale"], w.dtype)), key
 
     ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    # Same weights, different rounding order (the int8 kernel applies the fp32 scale after the dot), and
+    # the same routing: free-running, that rounding can flip a tiny random router's near-tie (LFM2's).
+    quality = routing_quality(ct_model, int8_model, ids)
+    assert quality["logits_snr_db_reference_routing"] >= 35, quality
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 35, quality
     with torch.no_grad():
         a, b, c = (m(ids).logits.float() for m in (ct_model, int8_model, bf16_model))
-    # Same weights, different rounding order (int8 kernel applies the fp32 scale after the dot).
-    assert snr_db(a, b) >= 35
-    assert abs(snr_db(a, c) - snr_db(b, c)) < 3
+    if not any(quality["tokens_with_changed_topk_per_layer"]):
+        assert snr_db(a, b) >= 35
+        assert abs(snr_db(a, c) - snr_db(b, c)) < 3
 
 
 def test_scales_cast_to_the_model_dtype_lose_little(converted):

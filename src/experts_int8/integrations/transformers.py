@@ -107,8 +107,10 @@ def _deepseek_v3(c) -> dict:  # also GLM-4.5 and dots.llm1: sigmoid scores, bias
             "routed_scaling_factor": float(c.routed_scaling_factor)}
 
 
-def _sigmoid_topk(c) -> dict:
-    return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": True}
+def _sigmoid_topk(c) -> dict:  # MiniMax-M2; LFM2 (with its norm_topk_prob and scaling factor)
+    return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid",
+            "renormalize": bool(getattr(c, "norm_topk_prob", True)),
+            "routed_scaling_factor": float(getattr(c, "routed_scaling_factor", 1.0))}
 
 
 _ALWAYS = _softmax_topk(lambda c: True)
@@ -127,7 +129,10 @@ ARCHITECTURES: dict[str, Arch] = {
     "glm4_moe_lite": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "glm4v_moe_text": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "dots1": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "exaone_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "minimax": Arch("gate", _ALWAYS),
     "minimax_m2": Arch("gate", _sigmoid_topk, correction_bias="e_score_correction_bias"),
+    "lfm2_moe": Arch("gate", _sigmoid_topk, correction_bias="expert_bias"),  # (when use_expert_bias)
     # softmax scores, a biased choice (its "moe_statics"), renormalized
     "ernie4_5_moe": Arch("gate", _ALWAYS, correction_bias="gate.moe_statics.e_score_correction_bias"),
     "hunyuan_v1_moe": Arch("gate", _ALWAYS),
@@ -181,7 +186,9 @@ def routing_options(model: nn.Module, moe_block: Optional[nn.Module] = None) -> 
     if isinstance(top_k, int):  # per-layer top-k (Hunyuan's moe_topk may be a list)
         opts["top_k"] = top_k
     if arch.correction_bias is not None:
-        opts["correction_bias"] = functools.reduce(getattr, arch.correction_bias.split("."), moe_block).reshape(-1)
+        bias = functools.reduce(lambda obj, name: getattr(obj, name, None), arch.correction_bias.split("."), moe_block)
+        if bias is not None:  # None: switched off in this model (LFM2's use_expert_bias=False)
+            opts["correction_bias"] = bias.reshape(-1)
     return opts
 
 
