@@ -27,6 +27,7 @@ from experts_int8.integrations.transformers import (  # noqa: E402
     _arch,
     find_experts,
     routing_options,
+    to_fused_layout,
     verify_int8_model,
 )
 from experts_int8.quant import quantize_weights  # noqa: E402
@@ -258,11 +259,11 @@ def test_fused_float_checkpoint_gives_same_int8(tmp_path, int8_models):
         assert torch.equal(a.down_proj_scale.cpu(), b.down_proj_scale.cpu())
 
 
-def test_quantize_in_memory_matches_loading_and_frees(checkpoints, int8_models):
-    arch = "mixtral"
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_quantize_in_memory_matches_loading_and_frees(arch, checkpoints, int8_models):
     model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16, **ON_DEVICE)
     old = [m for _, m in find_experts(model)]
-    w13 = old[0].gate_up_proj.detach().clone()
+    w13 = to_fused_layout(_arch(model).layout, "gate_up_proj", old[0].gate_up_proj.detach().clone())
     quantize_(model)
     assert all(len(list(m.parameters())) == 0 for m in old)  # the bf16 tensors were released
     loaded = int8_models(arch)
