@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -254,7 +255,6 @@ def test_eval_compares_float_and_int8(demo_run, tmp_path):
 
 def test_generate_and_eval_a_vision_language_checkpoint(demo_run, tmp_path):
     """Qwen3-VL has no causal-LM class: generate and eval load it as image-text-to-text, text prompts only."""
-    import shutil
 
     _, keep = demo_run
     config = tiny_config("qwen3_vl_moe")
@@ -282,15 +282,38 @@ def test_eval_bad_input_one_line(demo_run, tmp_path):
     assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--dense-as-experts"), "no dense gated MLP")
 
 
-@pytest.mark.parametrize("arch,name", [("gpt_oss", "GPT-OSS"), ("granitemoe", "Granite MoE"),
-                                       ("granitemoehybrid", "Granite MoE")])
-def test_quantize_refuses_what_it_cannot_read_with_the_way_that_works(bf16_checkpoint, tmp_path, arch, name):
+@pytest.mark.parametrize("arch, damage, message", [
+    ("gpt_oss", "drop", "experts.down_proj_bias is missing"),
+    ("mixtral", "add", "expert biases are supported for GPT-OSS only"),
+])
+def test_quantize_checks_expert_biases(bf16_checkpoint, tmp_path, arch, damage, message):
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint(arch) if arch == "gpt_oss" else _fused_checkpoint(tmp_path, arch), src)
+    (path,) = glob.glob(str(src / "*.safetensors"))
+    state = load_file(path)
+    if damage == "drop":
+        del state[next(k for k in state if k.endswith("layers.1.mlp.experts.down_proj_bias"))]
+    else:
+        key = next(k for k in state if k.endswith("experts.down_proj"))
+        state[key + "_bias"] = torch.zeros(state[key].shape[:2], dtype=state[key].dtype)
+    save_file(state, path, metadata={"format": "pt"})
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), message)
+    assert not (tmp_path / "o").exists()
+
+
+def test_quantize_refuses_to_export_gpt_oss_to_compressed_tensors(bf16_checkpoint, tmp_path):
+    result = invoke("quantize", bf16_checkpoint("gpt_oss"), tmp_path / "o", "--format", "compressed-tensors",
+                    "--no-progress")
+    assert_one_line_error(result, "GPT-OSS", "biases", "--format native")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("arch", ["granitemoe", "granitemoehybrid"])
+def test_quantize_refuses_what_it_cannot_read_with_the_way_that_works(bf16_checkpoint, tmp_path, arch):
     src = bf16_checkpoint(arch)
-    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), name, "ExpertsInt8Config")
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), "Granite MoE", "ExpertsInt8Config")
     assert not (tmp_path / "o").exists()
     # ...and the way it names works: quantize while loading, save, reload
-    from experts_int8 import ExpertsInt8Config
-
     model = AutoModelForCausalLM.from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
     model.save_pretrained(tmp_path / "int8")
     from experts_int8.integrations.transformers import verify_int8_model

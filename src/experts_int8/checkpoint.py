@@ -1,9 +1,11 @@
-"""Safetensors helpers: read tensor headers without loading data, and validate int8 experts checkpoints."""
+"""Safetensors helpers: read tensor headers without loading data, validate int8 experts checkpoints, and
+turn a checkpoint's experts tensors into the kernel's layout."""
 
 from __future__ import annotations
 
 from typing import Iterable, Optional
 
+import torch
 from safetensors import safe_open
 
 SAFETENSORS_DTYPES = {"int8": "I8", "float32": "F32"}
@@ -64,4 +66,19 @@ def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[in
         raise ValueError("int8 experts checkpoint is incomplete or inconsistent:\n  " + "\n  ".join(problems))
 
 
-__all__ = ["CheckpointKeys", "check_int8_checkpoint", "read_headers"]
+def to_fused_layout(layout: str, tensor: str, w: torch.Tensor) -> torch.Tensor:
+    """One experts tensor (``[E, ...]``, or a single expert's ``[...]``) from ``layout`` to ours:
+    ``gate_up_proj [.., 2I, H]`` gate rows then up rows, ``down_proj [.., H, I]``, biases ``[.., 2I]``
+    (gate then up) and ``[.., H]``."""
+    if layout == "fused" or tensor == "down_proj_bias":
+        return w
+    if tensor == "gate_up_proj":  # [.., H, 2I] interleaved columns -> [.., 2I, H]
+        return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1).transpose(-1, -2)
+    if tensor == "gate_up_proj_bias":
+        return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1)
+    if tensor == "down_proj":  # [.., I, H] -> [.., H, I]
+        return w.transpose(-1, -2)
+    raise ValueError(f"unknown experts tensor {tensor!r}")
+
+
+__all__ = ["CheckpointKeys", "check_int8_checkpoint", "read_headers", "to_fused_layout"]

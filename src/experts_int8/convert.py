@@ -15,7 +15,9 @@ The result is the same on-disk format that ``save_pretrained`` writes for a mode
 
 Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (Mixtral) or
 ``<prefix>.experts.{e}.{gate_proj|up_proj|down_proj}.weight``, and already fused float
-``<prefix>.experts.gate_up_proj`` ``[E, 2I, H]`` / ``<prefix>.experts.down_proj`` ``[E, H, I]``.
+``<prefix>.experts.gate_up_proj`` ``[E, 2I, H]`` / ``<prefix>.experts.down_proj`` ``[E, H, I]`` (GPT-OSS:
+``[E, H, 2I]`` with interleaved gate/up columns and ``[E, I, H]``, plus ``..._bias`` tensors, rewritten to
+that layout, the biases in fp32, as loading with ``ExpertsInt8Config`` does).
 
 ``format="compressed-tensors"`` (:func:`export_compressed_tensors`) writes the same int8 values and
 scales in the compressed-tensors "pack-quantized" W8A16 layout that vLLM loads, one Linear per
@@ -55,6 +57,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .checkpoint import to_fused_layout
 from .quant import dequantize_weights, quantize_weights
 
 QUANT_CONFIG = {"quant_method": "experts_int8", "bits": 8, "scheme": "symmetric_per_row",
@@ -68,7 +71,7 @@ DEFAULT_EXPORT_NAMES = ("gate_proj", "up_proj", "down_proj")
 ROLES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
 PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)"
                         r"\.weight$")
-FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>gate_up_proj|down_proj)$")
+FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>(gate_up_proj|down_proj)(_bias)?)$")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 
 
@@ -78,7 +81,8 @@ class ExpertsGroup:
 
     prefix: str                                                   # e.g. model.layers.3.block_sparse_moe.experts
     per_expert: dict = field(default_factory=dict)                # (role, e) -> source key
-    fused: dict = field(default_factory=dict)                     # "gate_up_proj" | "down_proj" -> source key
+    fused: dict = field(default_factory=dict)                     # "gate_up_proj" | "down_proj" (| "..._bias") -> key
+    layout: str = "fused"                                         # of the fused tensors: checkpoint.to_fused_layout
 
     def source_keys(self) -> list[str]:
         return list(self.per_expert.values()) + list(self.fused.values())
@@ -139,18 +143,18 @@ def _text_config(config: dict) -> dict:
     return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
 
 
-def plan_groups(keys) -> dict[str, ExpertsGroup]:
-    """Group the routed-experts keys of a checkpoint by block prefix."""
+def plan_groups(keys, layout: str = "fused") -> dict[str, ExpertsGroup]:
+    """Group the routed-experts keys of a checkpoint by block prefix (``layout``: its fused tensors')."""
     groups: dict[str, ExpertsGroup] = {}
     for key in keys:
         m = PER_EXPERT.match(key)
         if m:
-            g = groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"]))
+            g = groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"], layout=layout))
             g.per_expert[(ROLES[m["proj"]], int(m["e"]))] = key
             continue
         m = FUSED.match(key)
         if m:
-            groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"])).fused[m["proj"]] = key
+            groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"], layout=layout)).fused[m["proj"]] = key
     return groups
 
 
@@ -159,21 +163,32 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
     if g.per_expert and g.fused:
         raise ValueError(f"{g.prefix}: the checkpoint has both per-expert and fused keys for the same experts")
     if g.fused:
+        biased = g.layout == "gpt_oss"  # the only experts with biases (and the kernel takes them only so)
         missing = {"gate_up_proj", "down_proj"} - set(g.fused)
+        if biased:
+            missing |= {"gate_up_proj_bias", "down_proj_bias"} - set(g.fused)
+        elif set(g.fused) - {"gate_up_proj", "down_proj"}:
+            raise ValueError(f"{g.prefix}: expert biases are supported for GPT-OSS only")
         if missing:
-            raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{missing.pop()} is missing")
-        (d13, s13), (d2, s2) = headers[g.fused["gate_up_proj"]], headers[g.fused["down_proj"]]
-        for key, dtype in ((g.fused["gate_up_proj"], d13), (g.fused["down_proj"], d2)):
-            if dtype not in ("F32", "F16", "BF16", "F64"):
-                raise ValueError(f"{key} is {dtype}, not a float tensor (is this checkpoint already quantized?)")
+            raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{sorted(missing)[0]} is missing")
+        for key in g.fused.values():
+            if headers[key][0] not in ("F32", "F16", "BF16", "F64"):
+                raise ValueError(f"{key} is {headers[key][0]}, not a float tensor (is this checkpoint already "
+                                 f"quantized?)")
+        s13, s2 = headers[g.fused["gate_up_proj"]][1], headers[g.fused["down_proj"]][1]
         if len(s13) != 3 or len(s2) != 3:
             raise ValueError(f"{g.prefix}: expected fused experts tensors of 3 dims, got {list(s13)} and {list(s2)}")
-        e, h, i = s2
-        if tuple(s13) != (e, 2 * i, h) or (hidden is not None and h != hidden):
+        fused = {t: tuple(to_fused_layout(g.layout, t, torch.empty(headers[k][1], device="meta")).shape)
+                 for t, k in g.fused.items()}
+        e, h, i = fused["down_proj"]
+        if fused["gate_up_proj"] != (e, 2 * i, h) or (hidden is not None and h != hidden):
             raise ValueError(f"{g.prefix}: experts layout not supported: gate_up_proj {list(s13)}, down_proj "
                              f"{list(s2)}; expected gate_up_proj [E, 2I, H] and down_proj [E, H, I]"
                              + (f" with H = hidden_size = {hidden}" if hidden is not None else "")
                              + f" (where transformers converts the layout: {_LOAD_AND_SAVE})")
+        if biased and (fused["gate_up_proj_bias"], fused["down_proj_bias"]) != ((e, 2 * i), (e, h)):
+            raise ValueError(f"{g.prefix}: expert biases of shapes {list(headers[g.fused['gate_up_proj_bias']][1])} "
+                             f"and {list(headers[g.fused['down_proj_bias']][1])} do not match the experts")
         return e, h, i
     experts = sorted({e for _, e in g.per_expert})
     n = len(experts)
@@ -286,9 +301,10 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                     raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
                 s = handles[f].get_slice(key)
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
-        if _model_type(config) in STREAMING_UNSUPPORTED:
-            raise ValueError(STREAMING_UNSUPPORTED[_model_type(config)])
-        groups = plan_groups(headers)
+        unsupported = {**STREAMING_UNSUPPORTED, **(EXPORT_UNSUPPORTED if format == "compressed-tensors" else {})}
+        if _model_type(config) in unsupported:
+            raise ValueError(unsupported[_model_type(config)])
+        groups = plan_groups(headers, _layout(config))
         if not groups:
             raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                              f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
@@ -357,12 +373,23 @@ _LOAD_AND_SAVE = ("load the model with quantization_config=ExpertsInt8Config() (
                   "save_pretrained it instead")
 _GRANITE = ("Granite MoE checkpoints name each layer's experts block_sparse_moe.input_linear / output_linear, "
             "which the streaming converter does not read yet; " + _LOAD_AND_SAVE)
-STREAMING_UNSUPPORTED = {
-    "gpt_oss": "GPT-OSS checkpoints keep experts as [E, H, 2I] with interleaved gate/up columns and biases, "
-               "which the streaming converter does not rewrite yet; " + _LOAD_AND_SAVE,
-    "granitemoe": _GRANITE,
-    "granitemoehybrid": _GRANITE,
+STREAMING_UNSUPPORTED = {"granitemoe": _GRANITE, "granitemoehybrid": _GRANITE}
+# ... and those the compressed-tensors export (one bias-free Linear per expert projection) cannot express.
+EXPORT_UNSUPPORTED = {
+    "gpt_oss": "GPT-OSS's experts have biases and a clamped SwiGLU, which the compressed-tensors export (one "
+               "Linear per expert projection) does not carry; write the native int8 format instead (--format "
+               "native)",
 }
+
+
+def _layout(config: dict) -> str:
+    """The fused experts tensors' layout of this architecture (``checkpoint.to_fused_layout``)."""
+    try:
+        from .integrations.transformers import ARCHITECTURES
+    except ImportError:  # no transformers: the plain layout (others fail _check_group's shape check)
+        return "fused"
+    arch = ARCHITECTURES.get(_model_type(config))
+    return arch.layout if arch is not None else "fused"
 
 
 def _model_type(config: dict) -> Optional[str]:
@@ -400,11 +427,14 @@ def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
         s_out.copy_(s.cpu())
 
     if g.fused:
-        w13, w2 = get(g.fused["gate_up_proj"]), get(g.fused["down_proj"])
+        w13, w2 = (to_fused_layout(g.layout, t, get(g.fused[t])) for t in ("gate_up_proj", "down_proj"))
         for x in range(e):
             one(w13[x], f"{g.fused['gate_up_proj']}[expert {x}]", q13[x], s13[x], stats["gate_up_proj"])
             one(w2[x], f"{g.fused['down_proj']}[expert {x}]", q2[x], s2[x], stats["down_proj"])
         del w13, w2
+        for t in ("gate_up_proj_bias", "down_proj_bias"):  # GPT-OSS: in the kernel's layout, fp32
+            if t in g.fused:
+                yield f"{g.prefix}.{t}", to_fused_layout(g.layout, t, get(g.fused[t])).float().contiguous()
     else:
         for x in range(e):
             gate, up = get(g.per_expert[("gate", x)]), get(g.per_expert[("up", x)])

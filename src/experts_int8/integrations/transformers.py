@@ -56,7 +56,7 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..checkpoint import check_int8_checkpoint, read_headers
+from ..checkpoint import check_int8_checkpoint, read_headers, to_fused_layout
 from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
 from ..parallel import PendingShard, fill_pending_shards, loading_split
 from ..quant import quantize_rows
@@ -143,21 +143,6 @@ ARCHITECTURES: dict[str, Arch] = {
     "phimoe": Arch("router", None),  # sparsemixer: each pick's weight is a softmax over its own mask
     "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
 }
-
-
-def to_fused_layout(layout: str, tensor: str, w: torch.Tensor) -> torch.Tensor:
-    """One experts tensor (``[E, ...]``, or a single expert's ``[...]``) from ``layout`` to ours:
-    ``gate_up_proj [.., 2I, H]`` gate rows then up rows, ``down_proj [.., H, I]``, biases ``[.., 2I]``
-    (gate then up) and ``[.., H]``."""
-    if layout == "fused" or tensor == "down_proj_bias":
-        return w
-    if tensor == "gate_up_proj":  # [.., H, 2I] interleaved columns -> [.., 2I, H]
-        return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1).transpose(-1, -2)
-    if tensor == "gate_up_proj_bias":
-        return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1)
-    if tensor == "down_proj":  # [.., I, H] -> [.., H, I]
-        return w.transpose(-1, -2)
-    raise ValueError(f"unknown experts tensor {tensor!r}")
 
 
 def _layout_of(model: nn.Module) -> str:
