@@ -92,3 +92,21 @@ def test_bad_logits():
         select_experts(torch.randn(8), 2)
     with pytest.raises(TypeError, match="floating"):
         select_experts(torch.ones(2, 8, dtype=torch.long), 2)
+
+
+@pytest.mark.parametrize("jitter_eps", [0.01, 0.05])
+def test_sparsemixer_matches_phimoe(jitter_eps):
+    """PhiMoE's own sparsemixer (inference) against ours, with logits close enough that the masks vary."""
+    phimoe = pytest.importorskip("transformers.models.phimoe.modeling_phimoe")
+    from experts_int8.routing import sparsemixer
+
+    logits = torch.randn(64, 16, generator=torch.Generator().manual_seed(0)) * 0.3 + 2.0
+    want_w, want_ids = phimoe.sparsemixer(logits, jitter_eps=jitter_eps, training=False, top_k=2)
+    w, ids = select_experts(logits, 2, renormalize=False, custom_routing_function=sparsemixer(jitter_eps))
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(w, want_w.float())
+    best = logits.max(dim=-1, keepdim=True).values
+    near = ((best - logits) / logits.abs().clamp(min=best) <= 2 * jitter_eps).sum(dim=-1)
+    assert (near > 1).any() and (near < logits.shape[1]).all()  # the mask keeps more than one, never all
+    with pytest.raises(ValueError, match="picks 2 experts"):
+        select_experts(logits, 3, custom_routing_function=sparsemixer(jitter_eps))

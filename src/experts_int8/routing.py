@@ -5,7 +5,8 @@ Covers the variants of the MoE families in use:
   * optional renormalisation of the k chosen weights;
   * grouped top-k (DeepSeek-V2/V3): keep the ``topk_group`` best of ``num_expert_group`` groups;
   * a score-correction bias that only steers *selection*; weights come from unbiased scores (DeepSeek-V3);
-  * a routed scaling factor multiplied into the final weights.
+  * a routed scaling factor multiplied into the final weights;
+  * PhiMoE's sparsemixer (:func:`sparsemixer`, a ``custom_routing_function``).
 Everything stays on the device with no host synchronisation.
 """
 
@@ -88,3 +89,27 @@ def select_experts(
     if routed_scaling_factor != 1.0:
         topk_weights = topk_weights * routed_scaling_factor
     return topk_weights, topk_ids.to(torch.int32)
+
+
+def sparsemixer(jitter_eps: float) -> Callable:
+    """PhiMoE's routing at inference, as a ``custom_routing_function`` for :func:`select_experts`.
+
+    Two picks in turn: the best remaining expert, weighted by a softmax over the remaining experts whose
+    logits lie within a relative ``2 * jitter_eps`` of its own (the rest masked out); then that expert
+    leaves the pool. No renormalization.
+    """
+    def route(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        if top_k != 2:
+            raise ValueError(f"sparsemixer picks 2 experts, got top_k={top_k}")
+        scores = router_logits.float()
+        remaining, weights, ids = scores, [], []
+        for _ in range(top_k):
+            best, pick = remaining.max(dim=-1, keepdim=True)
+            far = (best - scores) / scores.abs().clamp(min=best) > 2 * jitter_eps
+            weights.append(remaining.masked_fill(far, float("-inf")).softmax(dim=-1).gather(-1, pick))
+            ids.append(pick)
+            remaining = remaining.scatter(-1, pick, float("-inf"))
+        return torch.cat(weights, dim=-1), torch.cat(ids, dim=-1)
+
+    return route
+

@@ -61,6 +61,7 @@ from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
 from ..parallel import PendingShard, fill_pending_shards, loading_split
 from ..quant import quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ..routing import sparsemixer
 
 QUANT_METHOD = "experts_int8"
 logger = hf_logging.get_logger(__name__)
@@ -74,9 +75,9 @@ class Arch:
     """How one architecture routes tokens, in :func:`experts_int8.select_experts` terms.
 
     ``router``: attribute of the MoE block (the experts module's parent) that holds the router.
-    ``routing(config)``: select_experts keyword options for the (text) config; None where select_experts
-    has no equivalent (the model's own router always picks the experts; this is for kernel calls outside
-    transformers and for the tests that check it against the router).
+    ``routing(config)``: select_experts keyword options for the (text) config. (The model's own router
+    picks the experts; these are for kernel calls outside transformers, and the tests check them against
+    the router.)
     ``correction_bias``: dotted path, from the MoE block, of the selection-only score bias, if any.
     ``layout``: "fused" (transformers 5 experts: ``gate_up_proj [E, 2I, H]`` gate then up,
     ``down_proj [E, H, I]``) or "gpt_oss" (``gate_up_proj [E, H, 2I]`` with gate and up columns
@@ -84,7 +85,7 @@ class Arch:
     """
 
     router: str
-    routing: Optional[Callable[[Any], dict]]
+    routing: Callable[[Any], dict]
     correction_bias: Optional[str] = None
     layout: str = "fused"
 
@@ -140,7 +141,8 @@ ARCHITECTURES: dict[str, Arch] = {
     # softmax over the top-k logits == softmax over all, renormalized over the top k
     "granitemoe": Arch("router", _ALWAYS),
     "granitemoehybrid": Arch("router", _ALWAYS),
-    "phimoe": Arch("router", None),  # sparsemixer: each pick's weight is a softmax over its own mask
+    "phimoe": Arch("router", lambda c: {"top_k": c.num_experts_per_tok, "renormalize": False,
+                                        "custom_routing_function": sparsemixer(c.router_jitter_noise)}),
     "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
 }
 
@@ -160,9 +162,6 @@ def _model_type(model: nn.Module) -> str:
 def routing_options(model: nn.Module, moe_block: Optional[nn.Module] = None) -> dict:
     """select_experts options of ``model``'s architecture (+ the correction bias of ``moe_block``)."""
     arch = _arch(model)
-    if arch.routing is None:
-        raise ValueError(f"{_model_type(model)}'s routing has no select_experts equivalent; its own router "
-                         f"picks the experts (pass custom_routing_function to select_experts to reproduce it)")
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     opts = arch.routing(config)
     if moe_block is None:
