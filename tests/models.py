@@ -107,6 +107,7 @@ _VISION_LANGUAGE = {
 
 
 ARCH_NAMES = tuple(_CONFIGS)
+SELECTION_BIASES = ("e_score_correction_bias", "expert_bias")  # (LFM2's is expert_bias)
 VISION_LANGUAGE_NAMES = tuple(_VISION_LANGUAGE)
 
 
@@ -140,10 +141,10 @@ def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
     model = auto_class(arch).from_config(config, dtype=dtype)
     with torch.no_grad():
         for name, b in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):  # make the selection-only bias matter
+            if name.endswith(SELECTION_BIASES):  # make the selection-only bias matter
                 b.copy_(torch.randn_like(b) * 0.05)
         for name, p in model.named_parameters():
-            if name.endswith("e_score_correction_bias"):  # (a parameter in some architectures)
+            if name.endswith(SELECTION_BIASES):  # (a parameter in some architectures)
                 p.copy_(torch.randn_like(p) * 0.05)
             elif name.endswith("_proj_bias") and ".experts." in name:  # GPT-OSS expert biases
                 p.copy_(torch.randn_like(p) * 0.1)
