@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
@@ -298,6 +299,16 @@ def test_quantize_checks_expert_biases(bf16_checkpoint, tmp_path, arch, damage, 
         state[key + "_bias"] = torch.zeros(state[key].shape[:2], dtype=state[key].dtype)
     save_file(state, path, metadata={"format": "pt"})
     assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), message)
+    assert not (tmp_path / "o").exists()
+
+
+def test_quantize_refuses_an_architecture_outside_the_table_with_the_way_that_works(bf16_checkpoint, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "flex_olmo"}))
+    result = invoke("quantize", src, tmp_path / "o", "--no-progress")
+    assert_one_line_error(result, "'flex_olmo' is not one of experts_int8's tested architectures", "ExpertsInt8Config")
     assert not (tmp_path / "o").exists()
 
 

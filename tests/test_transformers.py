@@ -341,16 +341,44 @@ def test_model_without_moe_warns_when_allowed(caplog):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def test_unsupported_architecture_lists_supported():
+def _flex_olmo(dtype=torch.float32):
+    """An MoE whose model_type is not in the table, with transformers' standard experts modules."""
     from transformers import FlexOlmoConfig
 
-    cfg = FlexOlmoConfig(**COMMON, intermediate_size=32, num_hidden_layers=1, num_experts=4, num_experts_per_tok=2)
-    model = AutoModelForCausalLM.from_config(cfg)
-    assert find_experts(model)  # it is an MoE, just not in our table
-    with pytest.raises(ValueError, match="flex_olmo") as err:
+    torch.manual_seed(0)
+    cfg = FlexOlmoConfig(**COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2)
+    return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
+
+
+def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_a_warning(caplog):
+    model = _flex_olmo()
+    int8_model = _flex_olmo()
+    with caplog.at_level(logging.WARNING):
+        quantize_(int8_model)
+    assert "model_type 'flex_olmo' is not one of the tested architectures" in caplog.text
+    assert verify_int8_model(int8_model) == 2
+    quality = routing_quality(model, int8_model, _inputs().cpu())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+    with pytest.raises(ValueError, match="no routing row for model_type 'flex_olmo'"):
+        routing_options(int8_model)
+
+
+@pytest.mark.parametrize("damage, match", [
+    ("undecorated", "is not a transformers standard experts module; supported: "),
+    ("own_gating", "computes its own gating"),
+])
+def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
+    model = _flex_olmo()
+    name, experts = find_experts(model)[-1]
+    if damage == "undecorated":  # no use_experts_implementation flags: a module of its own
+        del experts.is_concatenated
+    else:
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: gate_up})
+    with pytest.raises(ValueError, match=match) as err:
         quantize_(model)
-    for name in ARCH_NAMES:
-        assert name in str(err.value)
+    if damage == "undecorated":
+        assert all(arch in str(err.value) for arch in ARCH_NAMES)
+    assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # nothing half-converted
 
 
 def test_nan_in_checkpoint_names_the_tensor(tmp_path):

@@ -397,15 +397,16 @@ def _model_type(config: dict) -> Optional[str]:
 
 
 def _check_model_type(config: dict) -> None:
-    """Refuse model types the integration cannot reload (when transformers is installed)."""
+    """Refuse model types outside the tested table (when transformers is installed): the converter cannot see
+    whether their experts modules are transformers' standard ones; loading with ExpertsInt8Config can."""
     try:
         from .integrations.transformers import ARCHITECTURES
     except ImportError:  # no transformers: the converter itself does not need it
         return
     model_type = _model_type(config)
     if model_type not in ARCHITECTURES:
-        raise ValueError(f"model_type {model_type!r} is not supported by experts_int8 (supported: "
-                         f"{', '.join(sorted(ARCHITECTURES))})")
+        raise ValueError(f"model_type {model_type!r} is not one of experts_int8's tested architectures ("
+                         f"{', '.join(sorted(ARCHITECTURES))}), which the streaming converter reads; " + _LOAD_AND_SAVE)
 
 
 def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):

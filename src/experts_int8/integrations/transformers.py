@@ -45,7 +45,7 @@ from transformers.core_model_loading import (
     WeightConverter,
     WeightRenaming,
 )
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _default_apply_gate
 from transformers.quantizers.auto import (
     AUTO_QUANTIZATION_CONFIG_MAPPING,
     AUTO_QUANTIZER_MAPPING,
@@ -148,7 +148,9 @@ ARCHITECTURES: dict[str, Arch] = {
 
 
 def _layout_of(model: nn.Module) -> str:
-    return _arch(model).layout
+    """The architecture's experts layout; "fused" (transformers' standard) outside the table."""
+    arch = ARCHITECTURES.get(_model_type(model))
+    return arch.layout if arch is not None else "fused"
 
 
 def _model_type(model: nn.Module) -> str:
@@ -180,7 +182,7 @@ def _arch(model: nn.Module) -> Arch:
     model_type = _model_type(model)
     if model_type not in ARCHITECTURES:
         raise ValueError(
-            f"experts_int8 does not support model_type {model_type!r}; supported: {sorted(ARCHITECTURES)}. "
+            f"experts_int8 has no routing row for model_type {model_type!r} (tested: {sorted(ARCHITECTURES)}). "
             f"Adding one is a row in experts_int8.integrations.transformers.ARCHITECTURES."
         )
     return ARCHITECTURES[model_type]
@@ -263,6 +265,10 @@ def _check_layout(name: str, module: nn.Module, layout: str = "fused") -> None:
     if bad:
         raise ValueError(f"{name}: experts layout not supported by experts_int8 ({', '.join(bad)}); expected "
                          f"gate_up_proj [E, 2I, H] (gate then up) and down_proj [E, H, I] without bias")
+    gate = getattr(type(module), "_apply_gate", _default_apply_gate)
+    if gate is not _default_apply_gate:
+        raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate); the kernel computes "
+                         f"act(gate) * up")
 
 
 def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
@@ -275,13 +281,26 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
             logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
             return None
         raise ValueError(msg + ". Pass ExpertsInt8Config(allow_no_experts=True) to load it unchanged.")
-    layout = _layout_of(model)  # raises for unsupported architectures
+    model_type = _model_type(model)
+    if model_type not in ARCHITECTURES:
+        # transformers' standard experts modules (@use_experts_implementation) all compute the same thing,
+        # which its own grouped_mm path relies on: quantize those, with a warning; refuse anything else.
+        custom = [name for name, module in experts if not hasattr(module, "is_concatenated")]
+        if custom:
+            raise ValueError(f"experts_int8 does not support model_type {model_type!r}: {custom[0]} is not a "
+                             f"transformers standard experts module; supported: {sorted(ARCHITECTURES)}. Adding one "
+                             f"is a row in experts_int8.integrations.transformers.ARCHITECTURES.")
+    layout = _layout_of(model)
     todo = []
     for name, module in experts:
         if config.skips(name):
             continue
         _check_layout(name, module, layout)
         todo.append((name, module))
+    if model_type not in ARCHITECTURES:
+        logger.warning(f"experts_int8: model_type {model_type!r} is not one of the tested architectures; its experts "
+                       f"are transformers' standard ones, so they are quantized. Check the quality with "
+                       f"experts_int8.evaluate.routing_quality (float model, int8 model, input ids).")
     return todo
 
 
