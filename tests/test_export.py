@@ -31,7 +31,6 @@ from experts_int8.cli import main  # noqa: E402
 from experts_int8.convert import (  # noqa: E402
     PER_EXPERT,
     EXPORT_UNSUPPORTED,
-    STREAMING_UNSUPPORTED,
     export_compressed_tensors,
     pack_int8,
     quantize_checkpoint,
@@ -41,8 +40,7 @@ from experts_int8.quant import dequantize_weights  # noqa: E402
 from models import ARCH_NAMES, tiny_model  # noqa: E402
 
 SUFFIXES = ("weight_packed", "weight_scale", "weight_shape")
-CASES = [(a, "per-expert") for a in ARCH_NAMES if a not in {**STREAMING_UNSUPPORTED, **EXPORT_UNSUPPORTED}] + \
-    [("mixtral", "fused")]
+CASES = [(a, "per-expert") for a in ARCH_NAMES if a not in EXPORT_UNSUPPORTED] + [("mixtral", "fused")]
 
 
 def tensors(path) -> dict:

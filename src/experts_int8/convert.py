@@ -143,16 +143,21 @@ def _text_config(config: dict) -> dict:
     return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
 
 
-def plan_groups(keys, layout: str = "fused") -> dict[str, ExpertsGroup]:
-    """Group the routed-experts keys of a checkpoint by block prefix (``layout``: its fused tensors')."""
+def plan_groups(keys, layout: str = "fused", renames=()) -> dict[str, ExpertsGroup]:
+    """Group the routed-experts keys of a checkpoint by block prefix (``layout``: its fused tensors';
+    ``renames``: ``(pattern, name)`` pairs that give a whole experts tensor its fused name, see
+    :func:`_experts_renames`)."""
     groups: dict[str, ExpertsGroup] = {}
     for key in keys:
+        name = key
+        for pattern, target in renames:
+            name = pattern.sub(target, name)
         m = PER_EXPERT.match(key)
         if m:
             g = groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"], layout=layout))
             g.per_expert[(ROLES[m["proj"]], int(m["e"]))] = key
             continue
-        m = FUSED.match(key)
+        m = FUSED.match(name)
         if m:
             groups.setdefault(m["prefix"], ExpertsGroup(m["prefix"], layout=layout)).fused[m["proj"]] = key
     return groups
@@ -301,10 +306,9 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                     raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
                 s = handles[f].get_slice(key)
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
-        unsupported = {**STREAMING_UNSUPPORTED, **(EXPORT_UNSUPPORTED if format == "compressed-tensors" else {})}
-        if _model_type(config) in unsupported:
-            raise ValueError(unsupported[_model_type(config)])
-        groups = plan_groups(headers, _layout(config))
+        if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
+            raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
+        groups = plan_groups(headers, _layout(config), _experts_renames(config))
         if not groups:
             raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                              f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
@@ -368,18 +372,38 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                             len(headers), snr)
 
 
-# Architectures the integration loads but this tensor-by-tensor converter does not convert (yet).
 _LOAD_AND_SAVE = ("load the model with quantization_config=ExpertsInt8Config() (quantized while loading) and "
                   "save_pretrained it instead")
-_GRANITE = ("Granite MoE checkpoints name each layer's experts block_sparse_moe.input_linear / output_linear, "
-            "which the streaming converter does not read yet; " + _LOAD_AND_SAVE)
-STREAMING_UNSUPPORTED = {"granitemoe": _GRANITE, "granitemoehybrid": _GRANITE}
-# ... and those the compressed-tensors export (one bias-free Linear per expert projection) cannot express.
+# Architectures the compressed-tensors export (one bias-free Linear per expert projection, under the
+# checkpoint's per-expert names) cannot express.
+_GRANITE = ("Granite MoE checkpoints keep each layer's experts as one block_sparse_moe.input_linear / output_linear "
+            "tensor, which the compressed-tensors export (one Linear per expert projection) does not write; write "
+            "the native int8 format instead (--format native)")
 EXPORT_UNSUPPORTED = {
     "gpt_oss": "GPT-OSS's experts have biases and a clamped SwiGLU, which the compressed-tensors export (one "
                "Linear per expert projection) does not carry; write the native int8 format instead (--format "
                "native)",
+    "granitemoe": _GRANITE,
+    "granitemoehybrid": _GRANITE,
 }
+
+
+def _experts_renames(config: dict) -> list:
+    """transformers' renames of whole experts tensors for this architecture, e.g. Granite's
+    ``block_sparse_moe.input_linear.weight`` -> ``block_sparse_moe.experts.gate_up_proj`` (none without
+    transformers)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+    except ImportError:
+        return []
+    renames = []
+    for conversion in get_checkpoint_conversion_mapping(_model_type(config)) or []:
+        if isinstance(conversion, WeightRenaming):
+            for source, target in zip(conversion.source_patterns, conversion.target_patterns):
+                if FUSED.match("model." + target):  # a whole experts tensor, not a module's rename
+                    renames.append((re.compile(source), target))
+    return renames
 
 
 def _layout(config: dict) -> str:
