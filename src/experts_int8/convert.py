@@ -17,7 +17,9 @@ Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (M
 ``<prefix>.experts.{e}.{gate_proj|up_proj|down_proj}.weight``, and already fused float
 ``<prefix>.experts.gate_up_proj`` ``[E, 2I, H]`` / ``<prefix>.experts.down_proj`` ``[E, H, I]`` (GPT-OSS:
 ``[E, H, 2I]`` with interleaved gate/up columns and ``[E, I, H]``, plus ``..._bias`` tensors, rewritten to
-that layout, the biases in fp32, as loading with ``ExpertsInt8Config`` does).
+that layout, the biases in fp32, as loading with ``ExpertsInt8Config`` does). A whole experts tensor that
+transformers renames for the architecture (Granite's ``block_sparse_moe.input_linear.weight``) reads as the
+fused tensor it becomes.
 
 ``format="compressed-tensors"`` (:func:`export_compressed_tensors`) writes the same int8 values and
 scales in the compressed-tensors "pack-quantized" W8A16 layout that vLLM loads, one Linear per
