@@ -109,7 +109,7 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     experts = first("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
     hidden = first("hidden_size")
     inter = first("moe_intermediate_size", "intermediate_size")
-    top_k = first("num_experts_per_tok", "moe_top_k", "top_k", "moe_k", "moe_topk")
+    top_k = first("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "moe_k", "moe_topk")
     return experts, hidden, inter, top_k
 
 

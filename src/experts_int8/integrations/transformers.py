@@ -131,6 +131,7 @@ ARCHITECTURES: dict[str, Arch] = {
     "glm4v_moe_text": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "dots1": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "exaone_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "kimi_linear": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "minimax": Arch("gate", _ALWAYS),
     "minimax_m2": Arch("gate", _sigmoid_topk, correction_bias="e_score_correction_bias"),
     "lfm2_moe": Arch("gate", _sigmoid_topk, correction_bias="expert_bias"),  # (when use_expert_bias)
