@@ -1,5 +1,7 @@
 """End-to-end benchmark plumbing on a tiny random Mixtral (CPU): three columns, same generated tokens."""
 
+import json
+
 import pytest
 import torch
 
@@ -110,3 +112,22 @@ def test_bench_e2e_compile_mode_is_validated_and_recorded(tmp_path):
     result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(1,), prompt_len=4, new_tokens=2, reps=1,
                            overrides=TINY, columns=("ours-bf16",), compile_mode="max-autotune", decode="loop")
     assert result["compile_mode"] == "max-autotune" and len(result["rows"]) == 1
+
+
+def test_any_models_config_json_runs_through_the_cli(tmp_path):
+    """--config takes a model's config.json (or its folder): that architecture with random weights."""
+    from click.testing import CliRunner
+    from models import tiny_config
+
+    from experts_int8.cli import main
+
+    tiny_config("glm4_moe").save_pretrained(tmp_path / "GLM tiny")
+    model = bench_e2e.random_model(str(tmp_path / "GLM tiny" / "config.json"), "meta", overrides={"num_hidden_layers": 1})
+    assert model.config.model_type == "glm4_moe" and len(model.model.layers) == 1
+    result = CliRunner().invoke(main, ["bench-e2e", "--config", str(tmp_path / "GLM tiny"), "--random-weights",
+                                       "--device", "cpu", "--batch", "1", "--prompt-len", "6", "--new-tokens", "3",
+                                       "--reps", "1", "--cache", "dynamic", "--columns", "ours-bf16,ours-int8",
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    (written,) = (tmp_path / "out").glob("bench_e2e_GLM_tiny_generate_*.json")
+    assert [r["column"] for r in json.loads(written.read_text())["rows"]] == ["ours-bf16", "ours-int8"]

@@ -28,9 +28,11 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -51,16 +53,34 @@ CONFIGS = {
 
 
 def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Optional[dict] = None):
-    """A model of a named architecture with random weights, built directly on ``device``."""
+    """A model with random weights, built directly on ``device``: a named architecture (``CONFIGS``), or
+    any model's ``config.json`` (the file or its folder), so that no checkpoint is needed."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if name not in CONFIGS:
-        raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)}")
-    spec = dict(CONFIGS[name], **(overrides or {}))
-    config = AutoConfig.for_model(**spec)
+    if name in CONFIGS:
+        config = AutoConfig.for_model(**dict(CONFIGS[name], **(overrides or {})))
+    elif config_dir(name) is not None:
+        config = AutoConfig.from_pretrained(str(config_dir(name)))
+        for key, value in (overrides or {}).items():
+            setattr(config.get_text_config(), key, value)
+    else:
+        raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)} or give a model's config.json")
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+def config_dir(name: str) -> Optional[Path]:
+    """The folder holding ``config.json`` when ``name`` is that file or its folder; else None."""
+    path = Path(name)
+    if path.name == "config.json" and path.is_file():
+        return path.parent
+    return path if (path / "config.json").is_file() else None
+
+
+def _config_name(name: str) -> str:
+    """A file-name-safe name for the results file: the preset's, or the config's folder's."""
+    return name if name in CONFIGS else re.sub(r"[^A-Za-z0-9._-]+", "_", config_dir(name).resolve().name)
 
 
 def _sync(device: str) -> None:
@@ -200,7 +220,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     log(table(result))
     if out:
         os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, f"bench_e2e_{config}_{decode}_{time.strftime('%Y%m%dT%H%M%S')}.json")
+        path = os.path.join(out, f"bench_e2e_{_config_name(config)}_{decode}_{time.strftime('%Y%m%dT%H%M%S')}.json")
         with open(path, "w") as f:
             json.dump(result, f, indent=1)
         log(f"wrote {path}")

@@ -484,12 +484,13 @@ Examples:
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights          # full size, one GPU (~93 GB bf16)
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights --decode loop   # no per-token host sync
   experts-int8 bench-e2e --config qwen3-30b-a3b --random-weights --batch 1,8
+  experts-int8 bench-e2e --config ./GLM-4.5-Air/config.json --random-weights --layers 8   # any model's shapes
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights --layers 4 --prompt-len 256 --new-tokens 32
   torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \
       --columns ours-int8 --parallel tp
 """)
-@click.option("--config", "config_name", required=True, metavar="NAME",
-              help="Architecture to build: mixtral-8x7b or qwen3-30b-a3b.")
+@click.option("--config", "config_name", required=True, metavar="NAME|PATH",
+              help="Architecture to build: mixtral-8x7b, qwen3-30b-a3b, or a model's config.json (or its folder).")
 @click.option("--random-weights", is_flag=True, required=True,
               help="Build the full-size architecture with random weights (no checkpoint needed).")
 @device_option
@@ -520,10 +521,11 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     weights through our fused kernel, then the experts quantized to int8 in place. Prints end-to-end
     seconds and decode tokens/s per batch size and writes JSON under --out.
     """
-    from .bench_e2e import COLUMNS, CONFIGS, run
+    from .bench_e2e import COLUMNS, CONFIGS, config_dir, run
 
-    if config_name not in CONFIGS:
-        raise click.BadParameter(f"choose one of {sorted(CONFIGS)}", param_hint="--config")
+    if config_name not in CONFIGS and config_dir(config_name) is None:
+        raise click.BadParameter(f"choose one of {sorted(CONFIGS)}, or give a model's config.json (or its folder)",
+                                 param_hint="--config")
     try:
         sizes = tuple(int(b) for b in batches.split(","))
     except ValueError:
