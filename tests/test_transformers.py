@@ -369,7 +369,7 @@ def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_
 ])
 def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
     model = _flex_olmo()
-    name, experts = find_experts(model)[-1]
+    _, experts = find_experts(model)[-1]
     if damage == "undecorated":  # no use_experts_implementation flags: a module of its own
         del experts.is_concatenated
     else:

@@ -177,7 +177,7 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
         elif set(g.fused) - {"gate_up_proj", "down_proj"}:
             raise ValueError(f"{g.prefix}: expert biases are supported for GPT-OSS only")
         if missing:
-            raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{sorted(missing)[0]} is missing")
+            raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{min(missing)} is missing")
         for key in g.fused.values():
             if headers[key][0] not in ("F32", "F16", "BF16", "F64"):
                 raise ValueError(f"{key} is {headers[key][0]}, not a float tensor (is this checkpoint already "

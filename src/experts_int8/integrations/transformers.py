@@ -342,7 +342,7 @@ def _drop_expert_converters(model: nn.Module) -> None:
             from transformers.conversion_mapping import get_model_conversion_mapping
 
             conversions = get_model_conversion_mapping(model, add_legacy=False)
-        except Exception:  # no mapping for this model: nothing to revert on save
+        except Exception:  # noqa: BLE001 -- no mapping for this model: nothing to revert on save
             conversions = []
         # Same as transformers for models not built by from_pretrained: no prefix changes on save.
         conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
