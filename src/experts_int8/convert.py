@@ -408,13 +408,19 @@ def _experts_renames(config: dict) -> list:
     return renames
 
 
-def _layout(config: dict) -> str:
-    """The fused experts tensors' layout of this architecture (``checkpoint.to_fused_layout``)."""
+def _architectures() -> Optional[dict]:
+    """The integration's table of architectures; None without transformers (the converter does not need it)."""
     try:
         from .integrations.transformers import ARCHITECTURES
-    except ImportError:  # no transformers: the plain layout (others fail _check_group's shape check)
-        return "fused"
-    arch = ARCHITECTURES.get(_model_type(config))
+    except ImportError:
+        return None
+    return ARCHITECTURES
+
+
+def _layout(config: dict) -> str:
+    """The fused experts tensors' layout of this architecture (``checkpoint.to_fused_layout``); the plain one
+    outside the table or without transformers (another layout then fails _check_group's shape check)."""
+    arch = (_architectures() or {}).get(_model_type(config))
     return arch.layout if arch is not None else "fused"
 
 
@@ -425,14 +431,11 @@ def _model_type(config: dict) -> Optional[str]:
 def _check_model_type(config: dict) -> None:
     """Refuse model types outside the tested table (when transformers is installed): the converter cannot see
     whether their experts modules are transformers' standard ones; loading with ExpertsInt8Config can."""
-    try:
-        from .integrations.transformers import ARCHITECTURES
-    except ImportError:  # no transformers: the converter itself does not need it
-        return
+    architectures = _architectures()
     model_type = _model_type(config)
-    if model_type not in ARCHITECTURES:
+    if architectures is not None and model_type not in architectures:
         raise ValueError(f"model_type {model_type!r} is not one of experts_int8's tested architectures ("
-                         f"{', '.join(sorted(ARCHITECTURES))}), which the streaming converter reads; " + _LOAD_AND_SAVE)
+                         f"{', '.join(sorted(architectures))}), which the streaming converter reads; " + _LOAD_AND_SAVE)
 
 
 def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):

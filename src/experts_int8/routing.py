@@ -112,4 +112,3 @@ def sparsemixer(jitter_eps: float) -> Callable:
         return torch.cat(weights, dim=-1), torch.cat(ids, dim=-1)
 
     return route
-
