@@ -10,6 +10,7 @@ from torch import nn
 from experts_int8.evaluate import (Int8DenseMLP, _windows, compare_models, dense_mlps_as_int8_experts_,
                                    detect_activation)
 from experts_int8.layer import Int8Experts
+from conftest import DEVICE
 
 pytest.importorskip("transformers")
 
@@ -44,6 +45,8 @@ def test_dense_llama_as_int8_experts_keeps_logits(backend):
         assert tuple(layer.mlp.experts.down_proj.shape) == (1, 64, 80)
         assert layer.mlp.experts.activation == "silu"
     ids = torch.randint(0, 96, (2, 17))
+    if backend == "triton":  # interpreted on CPU, compiled on a GPU
+        model, int8, ids = model.to(DEVICE), int8.to(DEVICE), ids.to(DEVICE)
     with torch.no_grad():
         ref, got = model(ids).logits, int8(ids).logits
     assert got.shape == ref.shape

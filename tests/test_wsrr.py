@@ -17,6 +17,7 @@ pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluo
 
 from experts_int8.kernels import gluon_wsrr  # noqa: E402
 from experts_int8.kernels.configs import check_config  # noqa: E402
+from conftest import DEVICE  # noqa: E402  (the kernel runs interpreted on CPU, compiled on a GPU)
 
 ENTRY = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
 
@@ -36,13 +37,13 @@ def test_a_thread_fragment_is_sixteen_contiguous_weight_bytes():
 
 
 def test_permute_k_moves_column_j_from_its_memory_position_and_keeps_the_product():
-    x = torch.randn(5, 192, dtype=torch.float64)
-    w = torch.randn(7, 192, dtype=torch.float64)
+    x = torch.randn(5, 192, dtype=torch.float64, device=DEVICE)
+    w = torch.randn(7, 192, dtype=torch.float64, device=DEVICE)
     xp = gluon_wsrr.permute_k(x)
     for j in range(192):
         assert torch.equal(xp[:, j], x[:, gluon_wsrr.memory_position(j)])
     # the kernel pairs xp's column j with the weight byte at memory_position(j): the same product
-    order = torch.tensor([gluon_wsrr.memory_position(j) for j in range(192)])
+    order = torch.tensor([gluon_wsrr.memory_position(j) for j in range(192)], device=DEVICE)
     torch.testing.assert_close(xp @ w[:, order].T, x @ w.T)
 
 
@@ -52,9 +53,9 @@ def test_permute_k_kernel_equals_the_permuted_view(m, k, dtype):
     def view(x):
         return x.reshape(x.shape[0], k // 64, 4, 4, 2, 2).permute(0, 1, 3, 4, 2, 5).reshape(x.shape[0], k)
 
-    x = torch.randn(m, k).to(dtype)
+    x = torch.randn(m, k, device=DEVICE).to(dtype)
     assert torch.equal(gluon_wsrr.permute_k(x), view(x))
-    xt = torch.randn(k, m).to(dtype).T  # a column stride of m
+    xt = torch.randn(k, m, device=DEVICE).to(dtype).T  # a column stride of m
     assert torch.equal(gluon_wsrr.permute_k(xt), view(xt.contiguous()))
     assert gluon_wsrr.permute_k(x[:0]).shape == (0, k)
 
