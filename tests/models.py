@@ -20,6 +20,9 @@ _LINEAR_ATTN = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_val
                     linear_num_key_heads=2, linear_num_value_heads=4,
                     layer_types=["linear_attention", "full_attention"])
 _MLA = dict(kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16)
+# MLA whose attention still repeats keys num_attention_heads // num_key_value_heads times (DeepSeek-V3.2, GLM-5,
+# Mistral 4): as many key-value heads as heads, as their configs have
+_MLA_HEADS = dict(_MLA, num_key_value_heads=COMMON["num_attention_heads"])
 _CONFIGS = {
     "mixtral": ("MixtralConfig", dict(intermediate_size=48, num_hidden_layers=2, num_local_experts=5,
                                       num_experts_per_tok=2)),
@@ -94,6 +97,36 @@ _CONFIGS = {
                                                         mamba_chunk_size=16)),
     "phimoe": ("PhimoeConfig", dict(intermediate_size=32, num_hidden_layers=2, num_local_experts=6,
                                     num_experts_per_tok=2)),
+    "deepseek_v32": ("DeepseekV32Config", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                               first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1,
+                                               num_experts_per_tok=2, n_group=4, topk_group=2,
+                                               routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24,
+                                               index_head_dim=16, index_n_heads=2, **_MLA_HEADS)),
+    "glm_moe_dsa": ("GlmMoeDsaConfig", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                            mlp_layer_types=["dense", "sparse"], n_routed_experts=8,
+                                            n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                            routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=24,
+                                            index_head_dim=16, index_n_heads=2, **_MLA_HEADS)),
+    "mimo_v2_flash": ("MiMoV2FlashConfig", dict(head_dim=16, v_head_dim=16, intermediate_size=96,
+                                                moe_intermediate_size=32, num_hidden_layers=2,
+                                                mlp_layer_types=["dense", "sparse"], n_routed_experts=8,
+                                                num_experts_per_tok=2, n_group=1, topk_group=1, sliding_window=8,
+                                                layer_types=["full_attention", "sliding_attention"])),
+    "flex_olmo": ("FlexOlmoConfig", dict(intermediate_size=32, num_hidden_layers=2, num_experts=6,
+                                         num_experts_per_tok=2, norm_topk_prob=True)),
+    "granitemoeshared": ("GraniteMoeSharedConfig", dict(intermediate_size=32, shared_intermediate_size=48,
+                                                        num_hidden_layers=2, num_local_experts=6,
+                                                        num_experts_per_tok=2)),
+    "solar_open": ("SolarOpenConfig", dict(head_dim=16, moe_intermediate_size=32, num_hidden_layers=2,
+                                           n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
+                                           topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True)),
+    "afmoe": ("AfmoeConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                  num_dense_layers=1, num_experts=6, num_experts_per_tok=2, num_shared_experts=1,
+                                  route_scale=2.0, global_attn_every_n_layers=2, sliding_window=8)),
+    "cohere2_moe": ("Cohere2MoeConfig", dict(head_dim=16, intermediate_size=32, prefix_dense_intermediate_size=96,
+                                             num_hidden_layers=2, first_k_dense_replace=1, num_experts=6,
+                                             num_experts_per_tok=2, num_shared_experts=1, sliding_window=8,
+                                             sliding_window_pattern=2)),
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=32, num_hidden_layers=2, num_local_experts=6,
                                      num_experts_per_tok=2, sliding_window=8,
                                      layer_types=["sliding_attention", "full_attention"], rope_scaling=None)),
@@ -102,13 +135,19 @@ _CONFIGS = {
 # Vision-language models whose text model is an MoE: wrapper model_type -> (config class, text settings).
 # Their rows in ARCHITECTURES are the text model's type; they load with AutoModelForImageTextToText.
 _VISION = dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=COMMON["hidden_size"],
-               deepstack_visual_indexes=[])
+               deepstack_visual_indexes=[], num_hidden_layers=1, num_attention_heads=2, head_dim=16)
 _VISION_LANGUAGE = {
     "qwen3_vl_moe": ("Qwen3VLMoeConfig", _CONFIGS["qwen3_moe"][1]),
     "qwen3_5_moe": ("Qwen3_5MoeConfig", _CONFIGS["qwen3_5_moe_text"][1]),
     "glm4v_moe": ("Glm4vMoeConfig", {**{k: v for k, v in _CONFIGS["glm4_moe"][1].items() if k != "use_qk_norm"},
                                      "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                          "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}}),
+    # Mistral Small 4: a Pixtral vision model on a Mistral 4 (MLA, grouped softmax routing) text model
+    "mistral3": ("Mistral3Config", dict(model_type="mistral4", intermediate_size=96, moe_intermediate_size=32,
+                                        num_hidden_layers=2, first_k_dense_replace=1, n_routed_experts=8,
+                                        n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1,
+                                        routed_scaling_factor=1.5, norm_topk_prob=True, q_lora_rank=24,
+                                        **_MLA_HEADS)),
 }
 
 
@@ -117,11 +156,13 @@ SELECTION_BIASES = ("e_score_correction_bias", "expert_bias")  # (LFM2's is expe
 VISION_LANGUAGE_NAMES = tuple(_VISION_LANGUAGE)
 
 
-def tiny_config(arch: str):
+def tiny_config(arch: str, **overrides):
+    """``arch``'s tiny config; ``overrides``: settings of its (text) config to change."""
     import pytest
     import transformers
 
     name, settings = _CONFIGS[arch] if arch in _CONFIGS else _VISION_LANGUAGE[arch]
+    settings = {**settings, **overrides}
     config_class = getattr(transformers, name, None)
     if config_class is None:
         pytest.skip(f"transformers {transformers.__version__} has no {name}")
@@ -130,7 +171,7 @@ def tiny_config(arch: str):
         return config_class(text_config={**COMMON, **settings},
                             vision_config={k: v for k, v in _VISION.items() if hasattr(vision, k)},
                             tie_word_embeddings=False)
-    return config_class(**COMMON, **settings)
+    return config_class(**{**COMMON, **settings})
 
 
 def auto_class(arch: str):
@@ -140,10 +181,10 @@ def auto_class(arch: str):
     return transformers.AutoModelForImageTextToText if arch in _VISION_LANGUAGE else transformers.AutoModelForCausalLM
 
 
-def tiny_model(arch: str, dtype=torch.float32, seed: int = 0):
+def tiny_model(arch: str, dtype=torch.float32, seed: int = 0, **overrides):
     """A random-weight model of ``arch`` (``auto_class``); weights are scaled so logits are not degenerate."""
     torch.manual_seed(seed)
-    config = tiny_config(arch)
+    config = tiny_config(arch, **overrides)
     model = auto_class(arch).from_config(config, dtype=dtype)
     with torch.no_grad():
         for name, b in model.named_buffers():

@@ -305,14 +305,15 @@ def test_quantize_refuses_an_architecture_outside_the_table_with_the_way_that_wo
     src = tmp_path / "src"
     shutil.copytree(bf16_checkpoint("mixtral"), src)
     config = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**config, "model_type": "flex_olmo"}))
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "mellum"}))
     result = invoke("quantize", src, tmp_path / "o", "--no-progress")
-    assert_one_line_error(result, "'flex_olmo' is not one of experts_int8's tested architectures", "ExpertsInt8Config")
+    assert_one_line_error(result, "'mellum' is not one of experts_int8's tested architectures", "ExpertsInt8Config")
     assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("arch, name", [("gpt_oss", "GPT-OSS"), ("granitemoe", "Granite MoE"),
-                                        ("granitemoehybrid", "Granite MoE")])
+                                        ("granitemoehybrid", "Granite MoE"),
+                                        ("granitemoeshared", "Granite MoE")])
 def test_quantize_refuses_an_export_it_cannot_express_with_the_way_that_works(bf16_checkpoint, tmp_path, arch, name):
     result = invoke("quantize", bf16_checkpoint(arch), tmp_path / "o", "--format", "compressed-tensors",
                     "--no-progress")

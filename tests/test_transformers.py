@@ -210,6 +210,16 @@ def test_routing_table_matches_model_router(arch, int8_models):
     _assert_routing_table_matches_router(int8_models(arch))
 
 
+@pytest.mark.parametrize("arch, overrides", [
+    ("cohere2_moe", dict(expert_selection_fn="sigmoid")),
+    ("cohere2_moe", dict(expert_selection_fn="sigmoid", norm_topk_prob=False)),
+    ("mistral3", dict(n_group=1, topk_group=1)),  # (Mistral 4 with one group: no grouped top-k)
+])
+def test_routing_table_matches_model_router_in_other_router_settings(arch, overrides):
+    """Router settings the tiny models leave at one value: the table follows the router in the others too."""
+    _assert_routing_table_matches_router(tiny_model(arch, dtype=torch.bfloat16, **overrides))
+
+
 @pytest.mark.parametrize("arch", VISION_LANGUAGE_NAMES)
 def test_vision_language_moe_text_model_int8(arch, tmp_path):
     """A vision-language model's MoE text model: int8 while loading through AutoModelForImageTextToText,
@@ -341,25 +351,26 @@ def test_model_without_moe_warns_when_allowed(caplog):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def _flex_olmo(dtype=torch.float32):
-    """An MoE whose model_type is not in the table, with transformers' standard experts modules."""
-    from transformers import FlexOlmoConfig
+def _unlisted_moe(dtype=torch.float32):
+    """An MoE whose model_type is not in the table (Mellum), with transformers' standard experts modules."""
+    from transformers import MellumConfig
 
     torch.manual_seed(0)
-    cfg = FlexOlmoConfig(**COMMON, intermediate_size=32, num_hidden_layers=2, num_experts=4, num_experts_per_tok=2)
+    cfg = MellumConfig(**COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                       num_experts=4, num_experts_per_tok=2)
     return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
 
 
 def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_a_warning(caplog):
-    model = _flex_olmo()
-    int8_model = _flex_olmo()
+    model = _unlisted_moe()
+    int8_model = _unlisted_moe()
     with caplog.at_level(logging.WARNING):
         quantize_(int8_model)
-    assert "model_type 'flex_olmo' is not one of the tested architectures" in caplog.text
+    assert "model_type 'mellum' is not one of the tested architectures" in caplog.text
     assert verify_int8_model(int8_model) == 2
     quality = routing_quality(model, int8_model, _inputs().cpu())
     assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
-    with pytest.raises(ValueError, match="no routing row for model_type 'flex_olmo'"):
+    with pytest.raises(ValueError, match="no routing row for model_type 'mellum'"):
         routing_options(int8_model)
 
 
@@ -368,7 +379,7 @@ def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_
     ("own_gating", "computes its own gating"),
 ])
 def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
-    model = _flex_olmo()
+    model = _unlisted_moe()
     _, experts = find_experts(model)[-1]
     if damage == "undecorated":  # no use_experts_implementation flags: a module of its own
         del experts.is_concatenated

@@ -387,6 +387,7 @@ EXPORT_UNSUPPORTED = {
                "native)",
     "granitemoe": _GRANITE,
     "granitemoehybrid": _GRANITE,
+    "granitemoeshared": _GRANITE,
 }
 
 

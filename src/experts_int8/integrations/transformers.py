@@ -61,7 +61,7 @@ from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
 from ..parallel import PendingShard, fill_pending_shards, loading_split
 from ..quant import quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
-from ..routing import sparsemixer
+from ..routing import select_experts, sparsemixer
 
 QUANT_METHOD = "experts_int8"
 logger = hf_logging.get_logger(__name__)
@@ -102,7 +102,7 @@ def _deepseek_v2(c) -> dict:
     return opts
 
 
-def _deepseek_v3(c) -> dict:  # also GLM-4.5 and dots.llm1: sigmoid scores, biased choice, groups
+def _deepseek_v3(c) -> dict:  # also GLM-4.5/5, dots.llm1, MiMo-V2-Flash, Solar Open: sigmoid, biased choice, groups
     return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": bool(c.norm_topk_prob),
             "num_expert_group": c.n_group, "topk_group": c.topk_group,
             "routed_scaling_factor": float(c.routed_scaling_factor)}
@@ -116,6 +116,33 @@ def _sigmoid_topk(c) -> dict:  # MiniMax-M2; LFM2 (with its norm_topk_prob and s
 
 _ALWAYS = _softmax_topk(lambda c: True)
 _NORM_TOPK_PROB = _softmax_topk(lambda c: c.norm_topk_prob)
+
+
+def _two_best_groups(n_group: int, topk_group: int):
+    """Groups ranked by their two best scores without a bias: select_experts ranks so with a correction bias, so
+    route with a zero one."""
+    def route(router_logits, top_k, renormalize):
+        return select_experts(router_logits, top_k, renormalize=renormalize, num_expert_group=n_group,
+                              topk_group=topk_group, correction_bias=router_logits.new_zeros(router_logits.shape[1]))
+
+    return route
+
+
+def _mistral4(c) -> dict:  # softmax scores, groups ranked by their two best scores (a no-op with one group)
+    opts = {**_NORM_TOPK_PROB(c), "routed_scaling_factor": float(c.routed_scaling_factor)}
+    if c.n_group > 1:
+        opts["custom_routing_function"] = _two_best_groups(c.n_group, c.topk_group)
+    return opts
+
+
+def _cohere2_moe(c) -> dict:  # the top-k logits, then a softmax over them (== renormalized softmax) or sigmoids
+    return _ALWAYS(c) if c.expert_selection_fn == "softmax" else _sigmoid_topk(c)
+
+
+def _afmoe(c) -> dict:  # sigmoid, biased choice, always renormalized, scaled by route_scale
+    return {**_sigmoid_topk(c), "renormalize": True, "routed_scaling_factor": float(c.route_scale)}
+
+
 ARCHITECTURES: dict[str, Arch] = {
     "mixtral": Arch("gate", _ALWAYS),
     "qwen2_moe": Arch("gate", _NORM_TOPK_PROB),
@@ -132,6 +159,14 @@ ARCHITECTURES: dict[str, Arch] = {
     "dots1": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "exaone_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
     "kimi_linear": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "deepseek_v32": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "glm_moe_dsa": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "mimo_v2_flash": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "solar_open": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "mistral4": Arch("gate", _mistral4),  # (Mistral Small 4: the text model of a mistral3 model)
+    "afmoe": Arch("router", _afmoe, correction_bias="expert_bias"),
+    "cohere2_moe": Arch("gate", _cohere2_moe),
+    "flex_olmo": Arch("gate", _NORM_TOPK_PROB),
     "minimax": Arch("gate", _ALWAYS),
     "minimax_m2": Arch("gate", _sigmoid_topk, correction_bias="e_score_correction_bias"),
     "lfm2_moe": Arch("gate", _sigmoid_topk, correction_bias="expert_bias"),  # (when use_expert_bias)
@@ -142,6 +177,7 @@ ARCHITECTURES: dict[str, Arch] = {
     # softmax over the top-k logits == softmax over all, renormalized over the top k
     "granitemoe": Arch("router", _ALWAYS),
     "granitemoehybrid": Arch("router", _ALWAYS),
+    "granitemoeshared": Arch("router", _ALWAYS),
     "phimoe": Arch("router", lambda c: {"top_k": c.num_experts_per_tok, "renormalize": False,
                                         "custom_routing_function": sparsemixer(c.router_jitter_noise)}),
     "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
