@@ -6,6 +6,7 @@ loaded through ExpertsInt8Config, compared with the bf16 model, generated from, 
 
 from __future__ import annotations
 
+import copy
 import glob
 import json
 import logging
@@ -377,12 +378,15 @@ def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_
 @pytest.mark.parametrize("damage, match", [
     ("undecorated", "is not a transformers standard experts module; supported: "),
     ("own_gating", "computes its own gating"),
+    ("activation", r"layers\.1\.mlp\.experts: activation ReLU\(\) is none of the kernel's activations"),
 ])
 def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
     model = _unlisted_moe()
     _, experts = find_experts(model)[-1]
     if damage == "undecorated":  # no use_experts_implementation flags: a module of its own
         del experts.is_concatenated
+    elif damage == "activation":  # the experts' own function decides, whatever the config names
+        experts.act_fn = torch.nn.ReLU()
     else:
         experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: gate_up})
     with pytest.raises(ValueError, match=match) as err:
@@ -390,6 +394,39 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
     if damage == "undecorated":
         assert all(arch in str(err.value) for arch in ARCH_NAMES)
     assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # nothing half-converted
+
+
+def test_experts_without_a_gate_are_named_in_the_refusal():
+    from transformers import NemotronHConfig
+
+    cfg = NemotronHConfig(**COMMON, layers_block_type=["moe", "full_attention"], num_hidden_layers=2, head_dim=16,
+                          n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=32,
+                          moe_shared_expert_intermediate_size=32, num_experts_per_tok=2)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mixer\.experts: experts without a gate \(has_gate=False"):
+        quantize_(model)
+
+
+def test_transposed_experts_outside_the_table_are_quantized(monkeypatch):
+    """Aria's experts are transformers' is_transposed ones ([E, H, 2I], [E, I, H]) and SiLU while its config's
+    hidden_act is gelu_pytorch_tanh: without a row, the module's own flags and act_fn decide."""
+    monkeypatch.delitem(ARCHITECTURES, "aria_text")
+    model = tiny_model("aria")
+    int8_model = copy.deepcopy(model)
+    quantize_(int8_model)
+    assert verify_int8_model(int8_model) == 2
+    assert {m.activation for _, m in find_experts(int8_model)} == {"silu"}
+    quality = routing_quality(model, int8_model, _inputs().cpu())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+
+
+def test_experts_interface_refuses_a_layout_it_would_misread():
+    model = tiny_model("aria")
+    model.set_experts_implementation("experts_int8")
+    with pytest.raises(ValueError, match=r"experts_implementation='experts_int8' on float weights: AriaExperts: "
+                                         r"experts layout not supported by experts_int8 \(is_transposed=True\)"):
+        with torch.no_grad():
+            model(_inputs(2).cpu())
 
 
 def test_nan_in_checkpoint_names_the_tensor(tmp_path):

@@ -72,6 +72,10 @@ def to_fused_layout(layout: str, tensor: str, w: torch.Tensor) -> torch.Tensor:
     (gate then up) and ``[.., H]``."""
     if layout == "fused" or tensor == "down_proj_bias":
         return w
+    if layout == "transposed":  # transformers' is_transposed experts: [.., H, 2I] gate then up, [.., I, H]
+        return w if tensor.endswith("_bias") else w.transpose(-1, -2)
+    if layout != "gpt_oss":
+        raise ValueError(f"unknown experts layout {layout!r}")
     if tensor == "gate_up_proj":  # [.., H, 2I] interleaved columns -> [.., 2I, H]
         return torch.cat([w[..., 0::2], w[..., 1::2]], dim=-1).transpose(-1, -2)
     if tensor == "gate_up_proj_bias":

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import Int8Experts
+from .layer import Int8Experts, detect_activation
 from .ops import BACKENDS
-from .reference import ACTIVATIONS, act_and_mul
+from .reference import ACTIVATIONS
 
 __all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation", "routing_quality",
            "snr_db"]
@@ -74,25 +74,6 @@ def _gated_linears(module: nn.Module) -> Optional[tuple[nn.Linear, nn.Linear, nn
     if (up.in_features, up.out_features) != (hidden, inter) or (down.in_features, down.out_features) != (inter, hidden):
         return None
     return gate, up, down
-
-
-def detect_activation(act_fn: nn.Module) -> str:
-    """Which of :data:`experts_int8.reference.ACTIVATIONS` ``act_fn`` computes, found by evaluating it.
-
-    Reading the module's behaviour rather than a config name keeps this independent of how each
-    architecture names its activation (``hidden_act``, ``hidden_activation``, a class, ...).
-    """
-    probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
-    try:
-        got = act_fn(probe)
-    except Exception as exc:  # noqa: BLE001 - reported with the module's name below
-        raise ValueError(f"cannot evaluate activation {act_fn!r}: {exc}") from exc
-    for name in ACTIVATIONS:
-        # act_and_mul(cat(g, 1)) = act(g) * 1: the activation exactly as the kernel computes it.
-        ref = act_and_mul(torch.cat([probe, torch.ones_like(probe)]), name)
-        if torch.allclose(got.to(torch.float64), ref, rtol=1e-5, atol=1e-6):
-            return name
-    raise ValueError(f"activation {act_fn!r} is none of the kernel's activations {ACTIVATIONS}")
 
 
 @torch.no_grad()

@@ -23,6 +23,7 @@ subset of experts sets ``expert_map [global E]`` (global id -> local index or -1
 
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -30,26 +31,29 @@ from torch import nn
 
 from .ops import fused_experts
 from .quant import quantize_weights
-from .reference import ACTIVATIONS
+from .reference import ACTIVATIONS, act_and_mul
 
-# transformers' ``hidden_act`` names -> our kernel's activation names
-HF_ACTIVATIONS = {
-    "silu": "silu",
-    "swish": "silu",
-    "gelu": "gelu",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-}
+def detect_activation(act_fn) -> str:
+    """Which of :data:`experts_int8.reference.ACTIVATIONS` ``act_fn`` computes, found by evaluating it.
+
+    Reading the function's behaviour rather than a config name keeps this independent of how each
+    architecture names its activation (``hidden_act``, ``hidden_activation``, ``mlp_hidden_act``, or none:
+    Aria's experts are SiLU whatever ``hidden_act`` says).
+    """
+    probe = torch.linspace(-6.0, 6.0, 97, dtype=torch.float64)
+    try:
+        got = act_fn(probe)
+    except Exception as exc:  # noqa: BLE001 - reported with the module's name by the caller
+        raise ValueError(f"cannot evaluate activation {act_fn!r}: {exc}") from exc
+    for name in ACTIVATIONS:
+        # act_and_mul(cat(g, 1)) = act(g) * 1: the activation exactly as the kernel computes it.
+        ref = act_and_mul(torch.cat([probe, torch.ones_like(probe)]), name)
+        if torch.allclose(got.to(torch.float64), ref, rtol=1e-5, atol=1e-6):
+            return name
+    raise ValueError(f"activation {act_fn!r} is none of the kernel's activations {ACTIVATIONS}")
 
 
-def activation_from_hf(name: str) -> str:
-    """Map a transformers ``hidden_act`` string to one of :data:`experts_int8.reference.ACTIVATIONS`."""
-    if name in ACTIVATIONS:
-        return name
-    if name not in HF_ACTIVATIONS:
-        raise ValueError(f"unsupported expert activation {name!r}; supported: {sorted(HF_ACTIVATIONS)}")
-    return HF_ACTIVATIONS[name]
+_activation_cached = functools.lru_cache(maxsize=64)(detect_activation)  # (probed once per function)
 
 
 class Int8Experts(nn.Module):
@@ -173,8 +177,8 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
     if s13 is not None and s13.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
         s13, s2 = s13.float(), s2.float()
     act = getattr(module, "activation", None)
-    if act is None:  # a transformers experts class: read its config
-        act = activation_from_hf(getattr(module.config, "hidden_act", "silu"))
+    if act is None:  # a transformers experts class: what its own act_fn computes
+        act = _activation_cached(module.act_fn)
     x = hidden_states
     if w13.dtype != torch.int8 and w13.dtype != x.dtype:
         w13, w2 = w13.to(x.dtype), w2.to(x.dtype)

@@ -57,7 +57,7 @@ from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..checkpoint import check_int8_checkpoint, read_headers, to_fused_layout
-from ..layer import Int8Experts, activation_from_hf, int8_experts_forward
+from ..layer import Int8Experts, detect_activation, int8_experts_forward
 from ..parallel import PendingShard, fill_pending_shards, loading_split
 from ..quant import quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
@@ -80,7 +80,8 @@ class Arch:
     the router.)
     ``correction_bias``: dotted path, from the MoE block, of the selection-only score bias, if any.
     ``layout``: "fused" (transformers 5 experts: ``gate_up_proj [E, 2I, H]`` gate then up,
-    ``down_proj [E, H, I]``) or "gpt_oss" (``gate_up_proj [E, H, 2I]`` with gate and up columns
+    ``down_proj [E, H, I]``), "transposed" (transformers' ``is_transposed`` experts: ``[E, H, 2I]`` gate
+    then up, ``[E, I, H]``) or "gpt_oss" (``gate_up_proj [E, H, 2I]`` with gate and up columns
     interleaved, ``down_proj [E, I, H]``, expert biases, clamped SwiGLU), converted while quantizing.
     """
 
@@ -181,13 +182,17 @@ ARCHITECTURES: dict[str, Arch] = {
     "phimoe": Arch("router", lambda c: {"top_k": c.num_experts_per_tok, "renormalize": False,
                                         "custom_routing_function": sparsemixer(c.router_jitter_noise)}),
     "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
+    "aria_text": Arch("router", lambda c: {"top_k": c.moe_topk, "renormalize": True}, layout="transposed"),
 }
 
 
 def _layout_of(model: nn.Module) -> str:
-    """The architecture's experts layout; "fused" (transformers' standard) outside the table."""
+    """The architecture's experts layout; outside the table, what the experts modules' flags say."""
     arch = ARCHITECTURES.get(_model_type(model))
-    return arch.layout if arch is not None else "fused"
+    if arch is not None:
+        return arch.layout
+    transposed = any(getattr(m, "is_transposed", False) for _, m in find_experts(model))
+    return "transposed" if transposed else "fused"
 
 
 def _model_type(model: nn.Module) -> str:
@@ -294,14 +299,23 @@ def _check_layout(name: str, module: nn.Module, layout: str = "fused") -> None:
             raise ValueError(f"{name}: the kernel's clamped SwiGLU has alpha={SWIGLU_OAI_ALPHA}, "
                              f"limit={SWIGLU_OAI_LIMIT}; this model uses alpha={swiglu[0]}, limit={swiglu[1]}")
         return
+    _check_flags(name, module, layout)
+    _activation_of(module, layout, name)  # (raises for an activation the kernel lacks)
+
+
+def _check_flags(name: str, module: nn.Module, layout: str) -> None:
+    """A transformers standard experts module computes act(gate) * up with our weights in ``layout``."""
     bad = [f"{flag}={getattr(module, flag)}" for flag, ok in
-           (("is_transposed", False), ("has_bias", False), ("has_gate", True), ("is_concatenated", True))
+           (("is_transposed", layout == "transposed"), ("has_bias", False), ("has_gate", True),
+            ("is_concatenated", True))
            if getattr(module, flag, ok) != ok]
     if getattr(module, "has_post_expert_norm", False):
         bad.append("has_post_expert_norm=True")
     if bad:
+        shapes = ("[E, H, 2I] and down_proj [E, I, H]" if layout == "transposed"
+                  else "[E, 2I, H] and down_proj [E, H, I]")
         raise ValueError(f"{name}: experts layout not supported by experts_int8 ({', '.join(bad)}); expected "
-                         f"gate_up_proj [E, 2I, H] (gate then up) and down_proj [E, H, I] without bias")
+                         f"gate_up_proj {shapes} (gate then up) without bias")
     gate = getattr(type(module), "_apply_gate", _default_apply_gate)
     if gate is not _default_apply_gate:
         raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate); the kernel computes "
@@ -314,6 +328,10 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     if not find_experts(model):
         msg = (f"{type(model).__name__} has no MoE experts modules (fused gate_up_proj [E, 2I, H] + "
                f"down_proj [E, H, I]); experts_int8 only quantizes routed experts")
+        ungated = [n for n, m in model.named_modules() if getattr(m, "has_gate", True) is False]
+        if ungated:  # (transformers' has_gate=False experts hold up_proj only)
+            msg = (f"{ungated[0]}: experts without a gate (has_gate=False, act(up) as in NemotronH) are not "
+                   f"supported; experts_int8's kernel computes act(gate) * up")
         if config.allow_no_experts:
             logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
             return None
@@ -341,11 +359,14 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     return todo
 
 
-def _activation_of(model: nn.Module, module: nn.Module) -> str:
-    if _layout_of(model) == "gpt_oss":
+def _activation_of(module: nn.Module, layout: str, name: str = "experts") -> str:
+    """The kernel's name for the gated activation ``module`` computes (its own ``act_fn``)."""
+    if layout == "gpt_oss":
         return "swiglu_oai"
-    cfg = getattr(module, "config", None) or model.config.get_text_config()
-    return activation_from_hf(getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", "silu"))
+    try:
+        return detect_activation(module.act_fn)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
 
 
 def _int8_param_names(model: nn.Module) -> set[str]:
@@ -545,7 +566,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             w13, w2 = module.gate_up_proj, module.down_proj
             e, h, i = to_fused_layout(self._layout, "down_proj", w2).shape
             with torch.device("meta"):
-                new = Int8Experts(e, h, i, activation=_activation_of(model, module), bias=biased)
+                new = Int8Experts(e, h, i, activation=_activation_of(module, self._layout), bias=biased)
                 if not self.pre_quantized:
                     # Placeholders in the checkpoint's float dtype and layout until Int8Quantize fills them:
                     # some transformers versions (5.17) cast each tensor to its meta param's dtype first.
@@ -698,7 +719,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
                       for t in ("gate_up_proj_bias", "down_proj_bias")}
         new = Int8Experts.from_float(to_fused_layout(layout, "gate_up_proj", module.gate_up_proj.data),
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
-                                     activation=_activation_of(model, module), name=name, **biases)
+                                     activation=_activation_of(module, layout), name=name, **biases)
         model.set_submodule(name, new)
         module._parameters.clear()  # free the float tensors now, even if someone holds the old module
         del module
@@ -715,13 +736,26 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
 # --------------------------------------------------------------------------------------------------
 # Registration with transformers
 # --------------------------------------------------------------------------------------------------
+def _experts_interface_forward(module: nn.Module, hidden_states, top_k_index, top_k_weights):
+    """``experts_implementation="experts_int8"``: a float model's experts through the kernel, which reads
+    transformers' standard layout as it is (no copy per call): other layouts are refused, not misread."""
+    if not isinstance(module, Int8Experts):
+        try:
+            _check_flags(type(module).__name__, module, "fused")
+        except ValueError as e:
+            raise ValueError(f"experts_implementation='experts_int8' on float weights: {e}. Quantize the model "
+                             f"instead (quantization_config=ExpertsInt8Config()): that converts the layout once"
+                             ) from None
+    return int8_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+
+
 def _register() -> None:
     if QUANT_METHOD not in AUTO_QUANTIZATION_CONFIG_MAPPING:
         register_quantization_config(QUANT_METHOD)(ExpertsInt8Config)
     if QUANT_METHOD not in AUTO_QUANTIZER_MAPPING:
         register_quantizer(QUANT_METHOD)(ExpertsInt8HfQuantizer)
     if QUANT_METHOD not in ALL_EXPERTS_FUNCTIONS:
-        ALL_EXPERTS_FUNCTIONS.register(QUANT_METHOD, int8_experts_forward)
+        ALL_EXPERTS_FUNCTIONS.register(QUANT_METHOD, _experts_interface_forward)
 
 
 _register()
