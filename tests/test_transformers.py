@@ -218,7 +218,7 @@ def test_routing_table_matches_model_router(arch, int8_models):
 ])
 def test_routing_table_matches_model_router_in_other_router_settings(arch, overrides):
     """Router settings the tiny models leave at one value: the table follows the router in the others too."""
-    _assert_routing_table_matches_router(tiny_model(arch, dtype=torch.bfloat16, **overrides))
+    _assert_routing_table_matches_router(tiny_model(arch, dtype=torch.bfloat16, **overrides).to(DEVICE))
 
 
 @pytest.mark.parametrize("arch", VISION_LANGUAGE_NAMES)
