@@ -154,6 +154,17 @@ _VISION_LANGUAGE = {
 }
 
 
+# Model types outside the table: standard experts (Mellum: quantized with a warning), and experts without a
+# gate (NemotronH's ReLU² on up_proj: refused).
+_UNLISTED = {
+    "mellum": ("MellumConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                    num_experts=4, num_experts_per_tok=2)),
+    "nemotron_h": ("NemotronHConfig", dict(layers_block_type=["moe", "full_attention"], num_hidden_layers=2,
+                                           head_dim=16, n_routed_experts=4, n_shared_experts=1,
+                                           moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+                                           num_experts_per_tok=2)),
+}
+
 ARCH_NAMES = tuple(_CONFIGS)
 SELECTION_BIASES = ("e_score_correction_bias", "expert_bias")  # (LFM2's is expert_bias)
 VISION_LANGUAGE_NAMES = tuple(_VISION_LANGUAGE)
@@ -164,7 +175,7 @@ def tiny_config(arch: str, **overrides):
     import pytest
     import transformers
 
-    name, settings = _CONFIGS[arch] if arch in _CONFIGS else _VISION_LANGUAGE[arch]
+    name, settings = {**_CONFIGS, **_VISION_LANGUAGE, **_UNLISTED}[arch]
     settings = {**settings, **overrides}
     config_class = getattr(transformers, name, None)
     if config_class is None:

@@ -352,19 +352,9 @@ def test_model_without_moe_warns_when_allowed(caplog):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
-def _unlisted_moe(dtype=torch.float32):
-    """An MoE whose model_type is not in the table (Mellum), with transformers' standard experts modules."""
-    from transformers import MellumConfig
-
-    torch.manual_seed(0)
-    cfg = MellumConfig(**COMMON, head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
-                       num_experts=4, num_experts_per_tok=2)
-    return AutoModelForCausalLM.from_config(cfg, dtype=dtype).eval()
-
-
 def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_a_warning(caplog):
-    model = _unlisted_moe()
-    int8_model = _unlisted_moe()
+    model = tiny_model("mellum")
+    int8_model = tiny_model("mellum")
     with caplog.at_level(logging.WARNING):
         quantize_(int8_model)
     assert "model_type 'mellum' is not one of the tested architectures" in caplog.text
@@ -381,7 +371,7 @@ def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_
     ("activation", r"layers\.1\.mlp\.experts: activation ReLU\(\) is none of the kernel's activations"),
 ])
 def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
-    model = _unlisted_moe()
+    model = tiny_model("mellum")
     _, experts = find_experts(model)[-1]
     if damage == "undecorated":  # no use_experts_implementation flags: a module of its own
         del experts.is_concatenated
@@ -397,12 +387,7 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
 
 
 def test_experts_without_a_gate_are_named_in_the_refusal():
-    from transformers import NemotronHConfig
-
-    cfg = NemotronHConfig(**COMMON, layers_block_type=["moe", "full_attention"], num_hidden_layers=2, head_dim=16,
-                          n_routed_experts=4, n_shared_experts=1, moe_intermediate_size=32,
-                          moe_shared_expert_intermediate_size=32, num_experts_per_tok=2)
-    model = AutoModelForCausalLM.from_config(cfg)
+    model = tiny_model("nemotron_h")
     with pytest.raises(ValueError, match=r"model\.layers\.0\.mixer\.experts: experts without a gate \(has_gate=False"):
         quantize_(model)
 

@@ -310,7 +310,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
         if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
             raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
-        groups = plan_groups(headers, _layout(config), _experts_renames(config))
+        groups = plan_groups(headers, _layout(src_dir, config), _experts_renames(config))
         if not groups:
             raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                              f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
@@ -319,7 +319,6 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         hidden = text.get("hidden_size")
         shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
         if format == "native":
-            _check_model_type(config)
             quant_config, emit = dict(QUANT_CONFIG), _quantize_group
         else:
             names = FUSED_EXPORT_NAMES.get(_model_type(config), DEFAULT_EXPORT_NAMES)
@@ -418,25 +417,24 @@ def _architectures() -> Optional[dict]:
     return ARCHITECTURES
 
 
-def _layout(config: dict) -> str:
-    """The fused experts tensors' layout of this architecture (``checkpoint.to_fused_layout``); the plain one
-    outside the table or without transformers (another layout then fails _check_group's shape check)."""
-    arch = (_architectures() or {}).get(_model_type(config))
-    return arch.layout if arch is not None else "fused"
+def _layout(src_dir: Path, config: dict) -> str:
+    """The fused experts tensors' layout of this architecture (``checkpoint.to_fused_layout``). Outside the
+    table, the model's experts modules decide, built from the config on the meta device, and a model whose
+    experts the kernel cannot run is refused as loading refuses it; without transformers the plain layout
+    (another then fails _check_group's shape check)."""
+    architectures = _architectures()
+    if architectures is None:
+        return "fused"
+    arch = architectures.get(_model_type(config))
+    if arch is not None:
+        return arch.layout
+    from .integrations.transformers import layout_from_config
+
+    return layout_from_config(src_dir, config)
 
 
 def _model_type(config: dict) -> Optional[str]:
     return _text_config(config).get("model_type") or config.get("model_type")
-
-
-def _check_model_type(config: dict) -> None:
-    """Refuse model types outside the tested table (when transformers is installed): the converter cannot see
-    whether their experts modules are transformers' standard ones; loading with ExpertsInt8Config can."""
-    architectures = _architectures()
-    model_type = _model_type(config)
-    if architectures is not None and model_type not in architectures:
-        raise ValueError(f"model_type {model_type!r} is not one of experts_int8's tested architectures ("
-                         f"{', '.join(sorted(architectures))}), which the streaming converter reads; " + _LOAD_AND_SAVE)
 
 
 def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):

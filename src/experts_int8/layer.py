@@ -53,7 +53,13 @@ def detect_activation(act_fn) -> str:
     raise ValueError(f"activation {act_fn!r} is none of the kernel's activations {ACTIVATIONS}")
 
 
-_activation_cached = functools.lru_cache(maxsize=64)(detect_activation)  # (probed once per function)
+_probed = functools.lru_cache(maxsize=64)(detect_activation)
+
+
+@torch.compiler.assume_constant_result
+def _activation_cached(act_fn) -> str:
+    """detect_activation, once per function, and a constant to torch.compile (a graph cannot branch on data)."""
+    return _probed(act_fn)
 
 
 class Int8Experts(nn.Module):

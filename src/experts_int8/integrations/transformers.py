@@ -195,6 +195,27 @@ def _layout_of(model: nn.Module) -> str:
     return "transposed" if transposed else "fused"
 
 
+def layout_from_config(model_dir, config: dict) -> str:
+    """The experts layout of the model in ``model_dir`` (``config``: its ``config.json``), read from its modules
+    built on the meta device (nothing allocated); raises ValueError where loading with ExpertsInt8Config would
+    refuse them."""
+    from transformers import AutoConfig
+
+    from ..run import auto_model_class
+
+    try:
+        hf_config = AutoConfig.from_pretrained(model_dir)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"transformers cannot build model_type {config.get('model_type')!r}: {e}") from None
+    with torch.device("meta"):
+        model = auto_model_class(config).from_config(hf_config)
+    if find_experts(model):
+        _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
+    elif _ungated_experts(model):  # (no experts at all: the converter finds no experts tensors and says so)
+        raise ValueError(_ungated_experts(model))
+    return _layout_of(model)
+
+
 def _model_type(model: nn.Module) -> str:
     config = getattr(model, "config", None)
     if config is None:
@@ -322,16 +343,23 @@ def _check_flags(name: str, module: nn.Module, layout: str) -> None:
                          f"act(gate) * up")
 
 
+def _ungated_experts(model: nn.Module) -> Optional[str]:
+    """Why ``model``'s experts cannot run, where they have no gate (transformers' has_gate=False experts hold
+    up_proj only, which find_experts does not match)."""
+    ungated = [n for n, m in model.named_modules() if getattr(m, "has_gate", True) is False]
+    if ungated:
+        return (f"{ungated[0]}: experts without a gate (has_gate=False, act(up) as in NemotronH) are not "
+                f"supported; experts_int8's kernel computes act(gate) * up")
+    return None
+
+
 def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
     """The float experts modules to convert. None: nothing to do (no experts and allowed)."""
     experts = [(n, m) for n, m in find_experts(model) if not isinstance(m, Int8Experts)]
     if not find_experts(model):
         msg = (f"{type(model).__name__} has no MoE experts modules (fused gate_up_proj [E, 2I, H] + "
                f"down_proj [E, H, I]); experts_int8 only quantizes routed experts")
-        ungated = [n for n, m in model.named_modules() if getattr(m, "has_gate", True) is False]
-        if ungated:  # (transformers' has_gate=False experts hold up_proj only)
-            msg = (f"{ungated[0]}: experts without a gate (has_gate=False, act(up) as in NemotronH) are not "
-                   f"supported; experts_int8's kernel computes act(gate) * up")
+        msg = _ungated_experts(model) or msg
         if config.allow_no_experts:
             logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
             return None
