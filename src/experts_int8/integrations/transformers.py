@@ -211,8 +211,8 @@ def layout_from_config(model_dir, config: dict) -> str:
         model = auto_model_class(config).from_config(hf_config)
     if find_experts(model):
         _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
-    elif _ungated_experts(model):  # (no experts at all: the converter finds no experts tensors and says so)
-        raise ValueError(_ungated_experts(model))
+    elif (why := _ungated_experts(model)) is not None:  # (none at all: the converter finds no tensors, says so)
+        raise ValueError(why)
     return _layout_of(model)
 
 
