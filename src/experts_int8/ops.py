@@ -25,7 +25,7 @@ try:
     from .kernels import gluon_moe, gluon_wsrr
 except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON/WSRR entries run the Triton kernels
     gluon_moe = gluon_wsrr = None
-from .reference import ACTIVATIONS
+from .reference import ACTIVATIONS, GATED_ONLY, is_gated
 from .routing import select_experts
 
 BACKENDS = ("auto", "triton", "torch")
@@ -65,18 +65,21 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
     if (w13.dtype == torch.int8) != (w2.dtype == torch.int8):
         raise TypeError(f"w13 and w2 must both be int8 or both be float, got {w13.dtype} and {w2.dtype}")
 
-    num_experts, two_i, hidden = w13.shape
+    num_experts, rows13, hidden = w13.shape
     inter = w2.shape[2]
-    if two_i != 2 * inter or w2.shape[0] != num_experts or w2.shape[1] != hidden:
+    if rows13 not in (inter, 2 * inter) or w2.shape[0] != num_experts or w2.shape[1] != hidden:
         raise ValueError(
-            f"expected w13 [E, 2I, H] and w2 [E, H, I] with the same E, H and I; got w13 {_shape(w13)}, "
-            f"w2 {_shape(w2)}"
+            f"expected w13 [E, 2I, H] (gate then up rows; [E, I, H] for experts without a gate) and w2 [E, H, I] "
+            f"with the same E, H and I; got w13 {_shape(w13)}, w2 {_shape(w2)}"
         )
+    if not is_gated(w13, w2) and activation in GATED_ONLY:
+        raise ValueError(f"activation {activation!r} needs gate and up rows (w13 [E, 2I, H]); w13 {_shape(w13)} "
+                         f"holds up rows only")
     if x.shape[1] != hidden:
         raise ValueError(f"x has hidden size {x.shape[1]} but the experts have H={hidden} (w13 {_shape(w13)})")
 
     quantized = w13.dtype == torch.int8
-    for name, scale, rows in (("w13_scale", w13_scale, two_i), ("w2_scale", w2_scale, hidden)):
+    for name, scale, rows in (("w13_scale", w13_scale, rows13), ("w2_scale", w2_scale, hidden)):
         if quantized and scale is None:
             raise ValueError(f"int8 weights need {name} (fp32 [E, {rows}]); got None")
         if not quantized and scale is not None:
@@ -88,7 +91,7 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
             if scale.dtype != torch.float32:
                 raise TypeError(f"{name} must be float32, got {scale.dtype}")
 
-    for name, bias, rows in (("w13_bias", w13_bias, two_i), ("w2_bias", w2_bias, hidden)):
+    for name, bias, rows in (("w13_bias", w13_bias, rows13), ("w2_bias", w2_bias, hidden)):
         if bias is None:
             continue
         _require_tensor(name, bias, 2)
@@ -345,8 +348,10 @@ def fused_experts(
 ) -> torch.Tensor:
     """MoE over already-selected experts: ``sum_j w_j * expert_{id_j}(x)``. Returns ``[M, H]`` in x's dtype.
 
-    ``w13 [E, 2I, H]`` (gate rows, then up rows) and ``w2 [E, H, I]`` are int8 with fp32 per-row
-    scales ``w13_scale [E, 2I]``, ``w2_scale [E, H]``, or float (bf16/fp16/fp32) without scales.
+    ``w13 [E, 2I, H]`` (gate rows, then up rows: ``act(gate) * up``) and ``w2 [E, H, I]`` are int8 with
+    fp32 per-row scales ``w13_scale [E, 2I]``, ``w2_scale [E, H]``, or float (bf16/fp16/fp32) without scales.
+    Experts without a gate (NemotronH: ``act(up)``) pass their up rows alone, ``w13 [E, I, H]`` (and
+    ``w13_scale [E, I]``).
     ``expert_map [global E]`` maps global expert ids to local indices or -1 (expert parallelism).
     ``w13_bias [E, 2I]`` / ``w2_bias [E, H]``: optional expert biases, added after the scaled products
     (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU).

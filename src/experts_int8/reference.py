@@ -1,7 +1,9 @@
 """Pure-torch MoE: the oracle of every test and the CPU execution path.
 
 Legend: M tokens, H hidden, I intermediate (per expert), E local experts, k experts per token.
-``w13 [E, 2I, H]`` holds gate rows ``[:I]`` then up rows ``[I:]``; ``w2 [E, H, I]``.
+``w13 [E, 2I, H]`` holds gate rows ``[:I]`` then up rows ``[I:]`` (the expert computes
+``act(gate) * up``), or, for experts without a gate (NemotronH), up rows only: ``w13 [E, I, H]``,
+``act(up)``; ``w2 [E, H, I]``.
 
 Numerics mirror the Triton kernel: accumulate in fp32 (or fp64 when x is fp64), apply the per-row
 weight scale after the product, the activation and routing weight in that precision, round the
@@ -15,27 +17,47 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglu_oai")
+ACTIVATIONS = ("silu", "gelu", "gelu_tanh", "swiglu_oai", "relu2")
+GATED_ONLY = ("swiglu_oai",)  # activations whose form reads the up rows (no ungated form)
 # GPT-OSS's clamped SwiGLU: gate clamped above at LIMIT, up clamped to [-LIMIT, LIMIT],
 # gate * sigmoid(ALPHA * gate) * (up + 1).
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
 
 
+def _act(g: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "silu":
+        return F.silu(g)
+    if activation == "gelu":
+        return F.gelu(g)
+    if activation == "gelu_tanh":
+        return F.gelu(g, approximate="tanh")
+    if activation == "relu2":  # squared ReLU (NemotronH)
+        return F.relu(g).square()
+    if activation in GATED_ONLY:
+        raise ValueError(f"activation {activation!r} needs gate and up rows; these experts have no gate")
+    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+
+
 def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
     """``[..., 2I] -> [..., I]``: ``act(gate) * up`` (for ``swiglu_oai``, GPT-OSS's clamped form)."""
     gate, up = gate_up.chunk(2, dim=-1)
-    if activation == "silu":
-        return F.silu(gate) * up
-    if activation == "gelu":
-        return F.gelu(gate) * up
-    if activation == "gelu_tanh":
-        return F.gelu(gate, approximate="tanh") * up
     if activation == "swiglu_oai":
         gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
         up = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
         return gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return _act(gate, activation) * up
+
+
+def activate(h: torch.Tensor, activation: str, gated: bool = True) -> torch.Tensor:
+    """The experts' intermediate: ``act(gate) * up`` from ``[..., 2I]``, or ``act(up)`` from ``[..., I]`` for
+    experts without a gate."""
+    return act_and_mul(h, activation) if gated else _act(h, activation)
+
+
+def is_gated(w13: torch.Tensor, w2: torch.Tensor) -> bool:
+    """Whether ``w13`` holds gate and up rows (``[E, 2I, H]``) rather than up rows only (``[E, I, H]``)."""
+    return w13.shape[1] == 2 * w2.shape[2]
 
 
 def _expert_matmul(a: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor], acc: torch.dtype):
@@ -62,13 +84,14 @@ def fused_experts(
 ) -> torch.Tensor:
     """Reference MoE over already-selected experts. Returns ``[M, H]`` in x's dtype.
 
-    Optional expert biases ``w13_bias [E, 2I]`` and ``w2_bias [E, H]`` are added after the scaled
+    Optional expert biases ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) and ``w2_bias [E, H]`` are added after the scaled
     products (before the activation, and before the routing weight).
 
     ``expert_map[global_id]`` is the local index of that expert or -1 (expert lives elsewhere:
     the slot contributes 0). Inputs are assumed valid; :mod:`experts_int8.ops` validates.
     """
     m, k = topk_ids.shape
+    gated = is_gated(w13, w2)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     ids = topk_ids.long()
     if expert_map is not None:
@@ -85,7 +108,7 @@ def fused_experts(
         gate_up = _expert_matmul(a, w13[e], None if w13_scale is None else w13_scale[e], acc)
         if w13_bias is not None:
             gate_up = gate_up + w13_bias[e].to(acc)
-        h = act_and_mul(gate_up, activation).to(x.dtype)  # the kernel stores the intermediate in x's dtype
+        h = activate(gate_up, activation, gated).to(x.dtype)  # the kernel stores the intermediate in x's dtype
         y = _expert_matmul(h, w2[e], None if w2_scale is None else w2_scale[e], acc)
         if w2_bias is not None:
             y = y + w2_bias[e].to(acc)
