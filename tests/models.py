@@ -127,6 +127,12 @@ _CONFIGS = {
                                              num_hidden_layers=2, first_k_dense_replace=1, num_experts=6,
                                              num_experts_per_tok=2, num_shared_experts=1, sliding_window=8,
                                              sliding_window_pattern=2)),
+    # experts without a gate (ReLU² of up_proj), on a latent width smaller than the model's
+    "nemotron_h": ("NemotronHConfig", dict(layers_block_type=["moe", "full_attention", "moe"], num_hidden_layers=3,
+                                           head_dim=16, n_routed_experts=8, n_shared_experts=1,
+                                           moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
+                                           num_experts_per_tok=2, n_group=2, topk_group=1,
+                                           routed_scaling_factor=2.5, norm_topk_prob=True, moe_latent_size=48)),
     "gpt_oss": ("GptOssConfig", dict(head_dim=16, intermediate_size=32, num_hidden_layers=2, num_local_experts=6,
                                      num_experts_per_tok=2, sliding_window=8,
                                      layer_types=["sliding_attention", "full_attention"], rope_scaling=None)),
@@ -154,15 +160,10 @@ _VISION_LANGUAGE = {
 }
 
 
-# Model types outside the table: standard experts (Mellum: quantized with a warning), and experts without a
-# gate (NemotronH's ReLU² on up_proj: refused).
+# Model types outside the table: standard experts (Mellum: quantized with a warning).
 _UNLISTED = {
     "mellum": ("MellumConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
                                     num_experts=4, num_experts_per_tok=2)),
-    "nemotron_h": ("NemotronHConfig", dict(layers_block_type=["moe", "full_attention"], num_hidden_layers=2,
-                                           head_dim=16, n_routed_experts=4, n_shared_experts=1,
-                                           moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
-                                           num_experts_per_tok=2)),
 }
 
 ARCH_NAMES = tuple(_CONFIGS)

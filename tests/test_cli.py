@@ -133,7 +133,7 @@ def _fused_checkpoint(tmp_path, arch="mixtral"):
 
 
 @pytest.mark.parametrize("arch,layout", [(a, "per-expert") for a in ARCH_NAMES + VISION_LANGUAGE_NAMES] +
-                         [("mixtral", "fused"), ("mellum", "per-expert")])  # (mellum: outside the table)
+                         [("mixtral", "fused"), ("nemotron_h", "fused"), ("mellum", "per-expert")])  # (mellum: outside the table)
 def test_quantize_matches_on_the_fly_quantization(bf16_checkpoint, tmp_path, arch, layout):
     src = bf16_checkpoint(arch) if layout == "per-expert" else _fused_checkpoint(tmp_path, arch)
     dst = tmp_path / "int8"
@@ -301,17 +301,16 @@ def test_quantize_checks_expert_biases(bf16_checkpoint, tmp_path, arch, damage, 
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("arch, model_type, message", [
-    ("nemotron_h", None, "experts without a gate (has_gate=False"),  # (what loading says too)
-    ("mixtral", "no_such_model", "transformers cannot build model_type 'no_such_model'"),
+@pytest.mark.parametrize("arch, changes, message", [
+    ("mellum", {"hidden_act": "relu"}, "is none of the kernel's activations"),  # (what loading says too)
+    ("mixtral", {"model_type": "no_such_model"}, "transformers cannot build model_type 'no_such_model'"),
 ])
-def test_quantize_refuses_experts_outside_the_table_that_loading_refuses(bf16_checkpoint, tmp_path, arch, model_type,
+def test_quantize_refuses_experts_outside_the_table_that_loading_refuses(bf16_checkpoint, tmp_path, arch, changes,
                                                                           message):
     src = tmp_path / "src"
     shutil.copytree(bf16_checkpoint(arch), src)
-    if model_type is not None:
-        config = json.loads((src / "config.json").read_text())
-        (src / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, **changes}))
     assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), message)
     assert not (tmp_path / "o").exists()
 

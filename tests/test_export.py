@@ -89,18 +89,19 @@ def native_experts(native_dir) -> dict:
     t = tensors(native_dir)
     out = {}
     for key in t:
-        if key.endswith(".experts.gate_up_proj"):
-            prefix = key[: -len(".gate_up_proj")]
-            q13, s13, q2, s2 = (t[f"{prefix}.{n}"] for n in ("gate_up_proj", "gate_up_proj_scale", "down_proj",
-                                                             "down_proj_scale"))
+        if key.endswith((".experts.gate_up_proj", ".experts.up_proj")):  # (up_proj: experts without a gate)
+            prefix, _, w13 = key.rpartition(".")
+            q13, s13, q2, s2 = (t[f"{prefix}.{n}"] for n in (w13, f"{w13}_scale", "down_proj", "down_proj_scale"))
             i = q2.shape[-1]
             for e in range(q13.shape[0]):
-                out[prefix, "gate", e] = (q13[e, :i], s13[e, :i])
-                out[prefix, "up", e] = (q13[e, i:], s13[e, i:])
+                if w13 == "gate_up_proj":
+                    out[prefix, "gate", e] = (q13[e, :i], s13[e, :i])
+                out[prefix, "up", e] = (q13[e, -i:], s13[e, -i:])
                 out[prefix, "down", e] = (q2[e], s2[e])
     return out
 
 
+EXPERTS_TENSORS = (".experts.gate_up_proj", ".experts.up_proj", ".experts.down_proj")  # fused, in memory
 ROLE = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
 
 
@@ -147,8 +148,7 @@ def test_library_decompresses_our_int8_bit_exactly(converted, arch, layout):
         assert not any(p in module for p in qc.ignore if p != "lm_head")
 
     rest = set(out) - {f"{m}.{n}" for m in modules for n in SUFFIXES}
-    expert_sources = {k for k in source if PER_EXPERT.match(k) or k.endswith((".experts.gate_up_proj",
-                                                                               ".experts.down_proj"))}
+    expert_sources = {k for k in source if PER_EXPERT.match(k) or k.endswith(EXPERTS_TENSORS)}
     assert rest == set(source) - expert_sources
     for key in rest:  # byte-identical copies
         a, b = out[key], source[key]
@@ -181,9 +181,8 @@ def test_transformers_loads_the_export(converted, arch, layout):
     # (transformers renames some prefixes on load, e.g. Mixtral's block_sparse_moe -> mlp: match by layer)
     nat = tensors(native)
     layer = lambda name: (int(re.search(r"layers\.(\d+)\.", name).group(1)), name.rsplit(".", 1)[1])  # noqa: E731
-    stored = {layer(k): k for k in nat if k.endswith((".experts.gate_up_proj", ".experts.down_proj"))}
-    loaded = {layer(n): p for n, p in ct_model.named_parameters() if n.endswith(("experts.gate_up_proj",
-                                                                                 "experts.down_proj"))}
+    stored = {layer(k): k for k in nat if k.endswith(EXPERTS_TENSORS)}
+    loaded = {layer(n): p for n, p in ct_model.named_parameters() if n.endswith(EXPERTS_TENSORS)}
     assert set(stored) == set(loaded) and len(stored) == 2 * len(find_experts(int8_model))  # every MoE layer
     for where, key in stored.items():
         w = loaded[where]

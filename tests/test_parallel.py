@@ -20,19 +20,25 @@ from experts_int8.parallel import ParallelExperts, parallelize_experts, shard_ex
 from models import tiny_model
 
 
-def experts(e=6, h=32, i=24, bias=False, activation="silu"):
+def experts(e=6, h=32, i=24, bias=False, activation="silu", gated=True):
     kwargs = {}
+    rows = 2 * i if gated else i  # (without a gate: up rows only)
     if bias:
-        kwargs = dict(gate_up_proj_bias=torch.randn(e, 2 * i), down_proj_bias=torch.randn(e, h))
-    return Int8Experts.from_float(torch.randn(e, 2 * i, h) / h**0.5, torch.randn(e, h, i) / i**0.5,
+        kwargs = dict(gate_up_proj_bias=torch.randn(e, rows), down_proj_bias=torch.randn(e, h))
+    return Int8Experts.from_float(torch.randn(e, rows, h) / h**0.5, torch.randn(e, h, i) / i**0.5,
                                   activation=activation, **kwargs)
+
+
+def _w13(module):
+    return getattr(module, module.w13_name)
 
 
 @pytest.mark.parametrize("mode", ["tp", "ep"])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("bias, activation", [(False, "silu"), (True, "swiglu_oai")])
-def test_shards_add_up_to_the_layer(mode, world_size, bias, activation):
-    full = experts(bias=bias, activation=activation)
+@pytest.mark.parametrize("bias, activation, gated", [(False, "silu", True), (True, "swiglu_oai", True),
+                                                     (False, "relu2", False), (True, "relu2", False)])
+def test_shards_add_up_to_the_layer(mode, world_size, bias, activation, gated):
+    full = experts(bias=bias, activation=activation, gated=gated)
     x = torch.randn(9, 32)
     w, ids = select_experts(torch.randn(9, 6), 2)
     want = full(x, ids, w)
@@ -41,7 +47,8 @@ def test_shards_add_up_to_the_layer(mode, world_size, bias, activation):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(full(x, ids, w), want)  # the shards are copies: the whole layer is untouched
     # every int8 value and scale lives on exactly one rank (tp: the down scales on all of them)
-    assert sum(s.gate_up_proj.numel() for s in shards) == full.gate_up_proj.numel()
+    assert sum(_w13(s).numel() for s in shards) == _w13(full).numel()
+    assert all(s.has_gate == gated for s in shards)
     assert sum(s.down_proj.numel() for s in shards) == full.down_proj.numel()
     if mode == "tp":
         assert [s.intermediate_size for s in shards] == [len(p) for p in torch.arange(24).tensor_split(world_size)]
@@ -58,6 +65,15 @@ def test_tp_shard_keeps_matching_gate_and_up_rows():
     assert torch.equal(shard.gate_up_proj_scale, full.gate_up_proj_scale[:, [2, 3, 6, 7]])
     assert torch.equal(shard.down_proj, full.down_proj[:, :, 2:4])
     assert shard.gate_up_proj.is_contiguous() and shard.down_proj.is_contiguous()
+
+
+def test_tp_shard_of_experts_without_a_gate_keeps_its_up_rows():
+    full = experts(i=4, gated=False)
+    shard = shard_experts(full, "tp", 1, 2)
+    assert not hasattr(shard, "gate_up_proj")
+    assert torch.equal(shard.up_proj, full.up_proj[:, 2:4]) and torch.equal(shard.up_proj_scale, full.up_proj_scale[:, 2:4])
+    assert torch.equal(shard.down_proj, full.down_proj[:, :, 2:4])
+    assert shard.up_proj.is_contiguous()
 
 
 @pytest.mark.parametrize("args, error, match", [
@@ -85,7 +101,7 @@ def test_shard_of_a_shard_and_no_process_group():
 # --------------------------------------------------------------------------------------------------
 # plain; biases + clamped SwiGLU; shared experts + grouped routing; experts tensors renamed from the checkpoint's
 # (Granite); a vision-language model's text model
-ARCHS = ("mixtral", "gpt_oss", "deepseek_v2", "granitemoe", "qwen3_vl_moe")
+ARCHS = ("mixtral", "gpt_oss", "deepseek_v2", "granitemoe", "qwen3_vl_moe", "nemotron_h")
 
 
 def _free_port() -> int:
@@ -139,7 +155,7 @@ def _logits(model, device) -> torch.Tensor:
 
 
 def _experts_bytes(model) -> int:
-    return sum(m.gate_up_proj.numel() + m.down_proj.numel() for m in model.modules() if isinstance(m, Int8Experts))
+    return sum(_w13(m).numel() + m.down_proj.numel() for m in model.modules() if isinstance(m, Int8Experts))
 
 
 def _split_result(model, device, want: torch.Tensor, full_bytes: int) -> dict:
@@ -148,7 +164,7 @@ def _split_result(model, device, want: torch.Tensor, full_bytes: int) -> dict:
     got = _logits(model, device)
     return {"err": ((got - want).norm() / want.norm()).item(), "parts": len(parts),
             "local_bytes": _experts_bytes(model), "full_bytes": full_bytes,
-            "on_device": all(p.local.gate_up_proj.device == device for p in parts)}
+            "on_device": all(_w13(p.local).device == device for p in parts)}
 
 
 def _compiles(rank: int, device: torch.device, out_dir: str) -> dict:

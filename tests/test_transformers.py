@@ -31,6 +31,7 @@ from experts_int8.integrations.transformers import (  # noqa: E402
     to_fused_layout,
     verify_int8_model,
 )
+from experts_int8.layer import w13_name  # noqa: E402
 from experts_int8.quant import quantize_weights  # noqa: E402
 
 from models import ARCH_NAMES, COMMON, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
@@ -38,6 +39,11 @@ from models import ARCH_NAMES, COMMON, VISION_LANGUAGE_NAMES, auto_class, tiny_c
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # device_map needs accelerate; on CPU the default placement is the CPU anyway.
 ON_DEVICE = {"device_map": "cuda"} if DEVICE == "cuda" else {}
+
+
+def _w13(module, suffix: str = ""):
+    """The experts' first projection (gate_up_proj, or up_proj without a gate), or its ``suffix`` tensor."""
+    return getattr(module, w13_name(module) + suffix)
 
 
 def _float_experts(model):
@@ -120,9 +126,9 @@ def test_every_routed_expert_is_int8(arch, checkpoints, int8_models):
     assert len(int8_modules) == n_moe and not _float_experts(q_model)
     assert verify_int8_model(q_model) == n_moe
     for m in int8_modules:
-        assert m.gate_up_proj.dtype == torch.int8 and m.down_proj.dtype == torch.int8
-        assert m.gate_up_proj_scale.dtype == torch.float32 and m.down_proj_scale.dtype == torch.float32
-        assert not m.gate_up_proj.requires_grad
+        assert _w13(m).dtype == torch.int8 and m.down_proj.dtype == torch.int8
+        assert _w13(m, "_scale").dtype == torch.float32 and m.down_proj_scale.dtype == torch.float32
+        assert not _w13(m).requires_grad
     # No 3-D float tensor anywhere in the model (all routed experts are int8)...
     floats_3d = [n for n, p in q_model.state_dict().items() if p.dim() == 3 and p.is_floating_point()
                  and "experts" in n]
@@ -174,7 +180,7 @@ def test_save_reload_identical(arch, int8_models, tmp_path):
         assert torch.equal(model(x).logits, reloaded(x).logits)
     for (n1, m1), (n2, m2) in zip(find_experts(model), find_experts(reloaded)):
         assert n1 == n2
-        assert torch.equal(m1.gate_up_proj, m2.gate_up_proj) and torch.equal(m1.down_proj_scale, m2.down_proj_scale)
+        assert torch.equal(_w13(m1), _w13(m2)) and torch.equal(m1.down_proj_scale, m2.down_proj_scale)
 
 
 def _assert_routing_table_matches_router(model):
@@ -266,14 +272,14 @@ def test_fused_float_checkpoint_gives_same_int8(tmp_path, int8_models):
 def test_quantize_in_memory_matches_loading_and_frees(arch, checkpoints, int8_models):
     model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16, **ON_DEVICE)
     old = [m for _, m in find_experts(model)]
-    w13 = to_fused_layout(_arch(model).layout, "gate_up_proj", old[0].gate_up_proj.detach().clone())
+    w13 = to_fused_layout(_arch(model).layout, w13_name(old[0]), _w13(old[0]).detach().clone())
     quantize_(model)
     assert all(len(list(m.parameters())) == 0 for m in old)  # the bf16 tensors were released
     loaded = int8_models(arch)
     for (_, a), (_, b) in zip(find_experts(model), find_experts(loaded)):
-        assert torch.equal(a.gate_up_proj, b.gate_up_proj) and torch.equal(a.gate_up_proj_scale, b.gate_up_proj_scale)
+        assert torch.equal(_w13(a), _w13(b)) and torch.equal(_w13(a, "_scale"), _w13(b, "_scale"))
     q, s = quantize_weights(w13)
-    assert torch.equal(find_experts(model)[0][1].gate_up_proj, q)
+    assert torch.equal(_w13(find_experts(model)[0][1]), q)
     x = _inputs(4)
     with torch.no_grad():
         assert torch.equal(model(x).logits, loaded(x).logits)
@@ -384,12 +390,6 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
     if damage == "undecorated":
         assert all(arch in str(err.value) for arch in ARCH_NAMES)
     assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # nothing half-converted
-
-
-def test_experts_without_a_gate_are_named_in_the_refusal():
-    model = tiny_model("nemotron_h")
-    with pytest.raises(ValueError, match=r"model\.layers\.0\.mixer\.experts: experts without a gate \(has_gate=False"):
-        quantize_(model)
 
 
 def test_transposed_experts_outside_the_table_are_quantized(monkeypatch):
@@ -509,7 +509,7 @@ def test_gpu_load_peak_memory_below_int8_plus_one_layer(tmp_path):
     assert verify_int8_model(model) == 6
     # The CUDA caching allocator rounds every tensor up to 512 bytes.
     size = sum(-(-t.numel() * t.element_size() // 512) * 512 for t in model.state_dict().values())
-    layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for _, m in find_experts(model)) * 2
+    layer_bf16 = max(_w13(m).numel() + m.down_proj.numel() for _, m in find_experts(model)) * 2
     assert peak <= size + layer_bf16, (peak, size, layer_bf16)
 
 
@@ -671,7 +671,7 @@ def _sizes(model):
     int8_size = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     experts = [m for _, m in find_experts(model)]
     int8_experts = sum(t.numel() * t.element_size() for m in experts for t in m.state_dict().values())
-    layer_bf16 = max(m.gate_up_proj.numel() + m.down_proj.numel() for m in experts) * 2
+    layer_bf16 = max(_w13(m).numel() + m.down_proj.numel() for m in experts) * 2
     return int8_size, int8_experts, layer_bf16
 
 

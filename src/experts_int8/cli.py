@@ -107,7 +107,7 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
         raise ValueError(f"{p} is not an MoE model config: none of {', '.join(keys)} is set")
 
     experts = first("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
-    hidden = first("hidden_size")
+    hidden = first("moe_latent_size", "hidden_size")  # the experts' width (NemotronH's latent projection)
     inter = first("moe_intermediate_size", "intermediate_size")
     top_k = first("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "moe_k", "moe_topk")
     return experts, hidden, inter, top_k
@@ -290,9 +290,10 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
         prefix, _, tensor = name.rpartition(".")
         layers.setdefault(prefix, {})[tensor] = value
     width = max(len(p) for p in layers)
-    click.echo(f"  {'experts':<{width}}  gate_up_proj  down_proj")
+    w13 = "gate_up_proj" if any("gate_up_proj" in v for v in layers.values()) else "up_proj"  # (up_proj: no gate)
+    click.echo(f"  {'experts':<{width}}  {w13:>12}  down_proj")
     for prefix, v in layers.items():
-        click.echo(f"  {prefix:<{width}}  {v['gate_up_proj']:>12.1f}  {v['down_proj']:>9.1f}")
+        click.echo(f"  {prefix:<{width}}  {v.get('gate_up_proj', v.get('up_proj')):>12.1f}  {v['down_proj']:>9.1f}")
     lo, med = r.snr_summary()
     click.echo(f"  min {lo:.1f} dB, median {med:.1f} dB over {len(r.snr_db)} tensors")
 

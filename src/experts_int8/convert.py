@@ -8,14 +8,17 @@ The result is the same on-disk format that ``save_pretrained`` writes for a mode
   * every routed-experts block becomes four tensors under the checkpoint's own prefix
     (``<prefix>.experts.gate_up_proj`` int8 ``[E, 2I, H]`` gate rows then up rows,
     ``<prefix>.experts.gate_up_proj_scale`` fp32 ``[E, 2I]``, ``<prefix>.experts.down_proj`` int8
-    ``[E, H, I]``, ``<prefix>.experts.down_proj_scale`` fp32 ``[E, H]``);
+    ``[E, H, I]``, ``<prefix>.experts.down_proj_scale`` fp32 ``[E, H]``; experts without a gate, whose
+    checkpoints hold up and down projections only (NemotronH), get ``<prefix>.experts.up_proj`` int8
+    ``[E, I, H]`` and its ``up_proj_scale`` ``[E, I]`` in place of the gate_up tensors);
   * every other tensor is copied unchanged (name, dtype, values);
   * ``config.json`` gains ``quantization_config`` (``quant_method: experts_int8``); tokenizer and
     other small files are copied.
 
 Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (Mixtral) or
 ``<prefix>.experts.{e}.{gate_proj|up_proj|down_proj}.weight``, and already fused float
-``<prefix>.experts.gate_up_proj`` ``[E, 2I, H]`` / ``<prefix>.experts.down_proj`` ``[E, H, I]`` (GPT-OSS:
+``<prefix>.experts.gate_up_proj`` ``[E, 2I, H]`` (``up_proj`` ``[E, I, H]`` without a gate) /
+``<prefix>.experts.down_proj`` ``[E, H, I]`` (GPT-OSS:
 ``[E, H, 2I]`` with interleaved gate/up columns and ``[E, I, H]``, plus ``..._bias`` tensors, rewritten to
 that layout, the biases in fp32, as loading with ``ExpertsInt8Config`` does). A whole experts tensor that
 transformers renames for the architecture (Granite's ``block_sparse_moe.input_linear.weight``) reads as the
@@ -73,7 +76,7 @@ DEFAULT_EXPORT_NAMES = ("gate_proj", "up_proj", "down_proj")
 ROLES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
 PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)"
                         r"\.weight$")
-FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>(gate_up_proj|down_proj)(_bias)?)$")
+FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>(gate_up_proj|up_proj|down_proj)(_bias)?)$")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 
 
@@ -88,6 +91,13 @@ class ExpertsGroup:
 
     def source_keys(self) -> list[str]:
         return list(self.per_expert.values()) + list(self.fused.values())
+
+    @property
+    def w13(self) -> str:
+        """The first projection's name: ``gate_up_proj``, or ``up_proj`` for experts without a gate (a fused
+        ``up_proj`` tensor, or per-expert up and down projections and no gate one)."""
+        gated = "up_proj" not in self.fused if self.fused else any(role == "gate" for role, _ in self.per_expert)
+        return "gate_up_proj" if gated else "up_proj"
 
 
 @dataclass
@@ -171,10 +181,14 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
         raise ValueError(f"{g.prefix}: the checkpoint has both per-expert and fused keys for the same experts")
     if g.fused:
         biased = g.layout == "gpt_oss"  # the only experts with biases (and the kernel takes them only so)
-        missing = {"gate_up_proj", "down_proj"} - set(g.fused)
+        w13, rows = g.w13, "2I" if g.w13 == "gate_up_proj" else "I"
+        if {"gate_up_proj", "up_proj"} <= set(g.fused):
+            raise ValueError(f"{g.prefix}: the checkpoint has both gate_up_proj and up_proj tensors for the same "
+                             f"experts")
+        missing = {w13, "down_proj"} - set(g.fused)
         if biased:
             missing |= {"gate_up_proj_bias", "down_proj_bias"} - set(g.fused)
-        elif set(g.fused) - {"gate_up_proj", "down_proj"}:
+        elif set(g.fused) - {w13, "down_proj"}:
             raise ValueError(f"{g.prefix}: expert biases are supported for GPT-OSS only")
         if missing:
             raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{min(missing)} is missing")
@@ -182,15 +196,15 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
             if headers[key][0] not in ("F32", "F16", "BF16", "F64"):
                 raise ValueError(f"{key} is {headers[key][0]}, not a float tensor (is this checkpoint already "
                                  f"quantized?)")
-        s13, s2 = headers[g.fused["gate_up_proj"]][1], headers[g.fused["down_proj"]][1]
+        s13, s2 = headers[g.fused[w13]][1], headers[g.fused["down_proj"]][1]
         if len(s13) != 3 or len(s2) != 3:
             raise ValueError(f"{g.prefix}: expected fused experts tensors of 3 dims, got {list(s13)} and {list(s2)}")
         fused = {t: tuple(to_fused_layout(g.layout, t, torch.empty(headers[k][1], device="meta")).shape)
                  for t, k in g.fused.items()}
         e, h, i = fused["down_proj"]
-        if fused["gate_up_proj"] != (e, 2 * i, h) or (hidden is not None and h != hidden):
-            raise ValueError(f"{g.prefix}: experts layout not supported: gate_up_proj {list(s13)}, down_proj "
-                             f"{list(s2)}; expected gate_up_proj [E, 2I, H] and down_proj [E, H, I]"
+        if fused[w13] != (e, (2 if w13 == "gate_up_proj" else 1) * i, h) or (hidden is not None and h != hidden):
+            raise ValueError(f"{g.prefix}: experts layout not supported: {w13} {list(s13)}, down_proj "
+                             f"{list(s2)}; expected {w13} [E, {rows}, H] and down_proj [E, H, I]"
                              + (f" with H = hidden_size = {hidden}" if hidden is not None else "")
                              + f" (where transformers converts the layout: {_LOAD_AND_SAVE})")
         if biased and (fused["gate_up_proj_bias"], fused["down_proj_bias"]) != ((e, 2 * i), (e, h)):
@@ -207,14 +221,15 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
         if dtype not in ("F32", "F16", "BF16", "F64"):
             raise ValueError(f"{key} is {dtype}, not a float tensor (is this checkpoint already quantized?)")
         shapes.setdefault(role, set()).add(tuple(shape))
-    for role in ("gate", "up", "down"):
+    for role in ("gate", "up", "down") if g.w13 == "gate_up_proj" else ("up", "down"):
         have = [e for e in experts if (role, e) in g.per_expert]
         if len(have) != n:
             miss = sorted(set(experts) - set(have))[0]
             raise ValueError(f"{g.prefix}: expert {miss} has no {role} projection in the checkpoint")
         if len(shapes[role]) != 1:
             raise ValueError(f"{g.prefix}: {role} projections differ in shape across experts: {sorted(shapes[role])}")
-    (gi, gh), (ui, uh), (dh, di) = (next(iter(shapes[r])) for r in ("gate", "up", "down"))
+    (ui, uh), (dh, di) = (next(iter(shapes[r])) for r in ("up", "down"))
+    gi, gh = next(iter(shapes.get("gate", {(ui, uh)})))  # (without a gate: the up projection's)
     if not (gi == ui == di and gh == uh == dh) or (hidden is not None and gh != hidden):
         raise ValueError(f"{g.prefix}: inconsistent expert shapes gate {[gi, gh]}, up {[ui, uh]}, down {[dh, di]}")
     return n, gh, gi
@@ -316,7 +331,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                              f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
                              f"'...experts.gate_up_proj'); nothing to quantize")
         text = _text_config(config)
-        hidden = text.get("hidden_size")
+        hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
         shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
         if format == "native":
             quant_config, emit = dict(QUANT_CONFIG), _quantize_group
@@ -440,11 +455,13 @@ def _model_type(config: dict) -> Optional[str]:
 def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
     """Yield the four int8 tensors of one experts block, recording the SNR of each weight tensor."""
     e, h, i = shape
-    q13 = torch.empty((e, 2 * i, h), dtype=torch.int8)
-    s13 = torch.empty((e, 2 * i), dtype=torch.float32)
+    w13 = g.w13
+    rows = 2 * i if w13 == "gate_up_proj" else i
+    q13 = torch.empty((e, rows, h), dtype=torch.int8)
+    s13 = torch.empty((e, rows), dtype=torch.float32)
     q2 = torch.empty((e, h, i), dtype=torch.int8)
     s2 = torch.empty((e, h), dtype=torch.float32)
-    stats = {"gate_up_proj": [0.0, 0.0], "down_proj": [0.0, 0.0]}
+    stats = {w13: [0.0, 0.0], "down_proj": [0.0, 0.0]}
 
     def one(w, name, q_out, s_out, stat):
         w = w.to(device)
@@ -456,26 +473,25 @@ def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
         s_out.copy_(s.cpu())
 
     if g.fused:
-        w13, w2 = (to_fused_layout(g.layout, t, get(g.fused[t])) for t in ("gate_up_proj", "down_proj"))
+        f13, f2 = (to_fused_layout(g.layout, t, get(g.fused[t])) for t in (w13, "down_proj"))
         for x in range(e):
-            one(w13[x], f"{g.fused['gate_up_proj']}[expert {x}]", q13[x], s13[x], stats["gate_up_proj"])
-            one(w2[x], f"{g.fused['down_proj']}[expert {x}]", q2[x], s2[x], stats["down_proj"])
-        del w13, w2
+            one(f13[x], f"{g.fused[w13]}[expert {x}]", q13[x], s13[x], stats[w13])
+            one(f2[x], f"{g.fused['down_proj']}[expert {x}]", q2[x], s2[x], stats["down_proj"])
+        del f13, f2
         for t in ("gate_up_proj_bias", "down_proj_bias"):  # GPT-OSS: in the kernel's layout, fp32
             if t in g.fused:
                 yield f"{g.prefix}.{t}", to_fused_layout(g.layout, t, get(g.fused[t])).float().contiguous()
     else:
         for x in range(e):
-            gate, up = get(g.per_expert[("gate", x)]), get(g.per_expert[("up", x)])
-            one(torch.cat([gate, up], dim=0), f"{g.per_expert[('gate', x)]} + {g.per_expert[('up', x)]}",
-                q13[x], s13[x], stats["gate_up_proj"])
+            parts = [g.per_expert[(role, x)] for role in (("gate", "up") if w13 == "gate_up_proj" else ("up",))]
+            one(torch.cat([get(k) for k in parts], dim=0), " + ".join(parts), q13[x], s13[x], stats[w13])
             one(get(g.per_expert[("down", x)]), g.per_expert[("down", x)], q2[x], s2[x], stats["down_proj"])
     for name, (sig, noise) in stats.items():
         snr[f"{g.prefix}.{name}"] = _snr_db(sig, noise)
     yield f"{g.prefix}.down_proj", q2
     yield f"{g.prefix}.down_proj_scale", s2
-    yield f"{g.prefix}.gate_up_proj", q13
-    yield f"{g.prefix}.gate_up_proj_scale", s13
+    yield f"{g.prefix}.{w13}", q13
+    yield f"{g.prefix}.{w13}_scale", s13
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
@@ -520,12 +536,13 @@ def _compressed_tensors_group(g: ExpertsGroup, shape, get, device, snr: dict, *,
     """Yield one experts block as per-expert pack-quantized Linears (same int8 values as the native format)."""
     e, h, i = shape
     native = dict(_quantize_group(g, shape, get, device, snr))
-    q13, s13 = native[f"{g.prefix}.gate_up_proj"], native[f"{g.prefix}.gate_up_proj_scale"]
+    q13, s13 = native[f"{g.prefix}.{g.w13}"], native[f"{g.prefix}.{g.w13}_scale"]
     q2, s2 = native[f"{g.prefix}.down_proj"], native[f"{g.prefix}.down_proj_scale"]
+    gated = g.w13 == "gate_up_proj"
     for x in range(e):
-        for role, name, q, s in (("gate", fused_names[0], q13[x, :i], s13[x, :i]),
-                                 ("up", fused_names[1], q13[x, i:], s13[x, i:]),
-                                 ("down", fused_names[2], q2[x], s2[x])):
+        projections = (("gate", fused_names[0], q13[x, :i], s13[x, :i]),) if gated else ()
+        for role, name, q, s in projections + (("up", fused_names[1], q13[x, -i:], s13[x, -i:]),
+                                               ("down", fused_names[2], q2[x], s2[x])):
             key = g.per_expert.get((role, x))
             module = key[: -len(".weight")] if key else f"{g.prefix}.{x}.{name}"
             yield f"{module}.weight_packed", pack_int8(q)

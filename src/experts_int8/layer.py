@@ -10,6 +10,10 @@ Tensors (same layout as transformers 5 and vLLM; ``requires_grad`` is False ever
   ``gate_up_proj_bias``   fp32 ``[E, 2I]``     optional expert biases (``bias=True``, e.g. GPT-OSS)
   ``down_proj_bias``      fp32 ``[E, H]``
 
+Experts without a gate (``has_gate=False``, e.g. NemotronH: ``down(act(up(x)))``) hold ``up_proj`` int8
+``[E, I, H]`` with ``up_proj_scale`` (and ``up_proj_bias``) ``[E, I]`` in place of the ``gate_up_proj`` tensors:
+the names of transformers' own modules, so checkpoints load and save under them.
+
 The module only computes experts: routing (the router, top-k, renormalisation, ...) stays with the
 model, which calls ``experts(hidden_states [T, H], top_k_index [T, k], top_k_weights [T, k])`` like
 every transformers 5 experts module.
@@ -31,7 +35,7 @@ from torch import nn
 
 from .ops import fused_experts
 from .quant import quantize_weights
-from .reference import ACTIVATIONS, act_and_mul
+from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, is_gated
 
 def detect_activation(act_fn) -> str:
     """Which of :data:`experts_int8.reference.ACTIVATIONS` ``act_fn`` computes, found by evaluating it.
@@ -51,6 +55,12 @@ def detect_activation(act_fn) -> str:
         if torch.allclose(got.to(torch.float64), ref, rtol=1e-5, atol=1e-6):
             return name
     raise ValueError(f"activation {act_fn!r} is none of the kernel's activations {ACTIVATIONS}")
+
+
+def w13_name(module: nn.Module) -> str:
+    """The experts' first projection: ``gate_up_proj`` (gate then up rows), or ``up_proj`` for experts without a
+    gate (transformers' and ours: ``has_gate=False``)."""
+    return "gate_up_proj" if getattr(module, "has_gate", True) else "up_proj"
 
 
 _probed = functools.lru_cache(maxsize=64)(detect_activation)
@@ -73,6 +83,7 @@ class Int8Experts(nn.Module):
         *,
         activation: str = "silu",
         bias: bool = False,
+        gated: bool = True,
         global_num_experts: Optional[int] = None,
         device: Optional[torch.device] = None,
         backend: str = "auto",
@@ -84,25 +95,30 @@ class Int8Experts(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if not gated and activation in GATED_ONLY:
+            raise ValueError(f"activation {activation!r} needs gate and up rows; experts without a gate cannot use it")
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.activation = activation
         self.backend = backend
         self.global_num_experts = global_num_experts if global_num_experts is not None else num_experts
+        self.has_gate = gated
+        self.w13_name = w13_name(self)
         e, h, i = num_experts, hidden_size, intermediate_size
+        rows = 2 * i if gated else i
 
         def int8(*shape):
             return nn.Parameter(torch.empty(shape, dtype=torch.int8, device=device), requires_grad=False)
 
-        self.gate_up_proj = int8(e, 2 * i, h)
+        self.register_parameter(self.w13_name, int8(e, rows, h))
         self.down_proj = int8(e, h, i)
         # Scales are buffers: transformers' loader keeps buffers as plain tensors (never trainable).
-        self.register_buffer("gate_up_proj_scale", torch.empty(e, 2 * i, dtype=torch.float32, device=device))
+        self.register_buffer(f"{self.w13_name}_scale", torch.empty(e, rows, dtype=torch.float32, device=device))
         self.register_buffer("down_proj_scale", torch.empty(e, h, dtype=torch.float32, device=device))
         self.has_bias = bias
         if bias:
-            self.register_buffer("gate_up_proj_bias", torch.empty(e, 2 * i, dtype=torch.float32, device=device))
+            self.register_buffer(f"{self.w13_name}_bias", torch.empty(e, rows, dtype=torch.float32, device=device))
             self.register_buffer("down_proj_bias", torch.empty(e, h, dtype=torch.float32, device=device))
         # Expert parallelism: global expert id -> local index or -1. None: all experts are local.
         self.register_buffer("expert_map", None, persistent=False)
@@ -111,58 +127,71 @@ class Int8Experts(nn.Module):
     def from_float(cls, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *, activation: str = "silu",
                    name: str = "experts", gate_up_proj_bias: Optional[torch.Tensor] = None,
                    down_proj_bias: Optional[torch.Tensor] = None, **kwargs) -> "Int8Experts":
-        """Quantize float ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]`` (same device as given);
-        optional biases ``[E, 2I]`` / ``[E, H]`` are kept in fp32."""
+        """Quantize float ``gate_up_proj [E, 2I, H]`` (or, for experts without a gate, ``up_proj [E, I, H]``)
+        and ``down_proj [E, H, I]`` (same device as given); optional biases ``[E, 2I]`` (``[E, I]``) /
+        ``[E, H]`` are kept in fp32."""
         if gate_up_proj.dim() != 3 or down_proj.dim() != 3:
-            raise ValueError(f"{name}: expected gate_up_proj [E, 2I, H] and down_proj [E, H, I], got "
-                             f"{tuple(gate_up_proj.shape)} and {tuple(down_proj.shape)}")
+            raise ValueError(f"{name}: expected gate_up_proj [E, 2I, H] (up_proj [E, I, H] without a gate) and "
+                             f"down_proj [E, H, I], got {tuple(gate_up_proj.shape)} and {tuple(down_proj.shape)}")
         e, h, i = down_proj.shape
-        if tuple(gate_up_proj.shape) != (e, 2 * i, h):
+        if tuple(gate_up_proj.shape) not in ((e, 2 * i, h), (e, i, h)):
             raise ValueError(f"{name}: gate_up_proj {tuple(gate_up_proj.shape)} does not match down_proj "
-                             f"{tuple(down_proj.shape)} (expected ({e}, {2 * i}, {h}))")
+                             f"{tuple(down_proj.shape)} (expected ({e}, {2 * i}, {h}), or ({e}, {i}, {h}) without a "
+                             f"gate)")
         if (gate_up_proj_bias is None) != (down_proj_bias is None):
             raise ValueError(f"{name}: give both expert biases or neither")
+        gated = is_gated(gate_up_proj, down_proj)
         with torch.device("meta"):
-            module = cls(e, h, i, activation=activation, bias=gate_up_proj_bias is not None, **kwargs)
-        q13, s13 = quantize_weights(gate_up_proj.detach(), name=f"{name}.gate_up_proj")
+            module = cls(e, h, i, activation=activation, bias=gate_up_proj_bias is not None, gated=gated, **kwargs)
+        q13, s13 = quantize_weights(gate_up_proj.detach(), name=f"{name}.{module.w13_name}")
         q2, s2 = quantize_weights(down_proj.detach(), name=f"{name}.down_proj")
         module.load_quantized(q13, s13, q2, s2)
         if module.has_bias:
             module.load_biases(gate_up_proj_bias, down_proj_bias)
         return module
 
+    @property
+    def w13_rows(self) -> int:
+        """Rows of the first projection: 2I (gate and up), or I without a gate."""
+        return (2 if self.has_gate else 1) * self.intermediate_size
+
     def load_biases(self, gate_up_proj_bias: torch.Tensor, down_proj_bias: torch.Tensor) -> None:
         """Install the expert biases (kept in fp32) after checking their shapes."""
-        for name, t, shape in (("gate_up_proj_bias", gate_up_proj_bias, (self.num_experts, 2 * self.intermediate_size)),
+        w13 = f"{self.w13_name}_bias"
+        for name, t, shape in ((w13, gate_up_proj_bias, (self.num_experts, self.w13_rows)),
                                ("down_proj_bias", down_proj_bias, (self.num_experts, self.hidden_size))):
             if tuple(t.shape) != shape or not t.is_floating_point():
                 raise ValueError(f"{name} must be a float {shape} tensor, got {t.dtype} {tuple(t.shape)}")
-        self.gate_up_proj_bias = gate_up_proj_bias.detach().float()
+        setattr(self, w13, gate_up_proj_bias.detach().float())
         self.down_proj_bias = down_proj_bias.detach().float()
 
     def load_quantized(self, gate_up_proj, gate_up_proj_scale, down_proj, down_proj_scale) -> None:
-        """Install already-quantized tensors after checking their shapes and dtypes."""
+        """Install already-quantized tensors (the first two: ``up_proj`` and its scale without a gate) after
+        checking their shapes and dtypes."""
+        e, h, i, w13 = self.num_experts, self.hidden_size, self.intermediate_size, self.w13_name
         expected = {
-            "gate_up_proj": ((self.num_experts, 2 * self.intermediate_size, self.hidden_size), torch.int8),
-            "gate_up_proj_scale": ((self.num_experts, 2 * self.intermediate_size), torch.float32),
-            "down_proj": ((self.num_experts, self.hidden_size, self.intermediate_size), torch.int8),
-            "down_proj_scale": ((self.num_experts, self.hidden_size), torch.float32),
+            w13: (gate_up_proj, (e, self.w13_rows, h), torch.int8),
+            f"{w13}_scale": (gate_up_proj_scale, (e, self.w13_rows), torch.float32),
+            "down_proj": (down_proj, (e, h, i), torch.int8),
+            "down_proj_scale": (down_proj_scale, (e, h), torch.float32),
         }
-        given = {"gate_up_proj": gate_up_proj, "gate_up_proj_scale": gate_up_proj_scale,
-                 "down_proj": down_proj, "down_proj_scale": down_proj_scale}
-        for name, (shape, dtype) in expected.items():
-            t = given[name]
+        for name, (t, shape, dtype) in expected.items():
             if tuple(t.shape) != shape or t.dtype != dtype:
                 raise ValueError(f"{name} must be {dtype} {shape}, got {t.dtype} {tuple(t.shape)}")
-        self.gate_up_proj = nn.Parameter(gate_up_proj, requires_grad=False)
+        setattr(self, w13, nn.Parameter(gate_up_proj, requires_grad=False))
         self.down_proj = nn.Parameter(down_proj, requires_grad=False)
-        self.gate_up_proj_scale = gate_up_proj_scale
+        setattr(self, f"{w13}_scale", gate_up_proj_scale)
         self.down_proj_scale = down_proj_scale
+
+    def tensor_names(self) -> tuple[str, ...]:
+        """The state-dict names of this module's weights, scales and biases."""
+        names = (self.w13_name, f"{self.w13_name}_scale", "down_proj", "down_proj_scale")
+        return names + ((f"{self.w13_name}_bias", "down_proj_bias") if self.has_bias else ())
 
     def extra_repr(self) -> str:
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
                 f"intermediate_size={self.intermediate_size}, activation={self.activation}, "
-                f"bias={self.has_bias}, int8 (W8A16)")
+                f"bias={self.has_bias}{'' if self.has_gate else ', gate=False'}, int8 (W8A16)")
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """``hidden_states [T, H]``, ``top_k_index [T, k]``, ``top_k_weights [T, k]`` -> ``[T, H]``."""
@@ -171,14 +200,16 @@ class Int8Experts(nn.Module):
 
 def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                          top_k_weights: torch.Tensor) -> torch.Tensor:
-    """Experts forward for any module with ``gate_up_proj [E, 2I, H]`` and ``down_proj [E, H, I]``.
+    """Experts forward for any module with ``gate_up_proj [E, 2I, H]`` (or ``up_proj [E, I, H]`` without a gate)
+    and ``down_proj [E, H, I]``.
 
-    int8 weights use ``gate_up_proj_scale`` / ``down_proj_scale``; float (bf16/fp16/fp32) weights run
+    int8 weights use ``<name>_scale`` / ``down_proj_scale``; float (bf16/fp16/fp32) weights run
     unquantized through the same kernel. This is also the function registered as transformers'
     ``experts_implementation="experts_int8"``.
     """
-    w13, w2 = module.gate_up_proj, module.down_proj
-    s13 = getattr(module, "gate_up_proj_scale", None) if w13.dtype == torch.int8 else None
+    name = w13_name(module)
+    w13, w2 = getattr(module, name), module.down_proj
+    s13 = getattr(module, f"{name}_scale", None) if w13.dtype == torch.int8 else None
     s2 = getattr(module, "down_proj_scale", None) if w2.dtype == torch.int8 else None
     if s13 is not None and s13.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
         s13, s2 = s13.float(), s2.float()
@@ -194,6 +225,6 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
         expert_map=getattr(module, "expert_map", None),
         global_num_experts=getattr(module, "global_num_experts", None),
         backend=getattr(module, "backend", "auto"),
-        w13_bias=getattr(module, "gate_up_proj_bias", None),
+        w13_bias=getattr(module, f"{name}_bias", None),
         w2_bias=getattr(module, "down_proj_bias", None),
     )

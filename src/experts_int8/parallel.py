@@ -9,7 +9,7 @@ Two splits (``mode``):
 - ``"tp"`` (tensor parallel): every rank keeps all E experts and a contiguous slice of I: the matching
   gate rows and up rows of ``gate_up_proj`` with their scales, and the matching columns of
   ``down_proj`` with ``down_proj_scale`` unchanged (scales come from full rows, so the int8 values are
-  the same on one GPU or many). The down products of the slices add up to the full one. Decode
+  the same on one GPU or many; experts without a gate: the slice's rows of ``up_proj``). The down products of the slices add up to the full one. Decode
   reads 1/W of every hit expert on each rank, so all ranks stay busy at any M.
 - ``"ep"`` (expert parallel): every rank keeps E/W whole experts; ``expert_map`` sends pairs routed to
   other ranks' experts to the kernel's absent group, where they contribute zero.
@@ -43,8 +43,6 @@ from .checkpoint import CheckpointKeys
 from .layer import Int8Experts
 
 MODES = ("tp", "ep")
-# The experts tensors of one module, in the fused layout (the biases only with bias=True)
-TENSORS = ("gate_up_proj", "gate_up_proj_scale", "down_proj", "down_proj_scale", "gate_up_proj_bias", "down_proj_bias")
 
 
 def _split(n: int, parts: int, index: int) -> tuple[int, int]:
@@ -80,13 +78,15 @@ class Split:
 
     def take(self, tensor: str, t, lo: int, hi: int, intermediate_size: int, device) -> torch.Tensor:
         """This rank's part ``[lo, hi)`` of the whole experts tensor ``t`` named ``tensor`` (one of
-        :data:`TENSORS`), as a new contiguous tensor on ``device``. ``t`` is a tensor or a safetensors
+        :meth:`Int8Experts.tensor_names`), as a new contiguous tensor on ``device``. ``t`` is a tensor or a safetensors
         slice: only basic slicing is used, so from a file only the part is read."""
         i = intermediate_size
         if self.mode == "ep":
             part = t[lo:hi]
         elif tensor.startswith("gate_up_proj"):  # the gate rows and the matching up rows (with scales, biases)
             part = torch.cat([t[:, lo:hi], t[:, i + lo:i + hi]], dim=1)
+        elif tensor.startswith("up_proj"):  # experts without a gate: the slice's rows
+            part = t[:, lo:hi]
         elif tensor == "down_proj":
             part = t[:, :, lo:hi]
         else:  # down scales come from whole rows: every rank keeps them; the down bias counts on rank 0 only
@@ -102,16 +102,15 @@ class Split:
         device), the whole tensors given by ``read(tensor_name)``."""
         e, h, i = like.num_experts, like.hidden_size, like.intermediate_size
         lo, hi = self.bounds(e, i)
-        names = TENSORS if like.has_bias else TENSORS[:4]
-        parts = {t: self.take(t, read(t), lo, hi, i, device) for t in names}
+        names = like.tensor_names()  # (w13, its scale, down, its scale[, w13's bias, down's bias])
+        parts = [self.take(t, read(t), lo, hi, i, device) for t in names]
         local_e, local_i = (e, hi - lo) if self.mode == "tp" else (hi - lo, i)
         with torch.device("meta"):
             shard = Int8Experts(local_e, h, local_i, activation=like.activation, bias=like.has_bias,
-                                global_num_experts=e, backend=like.backend)
-        shard.load_quantized(parts["gate_up_proj"], parts["gate_up_proj_scale"], parts["down_proj"],
-                             parts["down_proj_scale"])
+                                gated=like.has_gate, global_num_experts=e, backend=like.backend)
+        shard.load_quantized(*parts[:4])
         if like.has_bias:
-            shard.load_biases(parts["gate_up_proj_bias"], parts["down_proj_bias"])
+            shard.load_biases(*parts[4:])
         if self.mode == "ep":
             expert_map = torch.full((e,), -1, dtype=torch.int32)
             expert_map[lo:hi] = torch.arange(hi - lo, dtype=torch.int32)
@@ -129,7 +128,7 @@ def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
     split = Split(mode, rank, world_size)
     if module.expert_map is not None:
         raise ValueError("this experts module is already a shard (it has an expert_map)")
-    device = torch.device(device) if device is not None else module.gate_up_proj.device
+    device = torch.device(device) if device is not None else module.down_proj.device
     return split.shard(module, lambda t: getattr(module, t), device)
 
 

@@ -9,7 +9,8 @@ How it plugs in (transformers' own mechanisms, no per-model patches):
   * :class:`ExpertsInt8Config` / :class:`ExpertsInt8HfQuantizer` are registered under the quant method
     ``"experts_int8"`` with ``register_quantization_config`` / ``register_quantizer``.
   * Every transformers 5 experts module (``@use_experts_implementation``: fused ``gate_up_proj
-    [E, 2I, H]`` + ``down_proj [E, H, I]``) is swapped, on the meta device, for
+    [E, 2I, H]`` + ``down_proj [E, H, I]``; ``up_proj [E, I, H]`` for experts without a gate) is swapped, on
+    the meta device, for
     :class:`experts_int8.layer.Int8Experts`. Routing stays with the model's own router.
   * Loading a float checkpoint: transformers' converters merge the per-expert keys on disk
     (``experts.{e}.w1.weight``, ``experts.{e}.gate_proj.weight``, ...) into the fused tensor; our
@@ -57,7 +58,7 @@ from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..checkpoint import check_int8_checkpoint, read_headers, to_fused_layout
-from ..layer import Int8Experts, detect_activation, int8_experts_forward
+from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
 from ..parallel import PendingShard, fill_pending_shards, loading_split
 from ..quant import quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
@@ -181,6 +182,7 @@ ARCHITECTURES: dict[str, Arch] = {
     "granitemoeshared": Arch("router", _ALWAYS),
     "phimoe": Arch("router", lambda c: {"top_k": c.num_experts_per_tok, "renormalize": False,
                                         "custom_routing_function": sparsemixer(c.router_jitter_noise)}),
+    "nemotron_h": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),  # (no gate: relu2(up))
     "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
     "aria_text": Arch("router", lambda c: {"top_k": c.moe_topk, "renormalize": True}, layout="transposed"),
 }
@@ -209,10 +211,8 @@ def layout_from_config(model_dir, config: dict) -> str:
         raise ValueError(f"transformers cannot build model_type {config.get('model_type')!r}: {e}") from None
     with torch.device("meta"):
         model = auto_model_class(config).from_config(hf_config)
-    if find_experts(model):
+    if find_experts(model):  # (none at all: the converter finds no tensors, says so)
         _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
-    elif (why := _ungated_experts(model)) is not None:  # (none at all: the converter finds no tensors, says so)
-        raise ValueError(why)
     return _layout_of(model)
 
 
@@ -293,10 +293,10 @@ class ExpertsInt8Config(QuantizationConfigMixin):
 # Finding and replacing experts modules
 # --------------------------------------------------------------------------------------------------
 def _is_experts_module(module: nn.Module) -> bool:
-    """A transformers 5 fused experts module (or ours)."""
+    """A transformers 5 fused experts module (``up_proj`` in place of ``gate_up_proj`` without a gate), or ours."""
     if isinstance(module, Int8Experts):
         return True
-    w13, w2 = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    w13, w2 = getattr(module, w13_name(module), None), getattr(module, "down_proj", None)
     return isinstance(w13, torch.Tensor) and isinstance(w2, torch.Tensor) and w13.dim() == 3 and w2.dim() == 3
 
 
@@ -325,32 +325,23 @@ def _check_layout(name: str, module: nn.Module, layout: str = "fused") -> None:
 
 
 def _check_flags(name: str, module: nn.Module, layout: str) -> None:
-    """A transformers standard experts module computes act(gate) * up with our weights in ``layout``."""
+    """A transformers standard experts module computes act(gate) * up (act(up) without a gate) with our weights
+    in ``layout``."""
     bad = [f"{flag}={getattr(module, flag)}" for flag, ok in
-           (("is_transposed", layout == "transposed"), ("has_bias", False), ("has_gate", True),
-            ("is_concatenated", True))
+           (("is_transposed", layout == "transposed"), ("has_bias", False), ("is_concatenated", True))
            if getattr(module, flag, ok) != ok]
     if getattr(module, "has_post_expert_norm", False):
         bad.append("has_post_expert_norm=True")
     if bad:
-        shapes = ("[E, H, 2I] and down_proj [E, I, H]" if layout == "transposed"
-                  else "[E, 2I, H] and down_proj [E, H, I]")
+        rows = "2I" if getattr(module, "has_gate", True) else "I"
+        shapes = (f"[E, H, {rows}] and down_proj [E, I, H]" if layout == "transposed"
+                  else f"[E, {rows}, H] and down_proj [E, H, I]")
         raise ValueError(f"{name}: experts layout not supported by experts_int8 ({', '.join(bad)}); expected "
-                         f"gate_up_proj {shapes} (gate then up) without bias")
+                         f"{w13_name(module)} {shapes} without bias")
     gate = getattr(type(module), "_apply_gate", _default_apply_gate)
     if gate is not _default_apply_gate:
         raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate); the kernel computes "
                          f"act(gate) * up")
-
-
-def _ungated_experts(model: nn.Module) -> Optional[str]:
-    """Why ``model``'s experts cannot run, where they have no gate (transformers' has_gate=False experts hold
-    up_proj only, which find_experts does not match)."""
-    ungated = [n for n, m in model.named_modules() if getattr(m, "has_gate", True) is False]
-    if ungated:
-        return (f"{ungated[0]}: experts without a gate (has_gate=False, act(up) as in NemotronH) are not "
-                f"supported; experts_int8's kernel computes act(gate) * up")
-    return None
 
 
 def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
@@ -359,7 +350,6 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     if not find_experts(model):
         msg = (f"{type(model).__name__} has no MoE experts modules (fused gate_up_proj [E, 2I, H] + "
                f"down_proj [E, H, I]); experts_int8 only quantizes routed experts")
-        msg = _ungated_experts(model) or msg
         if config.allow_no_experts:
             logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
             return None
@@ -398,8 +388,7 @@ def _activation_of(module: nn.Module, layout: str, name: str = "experts") -> str
 
 
 def _int8_param_names(model: nn.Module) -> set[str]:
-    return {f"{n}.{t}" for n, m in model.named_modules() if isinstance(m, Int8Experts)
-            for t in ("gate_up_proj", "gate_up_proj_scale", "down_proj", "down_proj_scale")}
+    return {f"{n}.{t}" for n, m in model.named_modules() if isinstance(m, Int8Experts) for t in m.tensor_names()[:4]}
 
 
 def _is_expert_converter(conversion, int8_names: set[str]) -> bool:
@@ -515,6 +504,7 @@ class Int8Quantize(ConversionOps):
         q = torch.empty((e, n, k), dtype=torch.int8, device=device)
         scale = torch.empty((e, n), dtype=torch.float32, device=device)
         is_gate_up = key.endswith("gate_up_proj")
+        half = "up" if key.endswith("up_proj") else "down"  # (gate_up_proj: whichever half is not finite)
         for i in range(e):
             # Always a copy: on the GPU this is the one float expert on the device at a time (and on
             # the CPU the tests can count it, instead of seeing a view of the merged host tensor).
@@ -522,8 +512,6 @@ class Int8Quantize(ConversionOps):
             if not torch.isfinite(wi).all():
                 if is_gate_up:
                     half = "gate" if not torch.isfinite(wi[: n // 2]).all() else "up"
-                else:
-                    half = "down"
                 name = _source_key(key, sources, targets, i, half)
                 raise ValueError(f"checkpoint tensor {name} (-> {key}, expert {i}) contains NaN or Inf; "
                                  f"int8 quantization needs finite weights")
@@ -591,14 +579,15 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                              "it once (experts-int8 quantize), or load it whole and call parallelize_experts")
         expected = {}  # the saved int8 tensors' safetensors dtype and shape (pre-quantized checkpoints)
         for name, module in todo:
-            w13, w2 = module.gate_up_proj, module.down_proj
+            w13, w2 = getattr(module, w13_name(module)), module.down_proj
             e, h, i = to_fused_layout(self._layout, "down_proj", w2).shape
             with torch.device("meta"):
-                new = Int8Experts(e, h, i, activation=_activation_of(module, self._layout), bias=biased)
+                new = Int8Experts(e, h, i, activation=_activation_of(module, self._layout), bias=biased,
+                                  gated=getattr(module, "has_gate", True))
                 if not self.pre_quantized:
                     # Placeholders in the checkpoint's float dtype and layout until Int8Quantize fills them:
                     # some transformers versions (5.17) cast each tensor to its meta param's dtype first.
-                    new.gate_up_proj = nn.Parameter(torch.empty_like(w13), requires_grad=False)
+                    setattr(new, new.w13_name, nn.Parameter(torch.empty_like(w13), requires_grad=False))
                     new.down_proj = nn.Parameter(torch.empty_like(w2), requires_grad=False)
                     if biased:
                         new.gate_up_proj_bias = torch.empty_like(module.gate_up_proj_bias)
@@ -613,9 +602,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                     set(model._keys_to_ignore_on_load_unexpected or ()) | {"^" + re.escape(name + ".")})
                 continue
             model.set_submodule(name, new)
-            self._targets.update({f"{name}.gate_up_proj", f"{name}.down_proj"})
-            if biased:
-                self._targets.update({f"{name}.gate_up_proj_bias", f"{name}.down_proj_bias"})
+            self._targets.update(f"{name}.{t}" for t in new.tensor_names() if not t.endswith("_scale"))
         self._files = list(checkpoint_files or [])
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
@@ -687,10 +674,11 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
             if config is not None and config.skips(name):
                 continue
             raise ValueError(f"routed experts {name} ({type(module).__name__}) were left in "
-                             f"{module.gate_up_proj.dtype}; expected int8")
-        e, h, i = module.num_experts, module.hidden_size, module.intermediate_size
-        for t, shape, dtype in (("gate_up_proj", (e, 2 * i, h), torch.int8), ("down_proj", (e, h, i), torch.int8),
-                                ("gate_up_proj_scale", (e, 2 * i), torch.float32),
+                             f"{module.down_proj.dtype}; expected int8")
+        e, h, i, w13, rows = (module.num_experts, module.hidden_size, module.intermediate_size, module.w13_name,
+                              module.w13_rows)
+        for t, shape, dtype in ((w13, (e, rows, h), torch.int8), ("down_proj", (e, h, i), torch.int8),
+                                (f"{w13}_scale", (e, rows), torch.float32),
                                 ("down_proj_scale", (e, h), torch.float32)):
             value = getattr(module, t)
             if value.device.type == "meta":
@@ -698,12 +686,12 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
             if value.dtype != dtype or tuple(value.shape) != shape:
                 raise ValueError(f"{name}.{t}: expected {dtype} {shape}, got {value.dtype} {tuple(value.shape)}")
         if module.has_bias:
-            for t, shape in (("gate_up_proj_bias", (e, 2 * i)), ("down_proj_bias", (e, h))):
+            for t, shape in ((f"{w13}_bias", (e, rows)), ("down_proj_bias", (e, h))):
                 b = getattr(module, t)
                 if b.device.type == "meta" or tuple(b.shape) != shape or not bool(torch.isfinite(b).all()):
                     raise ValueError(f"{name}.{t}: expected finite float {shape} expert biases, got "
                                      f"{b.dtype} {tuple(b.shape)} on {b.device}")
-        for t in ("gate_up_proj_scale", "down_proj_scale"):
+        for t in (f"{w13}_scale", "down_proj_scale"):
             s = getattr(module, t)
             if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
                 raise ValueError(f"{name}.{t} holds non-finite or non-positive scales; the checkpoint's "
@@ -730,7 +718,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
         return model
     layout = _layout_of(model)
     for name, module in todo:  # validate everything before changing anything
-        for t in ("gate_up_proj", "down_proj"):
+        for t in (w13_name(module), "down_proj"):
             w = getattr(module, t)
             if w.device.type == "meta":
                 raise ValueError(f"{name}.{t} is on the meta device; load the weights first")
@@ -745,7 +733,8 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
         if layout == "gpt_oss":
             biases = {t: to_fused_layout(layout, t, getattr(module, t).data)
                       for t in ("gate_up_proj_bias", "down_proj_bias")}
-        new = Int8Experts.from_float(to_fused_layout(layout, "gate_up_proj", module.gate_up_proj.data),
+        w13 = w13_name(module)
+        new = Int8Experts.from_float(to_fused_layout(layout, w13, getattr(module, w13).data),
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
                                      activation=_activation_of(module, layout), name=name, **biases)
         model.set_submodule(name, new)
