@@ -87,7 +87,8 @@ def test_gated_mlp_with_bias_is_not_converted():
 
 
 @pytest.mark.parametrize("act, name", [(nn.SiLU(), "silu"), (nn.GELU(), "gelu"),
-                                       (nn.GELU(approximate="tanh"), "gelu_tanh")])
+                                       (nn.GELU(approximate="tanh"), "gelu_tanh"),
+                                       (lambda x: torch.relu(x).square(), "relu2")])
 def test_detect_activation(act, name):
     assert detect_activation(act) == name
 

@@ -312,10 +312,11 @@ def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):
         assert torch.equal(model(x).logits, reloaded(x).logits)
 
 
-def test_experts_interface_backend_runs_float_model(checkpoints):
+@pytest.mark.parametrize("arch", ["qwen2_moe", "nemotron_h"])  # (nemotron_h: experts without a gate)
+def test_experts_interface_backend_runs_float_model(checkpoints, arch):
     """``experts_implementation="experts_int8"`` routes a float model's experts through our fused path."""
-    ref = AutoModelForCausalLM.from_pretrained(checkpoints("qwen2_moe"), dtype=torch.float32)
-    ours = AutoModelForCausalLM.from_pretrained(checkpoints("qwen2_moe"), dtype=torch.float32,
+    ref = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.float32)
+    ours = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.float32,
                                                 experts_implementation="experts_int8")
     assert ours.config._experts_implementation == "experts_int8"
     calls = []

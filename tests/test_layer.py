@@ -1,0 +1,47 @@
+"""``Int8Experts``: gated experts (``gate_up_proj``) and experts without a gate (``up_proj``), on the torch path."""
+
+import pytest
+import torch
+
+from experts_int8 import Int8Experts, dequantize_weights, reference, select_experts
+
+E, H, I = 5, 32, 24
+
+
+def _float_experts(gated: bool):
+    torch.manual_seed(0)
+    return torch.randn(E, (2 if gated else 1) * I, H) / H**0.5, torch.randn(E, H, I) / I**0.5
+
+
+@pytest.mark.parametrize("gated, activation", [(True, "silu"), (True, "relu2"), (False, "relu2"), (False, "gelu")])
+def test_experts_compute_their_form_on_their_own_tensors(gated, activation):
+    w13, w2 = _float_experts(gated)
+    module = Int8Experts.from_float(w13, w2, activation=activation, backend="torch")
+    name = "gate_up_proj" if gated else "up_proj"
+    assert module.has_gate == gated and module.w13_name == name
+    assert set(module.state_dict()) == {name, f"{name}_scale", "down_proj", "down_proj_scale"}
+    x = torch.randn(7, H)
+    w, ids = select_experts(torch.randn(7, E), 2)
+    q13, s13 = getattr(module, name), getattr(module, f"{name}_scale")
+    want = reference.fused_experts(x.double(), dequantize_weights(q13, s13, torch.float64),
+                                   dequantize_weights(module.down_proj, module.down_proj_scale, torch.float64), w, ids,
+                                   activation=activation)
+    torch.testing.assert_close(module(x, ids, w).double(), want, rtol=1e-5, atol=1e-6)
+    # the expert's own formula, on the float weights: act(gate) * up, or act(up)
+    h = x[:1] @ w13[ids[0, 0]].t()
+    h = reference.act_and_mul(h, activation) if gated else (torch.relu(h).square() if activation == "relu2"
+                                                           else torch.nn.functional.gelu(h))
+    one = Int8Experts.from_float(w13, w2, activation=activation, backend="torch")(x[:1], ids[:1, :1], torch.ones(1, 1))
+    torch.testing.assert_close(one, h @ w2[ids[0, 0]].t(), rtol=0.05, atol=0.02)
+
+
+def test_experts_without_a_gate_refuse_what_needs_one():
+    w13, w2 = _float_experts(gated=False)
+    with pytest.raises(ValueError, match="'swiglu_oai' needs gate and up rows"):
+        Int8Experts.from_float(w13, w2, activation="swiglu_oai")
+    with pytest.raises(ValueError, match=r"expected \(5, 48, 32\), or \(5, 24, 32\) without a gate"):
+        Int8Experts.from_float(w13[:, :-1], w2)
+    module = Int8Experts.from_float(w13, w2)
+    with pytest.raises(ValueError, match=r"up_proj must be torch.int8 \(5, 24, 32\)"):
+        module.load_quantized(torch.zeros(E, 2 * I, H, dtype=torch.int8), torch.ones(E, 2 * I),
+                              module.down_proj, module.down_proj_scale)
