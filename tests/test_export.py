@@ -165,6 +165,9 @@ def test_transformers_loads_the_export(converted, arch, layout):
     if arch == "phimoe" and Version(transformers.__version__) < Version("5.24"):
         pytest.skip("transformers 5.17 quantizes PhiMoE's router, an nn.Linear named block_sparse_moe.gate in the "
                     "export's ignore list and mlp.router in the model, then cannot initialize it; 5.24 loads it")
+    if arch == "nemotron_h" and Version(transformers.__version__) < Version("5.24"):
+        pytest.skip("transformers 5.17 matches the export's ignore list (the checkpoint's backbone.* names) against "
+                    "the model's model.* names, so it expects every Linear packed; 5.24 loads it")
     if arch == "kimi_linear":
         pytest.skip("transformers' compressed-tensors loader fails to merge Kimi-Linear's attention conv weights "
                     "(a CONVERSION error on self_attn.conv1d.weight, which the export copies unchanged)")
