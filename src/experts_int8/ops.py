@@ -353,8 +353,9 @@ def fused_experts(
     Experts without a gate (NemotronH: ``act(up)``) pass their up rows alone, ``w13 [E, I, H]`` (and
     ``w13_scale [E, I]``).
     ``expert_map [global E]`` maps global expert ids to local indices or -1 (expert parallelism).
-    ``w13_bias [E, 2I]`` / ``w2_bias [E, H]``: optional expert biases, added after the scaled products
-    (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU).
+    ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) / ``w2_bias [E, H]``: optional expert biases, added after the
+    scaled products (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU, which needs a gate;
+    ``"relu2"`` is NemotronH's squared ReLU).
     ``backend``: "triton" (on CPU tensors, Triton's interpreter), "torch" (reference), "auto"
     (Triton on CUDA GPUs of compute capability 8.0 or newer, torch elsewhere, with a warning on an
     older GPU).
