@@ -37,6 +37,11 @@ path = os.path.join(sys.argv[2], "gate_up_tma.cubin")  # an entry whose weights 
 with open(path, "wb") as f:
     f.write(fused_moe.sm90_compile("gate_up", dict(entry, TMA=1), top_k=8, num_pairs=32).asm["cubin"])
 out["gate_up tma"] = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True, check=True).stdout
+path = os.path.join(sys.argv[2], "gate_up_ungated.cubin")  # the same entry on experts without a gate
+with open(path, "wb") as f:
+    f.write(fused_moe.sm90_compile("gate_up", dict(entry, TMA=1), top_k=8, num_pairs=32, gated=False).asm["cubin"])
+out["gate_up ungated"] = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True,
+                                        check=True).stdout
 sys.stdout.write(json.dumps(out))
 """
 
@@ -69,6 +74,16 @@ def test_epilogue_loads_move_across_the_k_loop(sass, which):
 
 def test_tma_entries_compile_with_their_descriptor(sass):
     assert "UTMALDG" in sass["gate_up tma"] and "UTMALDG" not in sass["gate_up 0"]
+
+
+def test_ungated_gate_up_runs_one_dot(sass):
+    """Experts without a gate: the gate_up kernel's K loop holds half the MMAs and TMA copies of the gated one
+    (no up tile, no second dot)."""
+    def count(text, op):
+        return sum(1 for line in sass[text].splitlines() if re.search(rf"\b{op}\b", line))
+
+    for op in ("UTMALDG", "HMMA"):
+        assert 2 * count("gate_up ungated", op) == count("gate_up tma", op) > 0, op
 
 
 def test_programs_per_sm_from_registers_and_shared_memory():

@@ -15,8 +15,9 @@ TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 BACKENDS = ["triton", "torch"]
 
 
-def make_experts(e, h, i, quantized=True, dtype=torch.float32):
-    w13 = torch.randn(e, 2 * i, h, device=DEVICE) / h**0.5
+def make_experts(e, h, i, quantized=True, dtype=torch.float32, gated=True):
+    """Random experts: ``w13 [E, 2I, H]`` (gate, up rows), or ``[E, I, H]`` (up rows) without ``gated``."""
+    w13 = torch.randn(e, (2 if gated else 1) * i, h, device=DEVICE) / h**0.5
     w2 = torch.randn(e, h, i, device=DEVICE) / i**0.5
     if not quantized:
         return dict(w13=w13.to(dtype), w2=w2.to(dtype), w13_scale=None, w2_scale=None)
@@ -40,8 +41,8 @@ def rel_err(out, ref):
     return ((out.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def check(m, e, h, i, k, dtype, backend, topk_ids=None, quantized=True, weight_dtype=None, **kw):
-    experts = make_experts(e, h, i, quantized, weight_dtype or dtype)
+def check(m, e, h, i, k, dtype, backend, topk_ids=None, quantized=True, weight_dtype=None, gated=True, **kw):
+    experts = make_experts(e, h, i, quantized, weight_dtype or dtype, gated)
     x = torch.randn(m, h, device=DEVICE, dtype=dtype)
     n_global = kw.get("global_num_experts") or e
     topk_weights, ids = select_experts(torch.randn(m, n_global, device=DEVICE), k)
@@ -87,32 +88,36 @@ def test_all_tokens_on_one_expert(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh"])
-def test_activations(backend, activation):
-    check(7, 4, 48, 32, 2, torch.float32, backend, activation=activation)
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "relu2"])
+def test_activations(backend, activation, gated):
+    check(7, 4, 48, 32, 2, torch.float32, backend, activation=activation, gated=gated)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_router_weight_on_input(backend):
-    check(6, 4, 32, 32, 1, torch.float32, backend, apply_router_weight_on_input=True)
+@pytest.mark.parametrize("gated", [True, False])
+def test_router_weight_on_input(backend, gated):
+    check(6, 4, 32, 32, 1, torch.float32, backend, apply_router_weight_on_input=True, gated=gated)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("weight_dtype", [torch.float16, torch.float32])
-def test_float_weights_unquantized(backend, weight_dtype):
+@pytest.mark.parametrize("gated", [True, False])
+def test_float_weights_unquantized(backend, weight_dtype, gated):
     check(5, 4, 32, 48, 2, torch.float32 if weight_dtype == torch.float32 else torch.float16, backend,
-          quantized=False, weight_dtype=weight_dtype)
+          quantized=False, weight_dtype=weight_dtype, gated=gated, activation="silu" if gated else "relu2")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_expert_map_with_absent_experts(backend, dtype):
+@pytest.mark.parametrize("gated", [True, False])
+def test_expert_map_with_absent_experts(backend, dtype, gated):
     # 6 global experts; this rank holds global experts 1, 4 and 5 as local 0, 1, 2.
     expert_map = torch.tensor([-1, 0, -1, -1, 1, 2], device=DEVICE)
     m, k = 11, 2
-    out, _ = check(m, 3, 32, 32, k, dtype, backend, expert_map=expert_map, global_num_experts=6)
+    out, _ = check(m, 3, 32, 32, k, dtype, backend, expert_map=expert_map, global_num_experts=6, gated=gated)
     # A token routed only to absent experts gets exactly zero.
-    experts = make_experts(3, 32, 32)
+    experts = make_experts(3, 32, 32, gated=gated)
     x = torch.randn(2, 32, device=DEVICE, dtype=dtype)
     ids = torch.tensor([[0, 2], [3, 2]], device=DEVICE, dtype=torch.int32)
     w = torch.rand(2, 2, device=DEVICE)
@@ -297,8 +302,10 @@ def test_dequantize_kernel_matches_torch(out_dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dequant_once_matches(dtype, monkeypatch):
-    """DEQUANT_ONCE: int8 experts dequantized in one pass, then the float GEMMs (this entry's blocks)."""
+@pytest.mark.parametrize("gated", [True, False])
+def test_dequant_once_matches(dtype, gated, monkeypatch):
+    """DEQUANT_ONCE: int8 experts dequantized in one pass, then the float GEMMs (this entry's blocks); with
+    experts without a gate too (w13's I rows dequantized)."""
     from experts_int8 import ops
     from experts_int8.kernels.configs import override_config
 
@@ -308,14 +315,14 @@ def test_dequant_once_matches(dtype, monkeypatch):
     cfg = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1, num_warps=4, num_stages=2,
                DEQUANT_ONCE=1)
     with override_config(cfg):
-        check(37, 4, 64, 48, 2, dtype, "triton")
+        check(37, 4, 64, 48, 2, dtype, "triton", gated=gated)
         # fp32 activations keep the int8 path: the entry's blocks are sized for 16-bit weights
         assert calls == ([] if dtype == torch.float32 else [dtype, dtype])
-        check(9, 4, 32, 48, 2, dtype, "triton", quantized=False)  # float weights: nothing to dequantize
+        check(9, 4, 32, 48, 2, dtype, "triton", quantized=False, gated=gated)  # float weights: nothing to dequantize
         assert len(calls) == (0 if dtype == torch.float32 else 2)
         # no room for the float copy: the int8 path, same result
         monkeypatch.setattr(ops, "_transient_fits", lambda nbytes, device: False)
-        check(37, 4, 64, 48, 2, dtype, "triton")
+        check(37, 4, 64, 48, 2, dtype, "triton", gated=gated)
         assert len(calls) == (0 if dtype == torch.float32 else 2)
 
 
@@ -612,10 +619,11 @@ def routing_with_tails(e, k, block_m, tail_rows):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("tails", [True, False])
-def test_layer_with_a_tail_pass(dtype, tails, monkeypatch):
+@pytest.mark.parametrize("tails, gated", [(True, True), (False, True), (True, False)])
+def test_layer_with_a_tail_pass(dtype, tails, gated, monkeypatch):
     """TAIL_ROWS: the experts' few last rows run in a second pass (its own block size) and the layer
-    equals the reference; without such rows the second pass has nothing to do."""
+    equals the reference; without such rows the second pass has nothing to do. Experts without a gate
+    (relu2) too."""
     from experts_int8 import ops
     from experts_int8.kernels.configs import override_config
 
@@ -629,7 +637,8 @@ def test_layer_with_a_tail_pass(dtype, tails, monkeypatch):
     cfg = dict(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=4, num_warps=4, num_stages=2,
                TAIL_ROWS=tail_rows)
     with override_config(cfg):
-        check(ids.shape[0] if tails else 40, e, 64, 32, k, dtype, "triton", topk_ids=ids)
+        check(ids.shape[0] if tails else 40, e, 64, 32, k, dtype, "triton", topk_ids=ids, gated=gated,
+              activation="silu" if gated else "relu2")
     assert launches == [block_m, 16]
 
 
@@ -663,9 +672,9 @@ def test_many_pairs_use_the_chunked_align(monkeypatch):
     assert calls == [1]
 
 
-def _biases(e, h, i, scale=4.0, dtype=torch.float32):
-    """Expert biases large enough that swiglu_oai's clamps at +-7 engage."""
-    return dict(w13_bias=(torch.randn(e, 2 * i, device=DEVICE) * scale).to(dtype),
+def _biases(e, h, i, scale=4.0, dtype=torch.float32, gated=True):
+    """Expert biases large enough that swiglu_oai's clamps at +-7 engage (w13's for I rows without ``gated``)."""
+    return dict(w13_bias=(torch.randn(e, (2 if gated else 1) * i, device=DEVICE) * scale).to(dtype),
                 w2_bias=(torch.randn(e, h, device=DEVICE) * 0.5).to(dtype))
 
 
@@ -931,14 +940,15 @@ def test_fp16_rows_scale_each_row_by_a_power_of_two(dtype):
         assert ((back - x.double()).abs() <= 2**-11 * x.double().abs().amax(1, keepdim=True)).all()
 
 
-def test_fp16_dot_gate_up_undoes_the_row_scales():
+@pytest.mark.parametrize("gated", [True, False])
+def test_fp16_dot_gate_up_undoes_the_row_scales(gated):
     """FP16_DOT: gate_up on bf16 x runs its dot in fp16 on the scaled rows (a launch of
     invoke_fp16_rows first) and multiplies each row's accumulators back, before bias and activation:
     rows of very different magnitudes come out as the float reference says. (fp32 output: the
-    interpreter stores no bf16.)"""
+    interpreter stores no bf16.) Experts without a gate: silu of the up rows."""
     from experts_int8.kernels.fused_moe import invoke_gate_up
 
-    experts = make_experts(4, 64, 32)
+    experts = make_experts(4, 64, 32, gated=gated)
     x = (torch.randn(3, 64, device=DEVICE) * torch.tensor([1e-4, 1.0, 1e4], device=DEVICE)[:, None]).to(torch.bfloat16)
     w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
     pairs = ids.reshape(-1).to(torch.int32)
@@ -948,6 +958,144 @@ def test_fp16_dot_gate_up_undoes_the_row_scales():
     invoke_gate_up(x, experts["w13"], experts["w13_scale"], h, w.reshape(-1), pairs, pairs, pairs, 2, "silu", False, cfg)
     w13 = dequantize_weights(experts["w13"], experts["w13_scale"], torch.float64)
     gu = torch.einsum("th,tnh->tn", x.double().repeat_interleave(2, 0), w13[ids.reshape(-1)])
-    ref = torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:]
+    ref = torch.nn.functional.silu(gu[:, :32]) * gu[:, 32:] if gated else torch.nn.functional.silu(gu)
     err = (h.double() - ref).norm(dim=1) / ref.norm(dim=1)
     assert (err < 2e-3).all(), err
+
+
+# Experts without a gate (NemotronH): w13 [E, I, H] holds up rows only and the expert computes act(up)
+
+UNGATED_BASE = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1, "num_warps": 4,
+                "num_stages": 2}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["relu2", "silu"])
+@pytest.mark.parametrize(
+    "case, m, e, h, i, k",
+    [
+        ("M=1", 1, 4, 64, 32, 2),
+        ("M>BLOCK_M", 37, 4, 64, 32, 2),
+        ("odd H and I", 5, 4, 67, 45, 2),
+        ("k=1", 9, 5, 48, 32, 1),
+        ("experts with no token", 2, 16, 32, 32, 2),
+    ],
+)
+def test_ungated_matches_reference(backend, dtype, activation, case, m, e, h, i, k):
+    check(m, e, h, i, k, dtype, backend, gated=False, activation=activation)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("activation", ["relu2", "silu"])
+def test_ungated_expert_biases(backend, dtype, activation):
+    check(9, 5, 48, 40, 2, dtype, backend, gated=False, activation=activation,
+          **_biases(5, 48, 40, dtype=dtype, gated=False))
+    check(4, 4, 32, 32, 3, dtype, backend, quantized=False, gated=False, activation=activation,
+          **_biases(4, 32, 32, gated=False))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_swiglu_oai_needs_a_gate(backend):
+    """swiglu_oai reads the up rows beside the gate's: experts without a gate are refused (by the
+    validation, and by the gate_up launcher called directly)."""
+    from experts_int8.kernels.fused_moe import invoke_gate_up
+
+    experts = make_experts(4, 32, 16, gated=False)
+    x = torch.randn(3, 32, device=DEVICE)
+    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    with pytest.raises(ValueError, match="needs gate and up rows"):
+        fused_experts(x, **experts, topk_weights=w, topk_ids=ids, activation="swiglu_oai", backend=backend)
+    pairs = ids.reshape(-1).to(torch.int32)
+    cfg = dict(UNGATED_BASE, BLOCK_SIZE_N=16, PAIRS=1)
+    h = torch.empty(6, 16, device=DEVICE)
+    with pytest.raises(ValueError, match="needs gate and up rows"):
+        invoke_gate_up(x, experts["w13"], experts["w13_scale"], h, w.reshape(-1), pairs, pairs, pairs, 2, "swiglu_oai",
+                       False, cfg)
+    with pytest.raises(ValueError, match="neither 2I nor I rows"):  # out's width is I
+        invoke_gate_up(x, experts["w13"], experts["w13_scale"], torch.empty(6, 12, device=DEVICE), w.reshape(-1),
+                       pairs, pairs, pairs, 2, "silu", False, cfg)
+
+
+def test_fuse_gate_up_is_dropped_without_a_gate():
+    """FUSE_GATE_UP joins the gate and up tiles: experts without a gate have one, so the launch runs the
+    plain dot (the gated launch keeps the key)."""
+    from experts_int8.kernels.fused_moe import _gate_up_meta
+
+    cfg = dict(UNGATED_BASE, BLOCK_SIZE_M=64, FUSE_GATE_UP=1)
+    assert _gate_up_meta(cfg)["FUSE_GATE_UP"] and _gate_up_meta(cfg)["GATED"]
+    assert _gate_up_meta(cfg, gated=False) == {"FUSE_GATE_UP": False, "GATED": False, "TILE_N": 32}
+
+
+UNGATED_VARIANTS = {  # the gated tests' config options, on experts without a gate
+    "plain": {},
+    "swap_ab": {"SWAP_AB": 1, "down": {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 64, "SWAP_AB": 1}},
+    "swap_gate_up": {"SWAP_AB": 1, "GROUP_SIZE_M": 2, "down": {"SWAP_AB": 0}},
+    "fuse_gate_up": {"BLOCK_SIZE_N": 16, "FUSE_GATE_UP": 1,
+                     "down": {"BLOCK_SIZE_N": 32, "SPLIT_K": 3, "BLOCK_SIZE_K": 16}},
+    "split_k": {"down": {"BLOCK_SIZE_N": 16, "BLOCK_SIZE_K": 16, "SWAP_AB": 1, "SPLIT_K": 3}},
+    "pairs": {"PAIRS": 1, "GROUP_SIZE_M": 4, "down": {"BLOCK_SIZE_N": 16, "SPLIT_K": 2}},
+    "pairs_swap_ab": {"PAIRS": 1, "SWAP_AB": 1, "down": {"SWAP_AB": 1, "SPLIT_K": 2}},
+    "sum_topk": {"PAIRS": 1, "SWAP_AB": 1, "down": {"SUM_TOPK": 1}},
+    "sum_last": {"PAIRS": 1, "down": {"BLOCK_SIZE_N": 16, "SPLIT_K": 3, "SUM_LAST": 1}},
+    "sum_last_align": {"SWAP_AB": 1, "GROUP_SIZE_M": 4, "down": {"BLOCK_SIZE_N": 16, "SPLIT_K": 2, "SUM_LAST": 1}},
+    "dedup_pairs": {"PAIRS": 1, "DEDUP_PAIRS": 1, "SWAP_AB": 1,
+                    "down": {"BLOCK_SIZE_N": 16, "SPLIT_K": 2, "SUM_LAST": 1}},
+    "tma": {"TMA": 1, "down": {"BLOCK_SIZE_N": 32}},
+    "tma_swap_ab": {"TMA": 1, "SWAP_AB": 1, "down": {"SWAP_AB": 0}},
+    "tma_fuse_gate_up": {"TMA": 1, "FUSE_GATE_UP": 1, "down": {"TMA": 0, "SWAP_AB": 1}},
+    "tma_pairs": {"TMA": 1, "PAIRS": 1, "down": {"SPLIT_K": 2, "SUM_LAST": 1}},
+    "tile_n_pairs": {"PAIRS": 1, "TILE_N": 24, "down": {"SPLIT_K": 2, "SUM_LAST": 1}},
+    "tile_n_swap_ab": {"SWAP_AB": 1, "TILE_N": 8},
+    "late_epilogue": {"PAIRS": 1, "LATE_EPILOGUE": 1, "down": {"SPLIT_K": 2, "SUM_LAST": 1}},
+    "late_epilogue_gate_up": {"SWAP_AB": 1, "LATE_EPILOGUE": 1, "down": {"LATE_EPILOGUE": 0}},
+    "pdl_prefetch": {"PDL": 2, "PAIRS": 1, "down": {"SPLIT_K": 2, "SUM_LAST": 1, "PDL_PREFETCH": 4}},
+    "gluon": {"GLUON": 1, "FUSE_GATE_UP": 1},
+    "gluon_pairs": {"PAIRS": 1, "GLUON": 1, "down": {"SUM_LAST": 1, "SPLIT_K": 2}},
+    "wsrr": {"WSRR": 1, "WSRR_ROWS": 128, "TAIL_ROWS": 8},
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", sorted(UNGATED_VARIANTS))
+def test_ungated_kernel_variants(dtype, variant, monkeypatch):
+    """Experts without a gate through every config option the gated tests cover (odd H and I, or TMA's
+    aligned rows whose tiles run into the next expert's): one token, tokens sharing experts, float
+    weights, absent experts, biases, routing weights on the input; relu2 and silu. GLUON and WSRR
+    entries (the kernels read gate and up rows) and FUSE_GATE_UP run the Triton kernels' plain form."""
+    from experts_int8 import ops
+    from experts_int8.kernels.configs import override_config
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the Gluon kernels ran on experts without a gate")
+
+    for module, names in ((ops.gluon_moe, ("invoke_gate_up", "invoke_down")), (ops.gluon_wsrr, ("expert_outputs",))):
+        for name in names if module is not None else ():
+            monkeypatch.setattr(module, name, must_not_run)
+    monkeypatch.setattr(ops, "tail_config", lambda *a: UNGATED_BASE)
+    cfg = dict(UNGATED_BASE, **UNGATED_VARIANTS[variant])
+    h, i = (80, 48) if cfg.get("TMA") else (67, 45)
+    with override_config(cfg):
+        check(1, 6, h, i, 2, dtype, "triton", gated=False, activation="relu2")
+        check(7, 4, h, i, 3, dtype, "triton", gated=False)  # tokens sharing experts
+        check(3, 4, h, i, 2, dtype, "triton", gated=False, quantized=False, activation="relu2")
+        check(5, 4, h, i, 2, dtype, "triton", gated=False, activation="relu2", expert_map=EXPERT_MAP,
+              global_num_experts=6)
+        biases = _biases(6, h, i, dtype=dtype, gated=False)
+        check(2, 6, h, i, 2, dtype, "triton", gated=False, activation="relu2", **biases)
+        check(3, 4, h, i, 1, dtype, "triton", gated=False, apply_router_weight_on_input=True)
+
+
+@pytest.mark.parametrize("extra", [{"FUSE_GATE_UP": 1, "TMA": 1}, {"GLUON": 1, "FUSE_GATE_UP": 1}, {"WSRR": 1},
+                                   {"PAIRS": 1, "DEDUP_PAIRS": 1, "down": {"SUM_LAST": 1, "SPLIT_K": 2}}])
+def test_gated_table_entries_serve_experts_without_a_gate(extra, monkeypatch):
+    """The tables are keyed by (E, I): an entry tuned on gated experts (FUSE_GATE_UP, TMA, GLUON, WSRR,
+    a decode mode) serves experts without a gate of the same I: its blocks on the Triton kernels' plain
+    form (the 67-byte rows of w13 take no TMA descriptor: per-thread loads)."""
+    from experts_int8 import ops
+
+    entry = dict(UNGATED_BASE, **extra)
+    monkeypatch.setattr(ops, "get_config", lambda *args, **kw: dict(entry))
+    check(3, 4, 67, 48, 2, torch.float16, "triton", gated=False, activation="relu2")
+    check(5, 4, 64, 48, 2, torch.float32, "triton", gated=False)

@@ -135,3 +135,16 @@ def test_half_blocks_compile_beside_the_full_ones(sm90_ptx):
     trimmed, untrimmed = sm90_ptx[3], sm90_ptx[4]
     assert shapes(trimmed) == ["m64n128k16", "m64n256k16"]
     assert shapes(untrimmed) == ["m64n256k16"]
+
+
+def test_relu2_compiles_to_its_own_branch():
+    """Activation code 4 (relu2) has its own branch in the gate_up kernel: relu(gate)^2, no sigmoid (whose
+    ex2 the swiglu_oai form, the last branch, holds)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; sys.stdout.write(json.dumps("
+            f"[gluon_moe.sm90_ptx('gate_up', {PREFILL!r}, torch.bfloat16, a) for a in ('relu2', 'swiglu_oai')]))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    relu2, swiglu_oai = json.loads(run.stdout)
+    assert "ex2" not in relu2 and "max.f32" in relu2 and "ex2" in swiglu_oai

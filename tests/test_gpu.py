@@ -10,8 +10,9 @@ from experts_int8 import dequantize_weights, fused_experts, fused_moe, quantize_
 pytestmark = pytest.mark.gpu
 
 
-def layer(e=8, h=512, i=384):
-    q13, s13 = quantize_weights(torch.randn(e, 2 * i, h, device="cuda") / h**0.5)
+def layer(e=8, h=512, i=384, gated=True):
+    """int8 experts: w13 [E, 2I, H] (gate, up rows), or [E, I, H] (up rows) without ``gated``."""
+    q13, s13 = quantize_weights(torch.randn(e, (2 if gated else 1) * i, h, device="cuda") / h**0.5)
     q2, s2 = quantize_weights(torch.randn(e, h, i, device="cuda") / i**0.5)
     return dict(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
 
@@ -367,7 +368,7 @@ def assert_close_rows(out, ref, triton_out):
     assert (row_err / row_scale).max().item() < 3e-2
 
 
-@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swiglu_oai"])
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swiglu_oai", "relu2"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("m", [1, 70, 300])
 def test_gluon_kernels_every_activation(activation, dtype, m):
@@ -583,3 +584,76 @@ def test_tail_pass_on_rows_past_whole_blocks(case, weights_on_input, monkeypatch
     ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
     assert_close_rows(out, ref, whole)
+
+
+PAIRS_VARIANTS = ("pairs", "sum_topk", "sum_last", "sum_last_split_k", "tma_sum_last", "fp16_dot", "tile_n_pairs",
+                  "late_epilogue_pairs", "down_pipeline_pairs", "prefetch_pairs")
+
+
+@pytest.mark.parametrize("variant", sorted(KERNEL_VARIANTS))
+@pytest.mark.parametrize("m", [1, 5, 300])
+def test_ungated_kernel_variants_bf16(variant, m):
+    """Experts without a gate (w13 [E, I, H], relu2 of the up rows) through every compiled kernel variant
+    (FUSE_GATE_UP entries run the plain dot: one weight tile a K step)."""
+    from experts_int8.kernels.configs import override_config
+
+    if variant in PAIRS_VARIANTS and m > 5:
+        pytest.skip("PAIRS is a decode mode")
+    ex = layer(gated=False)
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    with override_config(KERNEL_VARIANTS[variant]):
+        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, activation="relu2")
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation="relu2")
+    assert torch.isfinite(out).all()
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("entry", ["gluon", "gluon_fused", "wsrr"])
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+@pytest.mark.parametrize("m", [70, 1500])
+def test_ungated_gluon_and_wsrr_entries_run_the_triton_kernels(entry, activation, m):
+    """The Gluon and register-form kernels read gate and up rows: for experts without a gate their
+    supported() is False, and the entry runs the Triton kernels with its blocks (FUSE_GATE_UP dropped),
+    bit for bit as the entry without GLUON / WSRR, and as the oracle says."""
+    from experts_int8.kernels import gluon_moe, gluon_wsrr
+    from experts_int8.kernels.configs import override_config, without
+
+    config = {"gluon": dict(GLUON_CONFIGS["w8_s3"], GLUON=1),
+              "gluon_fused": dict(GLUON_CONFIGS["w8_s3_fused"], GLUON=1),
+              "wsrr": WSRR_ENTRY}[entry]
+    ex = layer(h=512, i=384, gated=False)
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    assert not gluon_moe.supported(config, x, ex["w13"], ex["w13_scale"], ex["w2"], False)
+    assert not gluon_wsrr.supported(x, ex["w13"], ex["w13_scale"], ex["w2"], "silu", False, False)
+    kw = {"topk_weights": w, "topk_ids": ids, "activation": activation}
+    with spy(gluon_moe, "invoke_gate_up") as gluon_ran, spy(gluon_wsrr, "expert_outputs") as wsrr_ran, \
+            override_config(config):
+        out = fused_experts(x, **ex, **kw)
+    assert not gluon_ran and not wsrr_ran
+    with override_config(without(config, "GLUON", "WSRR", "FUSE_GATE_UP")):
+        torch.testing.assert_close(out, fused_experts(x, **ex, **kw), rtol=0, atol=0)
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation=activation)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+@pytest.mark.parametrize("m", [1, 300])
+def test_ungated_biases_and_cuda_graph_bf16(m):
+    """Experts without a gate with biases (relu2) on the tables' entries, and captured in a CUDA graph."""
+    ex = layer(gated=False)
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    b13 = torch.randn(8, 384, device="cuda", dtype=torch.bfloat16)
+    b2 = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16) * 0.5
+    out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, w13_bias=b13, w2_bias=b2, activation="relu2")
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation="relu2", w13_bias=b13, w2_bias=b2)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    replays_match_eager(ex, torch.randn(m, 512, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(m, 8, device="cuda"), replays=3)

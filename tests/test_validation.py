@@ -21,6 +21,12 @@ def with_(**changes):
     return args
 
 
+def ungated(**changes):
+    """Experts without a gate: w13 [E, I, H] (up rows) with scales [E, I]."""
+    q13, s13 = quantize_weights(torch.randn(E, I, H))
+    return with_(**{"w13": q13, "w13_scale": s13, **changes})
+
+
 CASES = [
     ("x rank", lambda: with_(x=torch.randn(M, H, 1)), ValueError, "x must be 2-D"),
     ("x dtype", lambda: with_(x=torch.randn(M, H).double()), TypeError, "bfloat16, float16 or float32"),
@@ -55,6 +61,16 @@ CASES = [
     ("global without map", lambda: with_(global_num_experts=8), ValueError, "pass expert_map"),
     ("expert_map values", lambda: with_(expert_map=torch.tensor([0, 1, 2, 9])), ValueError, "expert_map entries"),
     ("not a tensor", lambda: with_(x=[[1.0] * H] * M), TypeError, "x must be a torch.Tensor"),
+    ("w13 rows neither I nor 2I", lambda: with_(w13=torch.zeros(E, 3 * I, H, dtype=torch.int8),
+                                                w13_scale=torch.ones(E, 3 * I)), ValueError,
+     r"\[E, I, H\] for experts without a gate"),
+    ("gated scale of I rows", lambda: with_(w13_scale=torch.ones(E, I)), ValueError,
+     r"w13_scale must have shape \(4, 32\)"),
+    ("ungated scale of 2I rows", lambda: ungated(w13_scale=torch.ones(E, 2 * I)), ValueError,
+     r"w13_scale must have shape \(4, 16\)"),
+    ("ungated bias of 2I rows", lambda: ungated(w13_bias=torch.zeros(E, 2 * I)), ValueError,
+     r"w13_bias must have shape \(4, 16\)"),
+    ("swiglu_oai without a gate", lambda: ungated(activation="swiglu_oai"), ValueError, "needs gate and up rows"),
 ]
 
 
@@ -69,6 +85,15 @@ def test_rejected(make, exc, match, backend):
 
 def test_good_args_pass():
     assert fused_experts(**good(), backend="torch").shape == (M, H)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("activation", ["relu2", "silu", "gelu"])
+def test_experts_without_a_gate_pass(backend, activation):
+    """w13 [E, I, H] with w13_scale [E, I] (and w13_bias [E, I]): experts without a gate, any activation
+    but swiglu_oai."""
+    out = fused_experts(**ungated(w13_bias=torch.zeros(E, I)), activation=activation, backend=backend)
+    assert out.shape == (M, H) and torch.isfinite(out).all()
 
 
 def test_old_gpu_falls_back_to_torch_with_one_warning(monkeypatch):

@@ -285,7 +285,7 @@ def _fused_experts_triton(
     # SUM_LAST's arrival counters, zeroed by the gate_up launch
     counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
-    # no bias, wgmma-sized blocks), else the Triton kernels with the same blocks
+    # no bias, experts with a gate, wgmma-sized blocks), else the Triton kernels with the same blocks
     gluon = (config.get("GLUON") and gluon_moe is not None
              and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias is not None or w2_bias is not None))
     if gluon:
@@ -353,8 +353,9 @@ def fused_experts(
     Experts without a gate (NemotronH: ``act(up)``) pass their up rows alone, ``w13 [E, I, H]`` (and
     ``w13_scale [E, I]``).
     ``expert_map [global E]`` maps global expert ids to local indices or -1 (expert parallelism).
-    ``w13_bias [E, 2I]`` / ``w2_bias [E, H]``: optional expert biases, added after the scaled products
-    (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU).
+    ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) / ``w2_bias [E, H]``: optional expert biases, added after the
+    scaled products (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU, which needs a gate;
+    ``"relu2"`` is NemotronH's squared ReLU).
     ``backend``: "triton" (on CPU tensors, Triton's interpreter), "torch" (reference), "auto"
     (Triton on CUDA GPUs of compute capability 8.0 or newer, torch elsewhere, with a warning on an
     older GPU).

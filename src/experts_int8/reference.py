@@ -84,8 +84,8 @@ def fused_experts(
 ) -> torch.Tensor:
     """Reference MoE over already-selected experts. Returns ``[M, H]`` in x's dtype.
 
-    Optional expert biases ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) and ``w2_bias [E, H]`` are added after the scaled
-    products (before the activation, and before the routing weight).
+    Optional expert biases ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) and ``w2_bias [E, H]`` are added
+    after the scaled products (before the activation, and before the routing weight).
 
     ``expert_map[global_id]`` is the local index of that expert or -1 (expert lives elsewhere:
     the slot contributes 0). Inputs are assumed valid; :mod:`experts_int8.ops` validates.

@@ -7,6 +7,9 @@ Rows are the flat (token, slot) pairs ``t in [0, M*k)``; the index arrays ``sort
   moe_gate_up_kernel: x[M, H] @ w13[e]^T (+ bias) -> gate, up -> act(gate) * up -> inter[M*k, I]
   moe_down_kernel:    inter[M*k, I] @ w2[e]^T (+ bias) (* routing weight)   -> out[M*k, H]
 
+Experts without a gate (w13 [E, I, H], up rows only) run gate_up with GATED off: one weight tile and one
+dot a K step, ``act(up)`` stored; the down GEMM is the same.
+
 Numerics: int8 (or float) weight tile -> activation dtype in registers (int8 -> fp16 by our own
 exact PTX on GPUs) -> ``tl.dot`` with fp32 accumulation -> per-output-row weight scale once after the
 K loop -> routing weight and activation in fp32 -> one cast at the store. Every program owns a
@@ -17,7 +20,8 @@ Grid of both kernels: ``(cdiv(num_sorted, BLOCK_M) * cdiv(N, BLOCK_N), SPLIT_K)`
 
 Options a config may switch on (:mod:`.configs`; the tuner keeps whichever measures faster):
   SWAP_AB       weights as the left ``tl.dot`` operand (on Hopper: wgmma's register operand, async)
-  FUSE_GATE_UP  gate_up: gate and up tiles joined into one dot of width 2*BLOCK_N (not with SWAP_AB)
+  FUSE_GATE_UP  gate_up: gate and up tiles joined into one dot of width 2*BLOCK_N (not with SWAP_AB;
+                experts without a gate have one tile: the launcher drops it)
   PAIRS         decode: one block per (token, slot) pair, experts from the top-k ids, no align step
   DEDUP_PAIRS   with PAIRS: the first pair routed to an expert (and every BLOCK_M-th after it) takes
                 the rows of the pairs routed to it; the others' programs exit, so no expert is read twice
@@ -57,9 +61,9 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ..reference import GATED_ONLY, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 
-ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3}
+ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3, "relu2": 4}
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
 # up to this many pairs; ops.py takes the align path beyond.
 DEDUP_MAX_PAIRS = 256
@@ -210,20 +214,23 @@ def _weight_tile(w_ptrs, w_desc, row0, kb, k_left, offs_k, cols, BLOCK_K: tl.con
 @triton.jit
 def _gate_up_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scale_ptr, expert, offs_wn, rows, x_rows,
                                row_mask, I, stride_se, stride_be, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                               MUL_ROUTED_WEIGHT: tl.constexpr, ROW_SCALE: tl.constexpr):
+                               MUL_ROUTED_WEIGHT: tl.constexpr, ROW_SCALE: tl.constexpr, GATED: tl.constexpr):
     """The gate_up epilogue's loads: the weight rows' scales (gate, up), x's row scales (FP16_DOT), the
-    biases (gate, up) and the routing weights; 1.0 / 0.0 for those the launch does not have."""
+    biases (gate, up) and the routing weights; 1.0 / 0.0 for those the launch does not have. Without
+    GATED the rows are up rows alone: their scales and biases come back as the gate's (``_g``)."""
     scale_g, scale_u, inv, bias_g, bias_u, rw = 1.0, 1.0, 1.0, 0.0, 0.0, 1.0
     if HAS_SCALE:
         s_ptrs = scale_ptr + expert * stride_se + offs_wn
         scale_g = tl.load(s_ptrs)
-        scale_u = tl.load(s_ptrs + I)
+        if GATED:
+            scale_u = tl.load(s_ptrs + I)
     if ROW_SCALE:  # FP16_DOT: the power-of-two scale of each token's row, undone on the accumulators (exact)
         inv = tl.load(x_inv_scale_ptr + x_rows, mask=row_mask, other=0.0)
     if HAS_BIAS:
         b_ptrs = bias_ptr + expert * stride_be + offs_wn
         bias_g = tl.load(b_ptrs).to(tl.float32)
-        bias_u = tl.load(b_ptrs + I).to(tl.float32)
+        if GATED:
+            bias_u = tl.load(b_ptrs + I).to(tl.float32)
     if MUL_ROUTED_WEIGHT:
         rw = tl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     return scale_g, scale_u, inv, bias_g, bias_u, rw
@@ -232,10 +239,10 @@ def _gate_up_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scal
 @triton.jit
 def moe_gate_up_kernel(
     x_ptr,  # (M, H) activation dtype, row stride stride_xm, unit column stride
-    w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H
-    scale_ptr,  # (E, 2I) fp32 per-row scales; read only when HAS_SCALE
-    bias_ptr,  # (E, 2I) expert biases, any float dtype; read only when HAS_BIAS
-    out_ptr,  # (M*k, I) activation dtype: act(gate) * up
+    w_ptr,  # (E, 2I, H) int8 or activation dtype, unit stride along H; (E, I, H) without GATED
+    scale_ptr,  # (E, 2I) fp32 per-row scales ((E, I) without GATED); read only when HAS_SCALE
+    bias_ptr,  # (E, 2I) expert biases ((E, I) without GATED), any float dtype; read only when HAS_BIAS
+    out_ptr,  # (M*k, I) activation dtype: act(gate) * up, or act(up) without GATED
     topk_weights_ptr,  # (M*k,) any float dtype; read only when MUL_ROUTED_WEIGHT (weight applied on the input)
     sorted_token_ids_ptr,  # (num_sorted,) int32
     block_expert_ids_ptr,  # (num_sorted // BLOCK_M,) int32
@@ -252,7 +259,7 @@ def moe_gate_up_kernel(
     stride_om,
     counts_ptr,  # (num_counts,) int32 zeroed here for the down GEMM's SUM_LAST; used only with ZERO_COUNTS
     num_counts,
-    w_desc,  # with TMA: tensor descriptor of w as (E*2I, H), block (BLOCK_N, BLOCK_K); else unused
+    w_desc,  # with TMA: tensor descriptor of w as (E*2I, H) ((E*I, H) without GATED), block (BLOCK_N, BLOCK_K)
     x_inv_scale_ptr,  # (M,) fp32: x's rows were scaled by 1 / this (FP16_DOT); read only when ROW_SCALE
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
@@ -278,6 +285,7 @@ def moe_gate_up_kernel(
     ROW_SCALE: tl.constexpr,
     TILE_N: tl.constexpr,  # columns of I a program computes, <= BLOCK_N (the rest of its tile is masked)
     LATE_EPILOGUE: tl.constexpr,
+    GATED: tl.constexpr,  # w holds gate then up rows; else up rows alone (no second dot, act(up) stored)
 ):
     _pdl_prologue(PDL)
     if ZERO_COUNTS:  # the down GEMM's arrival counters (SUM_LAST), zeroed here: no memset launch
@@ -311,7 +319,8 @@ def moe_gate_up_kernel(
         a_ptrs = x_ptr + x_rows[None, :] * stride_xm + offs_k[:, None]  # (BLOCK_K, BLOCK_M)
         g_ptrs = w_ptr + expert * stride_we + offs_wn[:, None] * stride_wn + offs_k[None, :]  # (BLOCK_N, BLOCK_K)
         acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        if GATED:
+            acc_u = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
         a_ptrs = x_ptr + x_rows[:, None] * stride_xm + offs_k[None, :]  # (BLOCK_M, BLOCK_K)
         g_ptrs = w_ptr + expert * stride_we + offs_wn[None, :] * stride_wn + offs_k[:, None]  # (BLOCK_K, BLOCK_N)
@@ -319,24 +328,30 @@ def moe_gate_up_kernel(
             acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
         else:
             acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    u_ptrs = g_ptrs + I * stride_wn
-    g_row = (expert * 2 * I + n0).to(tl.int32)  # TMA: the tile's first gate row in the (E*2I, H) view
+            if GATED:
+                acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if GATED:
+        u_ptrs = g_ptrs + I * stride_wn
+        g_row = (expert * 2 * I + n0).to(tl.int32)  # TMA: the tile's first gate row in the (E*2I, H) view
+    else:  # (FUSE_GATE_UP needs both: the launcher drops it)
+        g_row = (expert * I + n0).to(tl.int32)  # TMA: the tile's first (up) row in the (E*I, H) view
     # The epilogue's operands are loaded before the K loop, so that a short (decode) program does not end
     # on one more memory round trip after its last dot (benchmarks/NOTES.md item 131); LATE_EPILOGUE keeps
     # them after it, for entries whose programs would lose a resident slot to the registers they hold
     if not LATE_EPILOGUE:
         scale_g, scale_u, inv, bias_g, bias_u, rw = _gate_up_epilogue_operands(
             scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scale_ptr, expert, offs_wn, rows, x_rows, row_mask, I,
-            stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, ROW_SCALE)
+            stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, ROW_SCALE, GATED)
     for kb in range(0, tl.cdiv(H, BLOCK_K)):
         k_left = H - kb * BLOCK_K
         g = _weight_tile(g_ptrs, w_desc, g_row, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
-        u = _weight_tile(u_ptrs, w_desc, g_row + I, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
+        if GATED:
+            u = _weight_tile(u_ptrs, w_desc, g_row + I, kb, k_left, offs_k, cols, BLOCK_K, SWAP_AB, TMA, MASK_N)
         if SWAP_AB:
             a = tl.load(a_ptrs, mask=row_mask[None, :] & (offs_k[:, None] < k_left), other=0.0)
             acc_g = tl.dot(_dot_operand(g, a, FAST_CVT), a, acc_g, input_precision=DOT_PRECISION)
-            acc_u = tl.dot(_dot_operand(u, a, FAST_CVT), a, acc_u, input_precision=DOT_PRECISION)
+            if GATED:
+                acc_u = tl.dot(_dot_operand(u, a, FAST_CVT), a, acc_u, input_precision=DOT_PRECISION)
         else:
             a = tl.load(a_ptrs, mask=row_mask[:, None] & (offs_k[None, :] < k_left), other=0.0)
             if FUSE_GATE_UP:  # one dot of width 2*BLOCK_N: one convert/store/fence/wgmma per K step, not two
@@ -344,51 +359,65 @@ def moe_gate_up_kernel(
                 acc = tl.dot(a, _dot_operand(w, a, FAST_CVT), acc, input_precision=DOT_PRECISION)
             else:
                 acc_g = tl.dot(a, _dot_operand(g, a, FAST_CVT), acc_g, input_precision=DOT_PRECISION)
-                acc_u = tl.dot(a, _dot_operand(u, a, FAST_CVT), acc_u, input_precision=DOT_PRECISION)
+                if GATED:
+                    acc_u = tl.dot(a, _dot_operand(u, a, FAST_CVT), acc_u, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         g_ptrs += BLOCK_K
-        u_ptrs += BLOCK_K
+        if GATED:
+            u_ptrs += BLOCK_K
     _pdl_loop_done(PDL)
     if SWAP_AB:
         acc_g = tl.trans(acc_g)
-        acc_u = tl.trans(acc_u)
+        if GATED:
+            acc_u = tl.trans(acc_u)
     elif FUSE_GATE_UP:  # a thread holds adjacent accumulator columns, so this split moves no data
         acc_g, acc_u = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
 
     if LATE_EPILOGUE:
         scale_g, scale_u, inv, bias_g, bias_u, rw = _gate_up_epilogue_operands(
             scale_ptr, bias_ptr, topk_weights_ptr, x_inv_scale_ptr, expert, offs_wn, rows, x_rows, row_mask, I,
-            stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, ROW_SCALE)
+            stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT, ROW_SCALE, GATED)
     if HAS_SCALE:
         acc_g *= scale_g[None, :]
-        acc_u *= scale_u[None, :]
+        if GATED:
+            acc_u *= scale_u[None, :]
     if ROW_SCALE:
         acc_g *= inv[:, None]
-        acc_u *= inv[:, None]
+        if GATED:
+            acc_u *= inv[:, None]
     if HAS_BIAS:  # (never together with MUL_ROUTED_WEIGHT: the launcher's caller checks)
         acc_g += bias_g[None, :]
-        acc_u += bias_u[None, :]
+        if GATED:
+            acc_u += bias_u[None, :]
     if MUL_ROUTED_WEIGHT:
         acc_g *= rw[:, None]
-        acc_u *= rw[:, None]
-    h = _activate(acc_g, acc_u, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT)
+        if GATED:
+            acc_u *= rw[:, None]
+    # without GATED: act(up), the up rows' accumulator being acc_g (and _activate reads no acc_u)
+    h = _activate(acc_g, acc_u if GATED else acc_g, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT, GATED)
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
-def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr):
-    """act(gate) * up, in fp32."""
+def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
+              GATED: tl.constexpr):
+    """act(gate) * up, in fp32; without GATED act(acc_g) alone (``acc_u`` unread; swiglu_oai is gated only)."""
     if ACTIVATION == 0:  # silu
         gate = acc_g * tl.sigmoid(acc_g)
     elif ACTIVATION == 1:  # gelu (erf)
         gate = 0.5 * acc_g * (1.0 + tl.math.erf(acc_g * 0.7071067811865476))
     elif ACTIVATION == 2:  # gelu, tanh approximation: 0.5 g (1 + tanh(z)) = g * sigmoid(2z)
         gate = acc_g * tl.sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
+    elif ACTIVATION == 4:  # relu2 (NemotronH): relu(g)^2
+        g = tl.maximum(acc_g, 0.0)
+        gate = g * g
     else:  # swiglu_oai (GPT-OSS): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
         g = tl.minimum(acc_g, SWIGLU_LIMIT)
         gate = g * tl.sigmoid(SWIGLU_ALPHA * g)
         acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
-    return gate * acc_u
+    if GATED:
+        gate = gate * acc_u
+    return gate
 
 
 @triton.jit
@@ -676,9 +705,11 @@ def _launch_meta(config: dict, num_pairs: int) -> dict:
     )
 
 
-def _gate_up_meta(config: dict) -> dict:
-    """The gate_up kernel's own config keys (beside :func:`_launch_meta`'s)."""
-    return dict(FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP", 0)), TILE_N=config.get("TILE_N", config["BLOCK_SIZE_N"]))
+def _gate_up_meta(config: dict, gated: bool = True) -> dict:
+    """The gate_up kernel's own config keys (beside :func:`_launch_meta`'s). Experts without a gate
+    (``gated`` False) have one weight tile a K step: FUSE_GATE_UP, joining gate and up, does not apply."""
+    return dict(FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP", 0)), GATED=gated,
+                TILE_N=config.get("TILE_N", config["BLOCK_SIZE_N"]))
 
 
 def _down_meta(config: dict, element_size: int = 1, pdl: bool = False) -> dict:
@@ -717,10 +748,16 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None,
                    counts=None):
     """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted); ``counts``
-    (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters)."""
-    inter = w13.shape[1] // 2
+    (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters). ``w13`` holds
+    ``2I`` rows (gate, up: ``act(gate) * up``) or, for experts without a gate, ``I`` (up: ``act(up)``)."""
+    inter = out.shape[1]
+    gated = w13.shape[1] == 2 * inter
+    if not gated and w13.shape[1] != inter:
+        raise ValueError(f"gate_up: w13 {tuple(w13.shape)} holds neither 2I nor I rows for out's I={inter}")
+    if not gated and activation in GATED_ONLY:
+        raise ValueError(f"activation {activation!r} needs gate and up rows; w13 {tuple(w13.shape)} holds up rows only")
     num_sorted = _num_sorted(sorted_token_ids, topk_weights, config)
-    own = _gate_up_meta(config)
+    own = _gate_up_meta(config, gated)
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, own["TILE_N"]),)
     has_scale, has_bias = w13_scale is not None, w13_bias is not None
     x, x_inv_scale = fp16_dot_input(x, w13, config)
@@ -904,12 +941,13 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
 
 
 def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, top_k: int = 2,
-                 num_pairs: int = 16):
+                 num_pairs: int = 16, gated: bool = True):
     """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
     (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
     ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
     for the shared memory a program takes (with the entry's form of programmatic dependent launch, ``PDL``).
-    Run it in a process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
+    ``gated`` False: gate_up for experts without a gate (SiLU of the up rows). Run it in a process without
+    ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
     from .configs import check_config, split_config
 
     gate_up, down = split_config(check_config(config))
@@ -923,7 +961,7 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
         constexprs["w_desc"] = None
     if which == "gate_up":
         kernel = moe_gate_up_kernel
-        constexprs.update(_gate_up_meta(cfg), ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False,
+        constexprs.update(_gate_up_meta(cfg, gated), ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False,
                           SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
                           ZERO_COUNTS=bool(down.get("SUM_LAST")),
                           ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16)

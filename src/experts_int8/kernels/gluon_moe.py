@@ -51,8 +51,9 @@ def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.T
                       biased: bool) -> Optional[int]:
     """The device's shared memory per block where the Hopper Gluon kernels (here and in :mod:`.gluon_wsrr`)
     can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, no expert bias,
-    and rows that 16-byte copies can read (H and I multiples of 16, 16-byte aligned rows)."""
-    if x.device.type != "cuda" or torch.version.hip is not None:
+    experts with a gate (w13 [E, 2I, H]: they read gate and up rows), and rows that 16-byte copies can
+    read (H and I multiples of 16, 16-byte aligned rows)."""
+    if x.device.type != "cuda" or torch.version.hip is not None or w13.shape[1] != 2 * w2.shape[2]:
         return None
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
     if major != 9 or w13_scale is None or biased or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
@@ -300,6 +301,9 @@ def _gate_up_tile(
             gate = 0.5 * acc_g * (1.0 + gl.erf(acc_g * 0.7071067811865476))
         elif ACTIVATION == 2:  # gelu, tanh approximation: g * sigmoid(2z)
             gate = acc_g * _sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
+        elif ACTIVATION == 4:  # relu2: relu(g)^2
+            g = gl.maximum(acc_g, 0.0)
+            gate = g * g
         else:  # swiglu_oai: clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
             g = gl.minimum(acc_g, SWIGLU_LIMIT)
             gate = g * _sigmoid(SWIGLU_ALPHA * g)
@@ -430,18 +434,18 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     )
 
 
-def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16) -> str:
-    """PTX of the ``"gate_up"`` or ``"down"`` kernel for ``config``, compiled for sm_90 without a GPU
-    (Triton ships the compiler and ptxas): to inspect the pipeline offline. Run it in a process without
-    ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
+def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, activation: str = "silu") -> str:
+    """PTX of the ``"gate_up"`` or ``"down"`` kernel for ``config`` (gate_up with ``activation``), compiled for
+    sm_90 without a GPU (Triton ships the compiler and ptxas): to inspect the pipeline offline. Run it in a
+    process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     if which == "gate_up":
         kernel, num_b = moe_gate_up_wgmma_kernel, 2
-        constexprs = dict(TOP_K=2, ACTIVATION=0, MUL_ROUTED_WEIGHT=False, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
-                          SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ROW_SCALE=act_dtype == torch.float16,
-                          FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")))
+        constexprs = dict(TOP_K=2, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=False,
+                          SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
+                          ROW_SCALE=act_dtype == torch.float16, FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")))
     else:
         kernel, num_b = moe_down_wgmma_kernel, 1
         constexprs = dict(MUL_ROUTED_WEIGHT=True)
