@@ -448,13 +448,21 @@ def test_tune_refuses_without_gpu():
         tune.tune(8, 64, 64, 2, ms=[1])
 
 
+def test_layers_without_a_gate_hold_up_rows_only():
+    for fmt in ("int8", "bf16"):
+        layer = bench.make_layers(1, 4, 16, 8, fmt, "cpu", gated=False)[0]
+        assert layer.w13.shape == (4, 8, 16) and layer.w2.shape == (4, 16, 8)
+        assert layer.w13_scale is None if fmt == "bf16" else layer.w13_scale.shape == (4, 8)
+
+
 @pytest.mark.gpu
-def test_tune_runs_on_gpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("gated", [True, False])
+def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
     settled = []
     monkeypatch.setattr(bench, "settle", settled.append)
     paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False,
-                      settle_s=0.5)
+                      settle_s=0.5, gated=gated)
     table = json.loads(paths["int8"].read_text())
     assert set(table) == {"1", "256"} and settled == [0.5]  # after the pool's fill, before M=1
     assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda")) == table["1"]

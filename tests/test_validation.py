@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from conftest import DEVICE
 from experts_int8 import fused_experts, quantize_weights
 
 E, H, I, M, K = 4, 32, 16, 3, 2
@@ -92,7 +93,8 @@ def test_good_args_pass():
 def test_experts_without_a_gate_pass(backend, activation):
     """w13 [E, I, H] with w13_scale [E, I] (and w13_bias [E, I]): experts without a gate, any activation
     but swiglu_oai."""
-    out = fused_experts(**ungated(w13_bias=torch.zeros(E, I)), activation=activation, backend=backend)
+    args = {k: v.to(DEVICE) for k, v in ungated(w13_bias=torch.zeros(E, I)).items()}  # (the GPU where there is one)
+    out = fused_experts(**args, activation=activation, backend=backend)
     assert out.shape == (M, H) and torch.isfinite(out).all()
 
 

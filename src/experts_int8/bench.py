@@ -300,18 +300,20 @@ class Layer:
 
 
 def make_layers(num_layers: int, num_experts: int, hidden: int, inter: int, dtype: str,
-                device: torch.device | str = "cuda") -> list[Layer]:
-    """Random expert weights: bf16 ~ N(0, 0.02), or int8 in [-127, 127] with fp32 row scales."""
+                device: torch.device | str = "cuda", gated: bool = True) -> list[Layer]:
+    """Random expert weights: bf16 ~ N(0, 0.02), or int8 in [-127, 127] with fp32 row scales (``gated``
+    False: experts without a gate, w13 [E, I, H])."""
     layers = []
+    rows = (2 if gated else 1) * inter
     for _ in range(num_layers):
         if dtype == "bf16":
-            w13 = torch.randn(num_experts, 2 * inter, hidden, dtype=torch.bfloat16, device=device).mul_(0.02)
+            w13 = torch.randn(num_experts, rows, hidden, dtype=torch.bfloat16, device=device).mul_(0.02)
             w2 = torch.randn(num_experts, hidden, inter, dtype=torch.bfloat16, device=device).mul_(0.02)
             layers.append(Layer(w13, w2, None, None))
         else:
-            w13 = torch.randint(-127, 128, (num_experts, 2 * inter, hidden), dtype=torch.int8, device=device)
+            w13 = torch.randint(-127, 128, (num_experts, rows, hidden), dtype=torch.int8, device=device)
             w2 = torch.randint(-127, 128, (num_experts, hidden, inter), dtype=torch.int8, device=device)
-            s13 = torch.rand(num_experts, 2 * inter, device=device).mul_(2e-4).add_(1e-4)
+            s13 = torch.rand(num_experts, rows, device=device).mul_(2e-4).add_(1e-4)
             s2 = torch.rand(num_experts, hidden, device=device).mul_(2e-4).add_(1e-4)
             layers.append(Layer(w13, w2, s13, s2))
     return layers

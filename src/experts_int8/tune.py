@@ -606,8 +606,9 @@ def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float
 def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable[str] = ("int8", "bf16"),
          ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
          reps: int = 5, pool_gb: float = 2.0, budget_s: Optional[float] = 300.0, progress: bool = True,
-         settle_s: float = 1.0, log: Callable[[str], None] = print) -> dict[str, Path]:
-    """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU.
+         settle_s: float = 1.0, gated: bool = True, log: Callable[[str], None] = print) -> dict[str, Path]:
+    """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU
+    (``gated`` False: experts without a gate, ``[E, I, H]``; the table's name is the same, keyed by E and I).
 
     ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
@@ -648,7 +649,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                       max_candidates=max_candidates,
                                       default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device))
             for d in dtypes for m in ms}
-    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k} on {gpu}: {', '.join(dtypes)} at M = "
+    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{'' if gated else ' without a gate'} on {gpu}: {', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
         f"{len({json.dumps(c, sort_keys=True) for c in sum(plan.values(), [])})} distinct configs")
     bar = _Progress(sum(map(len, plan.values())), progress, log)
@@ -658,7 +659,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     try:
         for d in dtypes:
             num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9)
-            layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device)
+            layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device, gated)
             bench.settle(settle_s)
             best: dict[int, dict] = {}
             for m in ms:
