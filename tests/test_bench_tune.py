@@ -565,6 +565,21 @@ def test_cli_shape_from_every_supported_architecture_config(tmp_path):
         assert cli.shape_from_model_config(str(tmp_path / arch)) == (e, h, i, top_k), arch
 
 
+def test_cli_tunes_experts_without_a_gate_in_their_form(tmp_path, monkeypatch):
+    """A model config whose experts have no gate (NemotronH) tunes them so, read from the model's own modules."""
+    pytest.importorskip("transformers")
+    from models import tiny_config
+
+    calls = []
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append(k["gated"]))
+    for arch in ("nemotron_h", "mixtral"):
+        tiny_config(arch).save_pretrained(tmp_path / arch)
+        r = _run("tune", "--model-config", str(tmp_path / arch / "config.json"))
+        assert r.exit_code == 0, r.output
+        assert ("have no gate" in r.output) == (arch == "nemotron_h")
+    assert calls == [False, True]
+
+
 def test_cli_model_config_with_per_layer_shapes_says_to_tune_each(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(dict(num_experts=64, hidden_size=4096, moe_topk=[8, 8],
                                                           moe_intermediate_size=[3072, 1536])))

@@ -247,17 +247,23 @@ def test_inductor_fullgraph():
 
 
 @pytest.mark.parametrize("m", [1, 300])
-def test_biases_and_swiglu_oai_bf16(m):
-    ex = layer()
+@pytest.mark.parametrize("gated, activation, bias_scale", [(True, "swiglu_oai", 4.0), (False, "relu2", 1.0)])
+def test_biases_bf16(m, gated, activation, bias_scale):
+    """Expert biases (GPT-OSS's clamped SwiGLU; relu2 without a gate) on the tables' entries; without a gate
+    also captured in a CUDA graph."""
+    ex = layer(gated=gated)
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    b13 = torch.randn(8, 2 * 384, device="cuda", dtype=torch.bfloat16) * 4
+    b13 = torch.randn(8, ex["w13"].shape[1], device="cuda", dtype=torch.bfloat16) * bias_scale
     b2 = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16) * 0.5
-    out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, w13_bias=b13, w2_bias=b2, activation="swiglu_oai")
+    out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, w13_bias=b13, w2_bias=b2, activation=activation)
     ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
-                                  activation="swiglu_oai", w13_bias=b13, w2_bias=b2)
+                                  activation=activation, w13_bias=b13, w2_bias=b2)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    if not gated:
+        replays_match_eager(ex, torch.randn(m, 512, device="cuda", dtype=torch.bfloat16),
+                            torch.randn(m, 8, device="cuda"), replays=3)
 
 
 @pytest.mark.parametrize("e,k", [(8, 2), (128, 8), (60, 6)])
@@ -642,18 +648,3 @@ def test_ungated_gluon_and_wsrr_entries_run_the_triton_kernels(entry, activation
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("m", [1, 300])
-def test_ungated_biases_and_cuda_graph_bf16(m):
-    """Experts without a gate with biases (relu2) on the tables' entries, and captured in a CUDA graph."""
-    ex = layer(gated=False)
-    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
-    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    b13 = torch.randn(8, 384, device="cuda", dtype=torch.bfloat16)
-    b2 = torch.randn(8, 512, device="cuda", dtype=torch.bfloat16) * 0.5
-    out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, w13_bias=b13, w2_bias=b2, activation="relu2")
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
-                                  activation="relu2", w13_bias=b13, w2_bias=b2)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
-    replays_match_eager(ex, torch.randn(m, 512, device="cuda", dtype=torch.bfloat16),
-                        torch.randn(m, 8, device="cuda"), replays=3)

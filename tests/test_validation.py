@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-
 from conftest import DEVICE
+
 from experts_int8 import fused_experts, quantize_weights
 
 E, H, I, M, K = 4, 32, 16, 3, 2

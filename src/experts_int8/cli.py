@@ -113,6 +113,20 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     return experts, hidden, inter, top_k
 
 
+def experts_have_gate(path: str) -> bool:
+    """Whether the model of a ``config.json`` (or its folder) has gated experts, from its own modules built on the
+    meta device where transformers can build them; True otherwise (a config alone does not say)."""
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    if not (folder / "config.json").is_file():
+        return True
+    try:
+        from .integrations.transformers import experts_gated
+
+        return experts_gated(folder, json.loads((folder / "config.json").read_text()))
+    except (ImportError, ValueError):
+        return True
+
+
 # --- bench ---------------------------------------------------------------------------------------
 
 @command("bench", epilog="""\b
@@ -195,6 +209,9 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
     if (shape is None) == (model_config is None):
         raise click.UsageError("give exactly one of --shape E,H,I,k or --model-config PATH")
     e, h, i, k = parse_shape_option(shape) if shape else shape_from_model_config(model_config)
+    if model_config and not no_gate and not experts_have_gate(model_config):
+        click.echo("the model's experts have no gate (up_proj only): tuning that form")
+        no_gate = True
     if i % tp:
         raise click.BadParameter(f"the intermediate size {i} is not divisible by --tp {tp}", param_hint="--tp")
     tune(e, h, i // tp, k, dtypes=bench.parse_dtypes([dtypes]),

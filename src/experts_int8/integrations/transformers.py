@@ -197,10 +197,8 @@ def _layout_of(model: nn.Module) -> str:
     return "transposed" if transposed else "fused"
 
 
-def layout_from_config(model_dir, config: dict) -> str:
-    """The experts layout of the model in ``model_dir`` (``config``: its ``config.json``), read from its modules
-    built on the meta device (nothing allocated); raises ValueError where loading with ExpertsInt8Config would
-    refuse them."""
+def _meta_model(model_dir, config: dict) -> nn.Module:
+    """The model in ``model_dir`` (``config``: its ``config.json``) built on the meta device: nothing allocated."""
     from transformers import AutoConfig
 
     from ..run import auto_model_class
@@ -210,7 +208,20 @@ def layout_from_config(model_dir, config: dict) -> str:
     except (KeyError, ValueError) as e:
         raise ValueError(f"transformers cannot build model_type {config.get('model_type')!r}: {e}") from None
     with torch.device("meta"):
-        model = auto_model_class(config).from_config(hf_config)
+        return auto_model_class(config).from_config(hf_config)
+
+
+def experts_gated(model_dir, config: dict) -> bool:
+    """Whether the routed experts of the model in ``model_dir`` have a gate (False: ``up_proj`` only), read from
+    its modules on the meta device."""
+    return all(getattr(m, "has_gate", True) for _, m in find_experts(_meta_model(model_dir, config)))
+
+
+def layout_from_config(model_dir, config: dict) -> str:
+    """The experts layout of the model in ``model_dir`` (``config``: its ``config.json``), read from its modules
+    built on the meta device (nothing allocated); raises ValueError where loading with ExpertsInt8Config would
+    refuse them."""
+    model = _meta_model(model_dir, config)
     if find_experts(model):  # (none at all: the converter finds no tensors, says so)
         _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
     return _layout_of(model)
