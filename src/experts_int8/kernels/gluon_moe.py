@@ -29,6 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from ..reference import is_gated
 from .configs import max_shared_memory
 from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, fp16_dot_input
 
@@ -53,7 +54,7 @@ def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.T
     can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, no expert bias,
     experts with a gate (w13 [E, 2I, H]: they read gate and up rows), and rows that 16-byte copies can
     read (H and I multiples of 16, 16-byte aligned rows)."""
-    if x.device.type != "cuda" or torch.version.hip is not None or w13.shape[1] != 2 * w2.shape[2]:
+    if x.device.type != "cuda" or torch.version.hip is not None or not is_gated(w13, w2):
         return None
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
     if major != 9 or w13_scale is None or biased or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
