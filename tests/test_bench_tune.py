@@ -942,6 +942,13 @@ def test_gluon_variants_at_prefill_sizes_of_int8_where_gluon_runs():
     assert tune_module.gluon_variants(variants[0], 1024, 2, "int8", True, smem) == variants[1:]
     # a swapped winner's blocks go to the Gluon kernels unswapped (they have no swapped form)
     assert "SWAP_AB" not in tune_module.gluon_variants(dict(base, SWAP_AB=1), 1024, 2, "int8", True, smem)[0]
+    # experts without a gate: the same tiles, then each twice as wide in gate_up (one accumulator, one tile)
+    ungated = tune_module.gluon_variants(base, 1024, 2, "int8", True, smem, gated=False)
+    assert ungated[:4] == variants
+    assert [(v["BLOCK_SIZE_N"], v["num_warps"], v["down"]["BLOCK_SIZE_N"]) for v in ungated[4:]] == [
+        (256, 8, 256), (256, 8, 256), (128, 4, 128)]
+    assert all(ops.gluon_moe.blocks_ok(v, smem, gated=False) for v in ungated)
+    assert not any(ops.gluon_moe.blocks_ok(v, smem) for v in ungated[4:])  # too wide for gate and up
 
 
 def test_sum_last_variants_at_decode_sizes():

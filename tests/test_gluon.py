@@ -44,6 +44,19 @@ def test_blocks_ok(change, ok):
     assert gluon_moe.blocks_ok(dict(PREFILL, **change)) is ok
 
 
+@pytest.mark.parametrize("change, gated, ok", [
+    (dict(BLOCK_SIZE_N=128), True, False),  # gate and up accumulators: 256 registers a thread on 4 warps
+    (dict(BLOCK_SIZE_N=128), False, True),  # up alone: 128
+    (dict(BLOCK_SIZE_N=256, num_warps=8), False, True),  # ... also 128 on 8 warps
+    (dict(BLOCK_SIZE_N=256), False, False),  # 256 on 4 warps
+    (dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_stages=3), True, False),  # 3 x 64 KB + 2 x 64 KB: past 227 KB
+    (dict(BLOCK_SIZE_N=128, BLOCK_SIZE_K=128, num_stages=3), False, True),  # 3 x 48 KB + 2 x 32 KB
+])
+def test_blocks_ok_without_a_gate(change, gated, ok):
+    """Experts without a gate have one weight tile and one accumulator a K step: wider blocks fit."""
+    assert gluon_moe.blocks_ok(dict(PREFILL, **change), gated=gated) is ok
+
+
 @pytest.mark.parametrize("config, cols, trimmed", [
     (PREFILL, 64, True),  # 128 rows on one warpgroup: the half block is 64 rows on the same warps
     (dict(PREFILL, TRIM_TAIL=0), 64, False),
@@ -82,9 +95,12 @@ def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monk
 
 
 WIDE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
-COMPILED = [("gate_up", PREFILL, "bfloat16", 2), ("down", PREFILL, "bfloat16", 1), ("gate_up", WIDE, "float16", 2),
-            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1),
-            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1)]
+# (kernel, blocks, activation dtype, wgmmas left in flight in the loop, experts with a gate)
+COMPILED = [("gate_up", PREFILL, "bfloat16", 2, True), ("down", PREFILL, "bfloat16", 1, True),
+            ("gate_up", WIDE, "float16", 2, True), ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1, True),
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1, True),
+            # without a gate: one weight tile a K step (FUSE_GATE_UP dropped), in both activation dtypes
+            ("gate_up", PREFILL, "bfloat16", 1, False), ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "float16", 1, False)]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +109,7 @@ def sm90_ptx():
     the other tests patches Triton's language in this one)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; sys.stdout.write(json.dumps("
-            f"[gluon_moe.sm90_ptx(w, c, getattr(torch, d)) for w, c, d, _ in {COMPILED!r}]))")
+            f"[gluon_moe.sm90_ptx(w, c, getattr(torch, d), gated=g) for w, c, d, _, g in {COMPILED!r}]))")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
@@ -103,14 +119,15 @@ def _first(lines, text, start=0):
     return next(i for i in range(start, len(lines)) if text in lines[i])
 
 
-@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[f"{w}-{c['num_warps']}w-{d}-{n}" for w, c, d, n in COMPILED])
+@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[f"{w}{'' if g else '-ungated'}-{c['num_warps']}w-{d}-{n}"
+                                                             for w, c, d, n, g in COMPILED])
 def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(sm90_ptx, case):
     """The point of these kernels: the wgmma is asynchronous and the K loop waits only for the previous
     tile's (gate_up: two wgmmas per tile, so two stay in flight, or one with FUSE_GATE_UP; down: one),
     never for all of them as Triton's own int8 pipeline does (benchmarks/NOTES.md item 13); and the
     order that makes it safe: converted tile stored, proxy fence, barrier, wgmma; after the wait, a
     barrier before the previous tile's ring slot is refilled."""
-    which, config, dtype, in_flight = COMPILED[case]
+    which, config, dtype, in_flight, _ = COMPILED[case]
     lines = sm90_ptx[case].splitlines()
     waits = sorted({line.split()[-1].rstrip(";") for line in lines if "wgmma.wait_group" in line})
     assert waits == ["0", str(in_flight)], waits  # in the loop: the previous tile's; after it: all

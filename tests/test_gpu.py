@@ -404,6 +404,23 @@ def test_gluon_kernels_every_tile_shape(variant, dtype, h, i, m):
         assert_close_rows(out, ref, triton_out)
 
 
+@pytest.mark.parametrize("variant", ["w4_s3", "w8_s3", "w4_s2_narrow", "w8_bm256", "w8_s3_fused", "w4_s4_fused_fp16_dot"])
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m", [1, 70, 300])
+def test_gluon_kernels_without_a_gate(variant, activation, dtype, m):
+    """Experts without a gate (w13 [E, I, H]: act(up)) on the Gluon kernels, H=528 and I=400 (K tails,
+    partial N tiles); the FUSE_GATE_UP entries run without it (one weight tile a K step)."""
+    ex = layer(h=528, i=400, gated=False)
+    x = torch.randn(m, 528, device="cuda", dtype=dtype)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, topk_weights=w, topk_ids=ids, activation=activation)
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation=activation)
+    assert_close_rows(out, ref, triton_out)
+
+
 def routed_by_counts(counts, hidden):
     """bf16 tokens routed top-1, ``counts[e]`` of them to expert e in shuffled order, with routing weights
     in [0.25, 1.25): x, topk_weights, topk_ids."""
@@ -415,11 +432,12 @@ def routed_by_counts(counts, hidden):
 
 
 @pytest.mark.parametrize("variant", ["w8_s3", "w8_s3_fused", "w4_s4_fused_fp16_dot", "w8_bm256", "w8_s3_fused_untrimmed"])
-def test_gluon_kernels_on_expert_blocks_around_half_full(variant):
+@pytest.mark.parametrize("gated", [True, False])
+def test_gluon_kernels_on_expert_blocks_around_half_full(variant, gated):
     """Experts with 64, 65, 138, 1, 0, 127, 128 and 192 rows: last blocks with exactly half their rows
     (the half block), one more (the whole block), a few, none, all; every row against the oracle."""
     x, w, ids = routed_by_counts([64, 65, 138, 1, 0, 127, 128, 192], 528)
-    ex = layer(h=528, i=400)
+    ex = layer(h=528, i=400, gated=gated)
     out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, topk_weights=w, topk_ids=ids)
     assert_close_rows(out, oracle(x, ex, w, ids), triton_out)
 
@@ -532,15 +550,15 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows):
     assert_close_rows(out, ref, gluon_out)
 
 
-@pytest.mark.parametrize("case", ["gelu", "weights_on_input", "h_528"])
+@pytest.mark.parametrize("case", ["gelu", "weights_on_input", "h_528", "no_gate"])
 def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
-    """Another activation, routing weights on the input, or H not a multiple of 128: the entry's Gluon
-    kernels, same answer."""
+    """Another activation, routing weights on the input, H not a multiple of 128, or experts without a
+    gate: the entry's Gluon kernels, same answer."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
     h = 528 if case == "h_528" else 512
-    ex = layer(h=h)
+    ex = layer(h=h, gated=case != "no_gate")
     x = torch.randn(300, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 1 if case == "weights_on_input" else 2)
     kw = dict(topk_weights=w, topk_ids=ids, activation="gelu" if case == "gelu" else "silu",

@@ -285,7 +285,7 @@ def _fused_experts_triton(
     # SUM_LAST's arrival counters, zeroed by the gate_up launch
     counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
-    # no bias, experts with a gate, wgmma-sized blocks), else the Triton kernels with the same blocks
+    # no bias, wgmma-sized blocks), else the Triton kernels with the same blocks
     gluon = (config.get("GLUON") and gluon_moe is not None
              and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias is not None or w2_bias is not None))
     if gluon:

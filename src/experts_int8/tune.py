@@ -271,18 +271,22 @@ GLUON_TILES = (  # gate and up as one wgmma (FUSE_GATE_UP: 3-8% a layer on every
          down=dict(BLOCK_SIZE_N=128)))
 
 
-def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
+def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int,
+                   gated: bool = True) -> list[dict]:
     """At prefill sizes (M x k >= 512 pairs) of int8 weights on a device the Gluon kernels run on
     (``gluon_ok``): the winner's blocks on the hand-pipelined Gluon wgmma kernels with a 3-deep ring and
     gate and up as one wgmma (unless it runs them already), and GLUON_TILES with the winner's
-    GROUP_SIZE_M, where their accumulators and rings fit."""
+    GROUP_SIZE_M, where their accumulators and rings fit. Experts without a gate (``gated`` False) also
+    get each tile twice as wide in gate_up: the same weight tile and accumulator, all of it up rows."""
     if dtype != "int8" or not gluon_ok or m * top_k < 512:
         return []
     from .kernels import gluon_moe
     own = [] if best.get("GLUON") else [dict(configs.without(best, "DEQUANT_ONCE", "SWAP_AB", "num_stages"),
                                              num_stages=3, GLUON=1, FUSE_GATE_UP=1)]
     tiles = [dict(tile, GROUP_SIZE_M=best["GROUP_SIZE_M"], GLUON=1) for tile in GLUON_TILES]
-    return [cfg for cfg in own + tiles if cfg != best and gluon_moe.blocks_ok(cfg, smem_limit)]
+    if not gated:
+        tiles += [dict(tile, BLOCK_SIZE_N=2 * tile["BLOCK_SIZE_N"]) for tile in tiles]
+    return [cfg for cfg in own + tiles if cfg != best and gluon_moe.blocks_ok(cfg, smem_limit, gated)]
 
 
 def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
@@ -682,8 +686,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + sum_last_variants(cfg, m, num_experts, top_k)
                                 + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
                                 + fp16_dot_variants(cfg, m, d)
-                                + gluon_variants(cfg, m, top_k, d, gluon_ok, smem)
-                                + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
+                                + gluon_variants(cfg, m, top_k, d, gluon_ok, smem, gated)
+                                + wsrr_variants(cfg, m, top_k, d, gluon_ok and gated, smem)
                                 + tail_variants(cfg, m, top_k)
                                 + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg)
                                 + pdl_variants(cfg, m, top_k, pdl_ok),

@@ -45,16 +45,16 @@ def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: t
     """Whether the Gluon kernels can run this call with ``config``'s blocks (else: the Triton ones): a
     layer they read (:func:`hopper_smem_limit`) and blocks that fit."""
     smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
-    return smem_limit is not None and blocks_ok(config, smem_limit)
+    return smem_limit is not None and blocks_ok(config, smem_limit, is_gated(w13, w2))
 
 
 def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor,
                       biased: bool) -> Optional[int]:
     """The device's shared memory per block where the Hopper Gluon kernels (here and in :mod:`.gluon_wsrr`)
     can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, no expert bias,
-    experts with a gate (w13 [E, 2I, H]: they read gate and up rows), and rows that 16-byte copies can
-    read (H and I multiples of 16, 16-byte aligned rows)."""
-    if x.device.type != "cuda" or torch.version.hip is not None or not is_gated(w13, w2):
+    and rows that 16-byte copies can read (H and I multiples of 16, 16-byte aligned rows). Experts with
+    or without a gate (w13 [E, 2I, H] or [E, I, H]); the register form takes only the first."""
+    if x.device.type != "cuda" or torch.version.hip is not None:
         return None
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
     if major != 9 or w13_scale is None or biased or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
@@ -80,21 +80,24 @@ def _acc_regs(config: dict) -> int:
 
 def smem_bytes(config: dict, num_b: int, act_bytes: int = 2) -> int:
     """Shared memory of one program: the ring of activation and int8 weight tiles, and two converted
-    weight slots (``num_b`` weight tiles of BLOCK_N rows each: 2 for gate_up, 1 for down)."""
+    weight slots (``num_b`` weight tiles of BLOCK_N rows each: 2 for gate_up, 1 for down and for gate_up
+    without a gate)."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
     return config["num_stages"] * (bm * bk * act_bytes + num_b * bn * bk) + 2 * num_b * bn * bk * act_bytes
 
 
-def blocks_ok(config: dict, smem_limit: int = 227 * 1024) -> bool:
+def blocks_ok(config: dict, smem_limit: int = 227 * 1024, gated: bool = True) -> bool:
     """wgmma tiling: 16 rows per warp along M, N a multiple of 8 up to 256 (gate and up: 2 x BLOCK_N
     columns of weights, two accumulators, or one wgmma with FUSE_GATE_UP: at most 256 wide, which the
-    register bound below implies), K tiles of 32-256, both kernels' buffers within ``smem_limit``
-    bytes of shared memory; no decode-only or split options."""
+    register bound below implies; without a gate (``gated`` False) one tile and accumulator), K tiles of
+    32-256, both kernels' buffers within ``smem_limit`` bytes of shared memory; no decode-only or split
+    options."""
     down = {**config, **config.get("down", {})}
-    if max(smem_bytes(config, 2), smem_bytes(down, 1)) > smem_limit:
+    tiles = 2 if gated else 1
+    if max(smem_bytes(config, tiles), smem_bytes(down, 1)) > smem_limit:
         return False
     # accumulators past ~128 registers a thread spill, and ptxas then serializes the wgmmas
-    if max(2 * _acc_regs(config), _acc_regs(down)) > 128:
+    if max(tiles * _acc_regs(config), _acc_regs(down)) > 128:
         return False
     if any(config.get(key) for key in ("PAIRS", "SWAP_AB", "DEDUP_PAIRS")):
         return False
@@ -250,11 +253,12 @@ def _gate_up_tile(
     first_row, block, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
     block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om, x_inv_scale_ptr,
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
-    FUSE_GATE_UP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-    STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
+    FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """GEMM1's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``."""
+    """GEMM1's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``.
+    Without GATED, w13 holds the I up rows alone: one weight tile a K step, and ``act(up)``."""
     acc_layout: gl.constexpr = _acc_layout(BLOCK_M, BLOCK_N, num_warps)
     rows, row_mask, offs_n, out_ptrs, out_mask, expert = _block(first_row, block, n0, I, sorted_token_ids_ptr,
                                                                 block_expert_ids_ptr, num_valid, out_ptr, stride_om,
@@ -263,7 +267,13 @@ def _gate_up_tile(
         gl.store(out_ptrs, gl.zeros((BLOCK_M, BLOCK_N), dtype=out_ptr.dtype.element_ty, layout=acc_layout),
                  mask=out_mask)
     else:
-        if FUSE_GATE_UP:
+        if not GATED:
+            w_rows = (n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))) % I  # (wrapped)
+            acc_g, _ = _mainloop(x_ptr, w_ptr + expert * stride_we, rows // TOP_K, row_mask, w_rows, H, stride_xm,
+                                 stride_wn, A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1,
+                                 num_warps)
+            acc_u = acc_g  # (unread: the epilogue below takes act(up) alone)
+        elif FUSE_GATE_UP:
             # gate and up as one wgmma of 2*BLOCK_N columns: the activation tile is read from shared
             # memory once per K step, not once per half. Weight rows in groups of 8, gate's and up's in
             # turn, so that each thread's accumulator pairs split into gate and up without moving data
@@ -287,15 +297,18 @@ def _gate_up_tile(
         offs_wn = offs_n % I
         s_ptrs = scale_ptr + expert * stride_se + offs_wn
         acc_g = acc_g * gl.load(s_ptrs)[None, :]
-        acc_u = acc_u * gl.load(s_ptrs + I)[None, :]
+        if GATED:
+            acc_u = acc_u * gl.load(s_ptrs + I)[None, :]
         if ROW_SCALE:
             inv = gl.load(x_inv_scale_ptr + rows // TOP_K, mask=row_mask, other=0.0)[:, None]
             acc_g = acc_g * inv
-            acc_u = acc_u * inv
+            if GATED:
+                acc_u = acc_u * inv
         if MUL_ROUTED_WEIGHT:
             rw = gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)
             acc_g = acc_g * rw[:, None]
-            acc_u = acc_u * rw[:, None]
+            if GATED:
+                acc_u = acc_u * rw[:, None]
         if ACTIVATION == 0:  # silu
             gate = acc_g * _sigmoid(acc_g)
         elif ACTIVATION == 1:  # gelu (erf)
@@ -309,7 +322,9 @@ def _gate_up_tile(
             g = gl.minimum(acc_g, SWIGLU_LIMIT)
             gate = g * _sigmoid(SWIGLU_ALPHA * g)
             acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
-        gl.store(out_ptrs, (gate * acc_u).to(out_ptr.dtype.element_ty), mask=out_mask)
+        if GATED:
+            gate = gate * acc_u
+        gl.store(out_ptrs, gate.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @gluon.jit
@@ -318,12 +333,13 @@ def moe_gate_up_wgmma_kernel(
     num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
     x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
-    FUSE_GATE_UP: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
     SWIGLU_LIMIT: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
     HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T)."""
+    """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T);
+    without GATED (w13 [E, I, H], up rows alone) act(x[rows // k] @ w13[e]^T)."""
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -333,12 +349,12 @@ def moe_gate_up_wgmma_kernel(
     if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:
         _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
-                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, BLOCK_M // 2,
+                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, GATED, BLOCK_M // 2,
                       BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
     else:
         _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
-                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, BLOCK_M,
+                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, GATED, BLOCK_M,
                       BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, A_SMEM, W_SMEM, B_SMEM, num_warps)
 
 
@@ -406,8 +422,10 @@ def _meta(config: dict, trim_cols: int) -> dict:
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config):
-    """GEMM1 (+ activation) as :func:`.fused_moe.invoke_gate_up`, on the Gluon kernel."""
-    inter = w13.shape[1] // 2
+    """GEMM1 (+ activation) as :func:`.fused_moe.invoke_gate_up`, on the Gluon kernel (w13 [E, 2I, H] with a
+    gate, [E, I, H] without)."""
+    inter = out.shape[1]
+    gated = w13.shape[1] == 2 * inter
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
     x, x_inv_scale = fp16_dot_input(x, w13, config)
@@ -416,8 +434,9 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
         w13_scale.stride(0), out.stride(0), x_inv_scale, ROW_SCALE=x_inv_scale is not None,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
-        FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")), SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, x.dtype, 2),
+        FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")), GATED=gated, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
+        SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **_meta(config, config["BLOCK_SIZE_N"]),
+        **_smem_layouts(config, x.dtype, 2 if gated else 1),
     )
 
 
@@ -435,18 +454,21 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     )
 
 
-def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, activation: str = "silu") -> str:
-    """PTX of the ``"gate_up"`` or ``"down"`` kernel for ``config`` (gate_up with ``activation``), compiled for
-    sm_90 without a GPU (Triton ships the compiler and ptxas): to inspect the pipeline offline. Run it in a
-    process without ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
+def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, activation: str = "silu",
+             gated: bool = True) -> str:
+    """PTX of the ``"gate_up"`` or ``"down"`` kernel for ``config`` (gate_up with ``activation``, for experts
+    without a gate unless ``gated``), compiled for sm_90 without a GPU (Triton ships the compiler and ptxas):
+    to inspect the pipeline offline. Run it in a process without ``TRITON_INTERPRET``, whose patches of
+    Triton's language break compilation."""
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     if which == "gate_up":
-        kernel, num_b = moe_gate_up_wgmma_kernel, 2
+        kernel, num_b = moe_gate_up_wgmma_kernel, 2 if gated else 1
         constexprs = dict(TOP_K=2, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=False,
                           SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-                          ROW_SCALE=act_dtype == torch.float16, FUSE_GATE_UP=bool(config.get("FUSE_GATE_UP")))
+                          ROW_SCALE=act_dtype == torch.float16, GATED=gated,
+                          FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")))
     else:
         kernel, num_b = moe_down_wgmma_kernel, 1
         constexprs = dict(MUL_ROUTED_WEIGHT=True)

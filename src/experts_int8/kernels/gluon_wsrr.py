@@ -41,6 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
+from ..reference import is_gated
 from .fused_moe import _kernel, compile_for_sm90
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
@@ -119,10 +120,10 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, a
               mul_routed_weight_first: bool, biased: bool, rows: int = 256,
               stages: Optional[int] = None) -> bool:
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
-    given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`: experts with a
-    gate among others) with room for the ring, SiLU, routing weights on the output, H and I multiples of
-    128 (whole tiles, the K loop in pairs of 64-wide steps)."""
-    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
+    given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`) whose experts have
+    a gate (the loader reads gate and up rows in turn), with room for the ring, SiLU, routing weights on the
+    output, H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
+    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased) if is_gated(w13, w2) else None
     return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation == "silu"
             and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)
 
