@@ -417,6 +417,38 @@ def test_tune_table_is_written_merged_and_read_back(tmp_path, monkeypatch):
         configs.load_table.cache_clear()
 
 
+def test_experts_without_a_gate_have_tables_of_their_own(tmp_path, monkeypatch):
+    """A table tuned without a gate serves only experts without one, and a gated table only gated ones: the
+    best blocks differ (one weight tile a K step), and an ungated entry may not fit a gated layer's kernels.
+    The kernel asks for its layer's form."""
+    from experts_int8 import ops
+    from test_fused_experts import check
+
+    asked = []
+    real = ops.get_config
+    monkeypatch.setattr(ops, "get_config", lambda *a, **k: asked.append(a[6]) or real(*a, **k))
+    check(5, 4, 64, 32, 2, torch.float32, "triton", gated=False)
+    check(5, 4, 64, 32, 2, torch.float32, "triton")
+    assert asked == [False, True]
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")  # no shipped table
+    monkeypatch.setattr(configs, "max_shared_memory", lambda index: 228 * 1024)  # the heuristic's fit, no GPU
+    configs.load_table.cache_clear()
+    gated, ungated = dict(PINNED, BLOCK_SIZE_M=128, num_warps=8), dict(PINNED, BLOCK_SIZE_N=256, num_warps=8)
+    cuda = torch.device("cuda", 0)
+    try:
+        path = tune.write_table({1024: ungated}, 8, 1856, "Fake_GPU", "int8_w8a16", gated=False)
+        assert path.name == "E=8,N=1856,device=Fake_GPU,dtype=int8_w8a16,no_gate.json"
+        assert configs.get_config(1024, 8, 1856, 2, torch.int8, cuda, gated=False) == ungated
+        assert configs.config_source(1024, 8, 1856, 2, torch.int8, cuda) == "heuristic"
+        tune.write_table({1024: gated}, 8, 1856, "Fake_GPU", "int8_w8a16")
+        assert configs.get_config(1024, 8, 1856, 2, torch.int8, cuda) == gated
+        assert configs.get_config(1024, 8, 1856, 2, torch.int8, cuda, gated=False) == ungated
+        assert configs.tail_config(gated, 8, 1856, 2, torch.int8, cuda, gated=False) == ungated  # 64 pairs an expert
+    finally:
+        configs.load_table.cache_clear()
+
+
 def test_config_source_names_the_tuned_m_that_serves_a_row(tmp_path, monkeypatch):
     """configs.config_source: the table key get_config's entry comes from (another M's entry shows as such),
     the heuristic where no table exists, the override inside override_config."""
@@ -465,7 +497,8 @@ def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated):
                       settle_s=0.5, gated=gated)
     table = json.loads(paths["int8"].read_text())
     assert set(table) == {"1", "256"} and settled == [0.5]  # after the pool's fill, before M=1
-    assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda")) == table["1"]
+    assert paths["int8"].name.endswith("int8_w8a16.json" if gated else "int8_w8a16,no_gate.json")
+    assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda"), gated) == table["1"]
     configs.load_table.cache_clear()
 
 
@@ -779,7 +812,7 @@ def test_tail_config_is_the_small_entry_even_under_an_override(monkeypatch):
     (16 unless the entry says), not the forced main entry, without decode modes or main-pass keys."""
     asked = []
     entry = dict(PINNED, PAIRS=1, GLUON=1, WSRR=1, TAIL_ROWS=8, down=dict(SUM_LAST=1))
-    monkeypatch.setattr(configs, "_table_or_heuristic", lambda m, *a: asked.append(m) or dict(entry))
+    monkeypatch.setattr(configs, "_lookup", lambda m, *a: asked.append(m) or (dict(entry), None))
     main = dict(PINNED, BLOCK_SIZE_M=128, TAIL_ROWS=32)
     with configs.override_config(main):
         got = configs.tail_config(main, 8, 256, 2, torch.int8, torch.device("cpu"))

@@ -635,34 +635,3 @@ def test_ungated_kernel_variants_bf16(variant, m):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
-@pytest.mark.parametrize("entry", ["gluon", "gluon_fused", "wsrr"])
-@pytest.mark.parametrize("activation", ["silu", "relu2"])
-@pytest.mark.parametrize("m", [70, 1500])
-def test_ungated_gluon_and_wsrr_entries_run_the_triton_kernels(entry, activation, m):
-    """The Gluon and register-form kernels read gate and up rows: for experts without a gate their
-    supported() is False, and the entry runs the Triton kernels with its blocks (FUSE_GATE_UP dropped),
-    bit for bit as the entry without GLUON / WSRR, and as the oracle says."""
-    from experts_int8.kernels import gluon_moe, gluon_wsrr
-    from experts_int8.kernels.configs import override_config, without
-
-    config = {"gluon": dict(GLUON_CONFIGS["w8_s3"], GLUON=1),
-              "gluon_fused": dict(GLUON_CONFIGS["w8_s3_fused"], GLUON=1),
-              "wsrr": WSRR_ENTRY}[entry]
-    ex = layer(h=512, i=384, gated=False)
-    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
-    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    assert not gluon_moe.supported(config, x, ex["w13"], ex["w13_scale"], ex["w2"], False)
-    assert not gluon_wsrr.supported(x, ex["w13"], ex["w13_scale"], ex["w2"], "silu", False, False)
-    kw = {"topk_weights": w, "topk_ids": ids, "activation": activation}
-    with spy(gluon_moe, "invoke_gate_up") as gluon_ran, spy(gluon_wsrr, "expert_outputs") as wsrr_ran, \
-            override_config(config):
-        out = fused_experts(x, **ex, **kw)
-    assert not gluon_ran and not wsrr_ran
-    with override_config(without(config, "GLUON", "WSRR", "FUSE_GATE_UP")):
-        torch.testing.assert_close(out, fused_experts(x, **ex, **kw), rtol=0, atol=0)
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
-                                  activation=activation)
-    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
-
-

@@ -199,9 +199,9 @@ Examples:
 def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, reps, budget_s, no_gate, no_progress):
     """Search MoE block configs on this GPU and save them where get_config finds them.
 
-    Writes E={E},N={I},device={gpu},dtype={int8_w8a16|bf16}.json tables (M -> config) into the user
-    cache ($EXPERTS_INT8_CACHE, default ~/.cache/experts_int8/configs); from then on the library
-    uses them automatically for that expert shape on this GPU.
+    Writes E={E},N={I},device={gpu},dtype={int8_w8a16|bf16}.json tables (M -> config; experts without a
+    gate: ...,no_gate.json) into the user cache ($EXPERTS_INT8_CACHE, default ~/.cache/experts_int8/configs);
+    from then on the library uses them automatically for that expert shape on this GPU.
     """
     from . import bench
     from .tune import DEFAULT_MS, tune

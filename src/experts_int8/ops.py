@@ -239,13 +239,14 @@ def _fused_experts_triton(
     num_experts, hidden, inter = w2.shape
     if m == 0:
         return x.new_empty((0, hidden))
-    config = _tma_where_it_fits(get_config(m, num_experts, inter, top_k, w13.dtype, x.device), w13, w2)
+    gated = is_gated(w13, w2)
+    config = _tma_where_it_fits(get_config(m, num_experts, inter, top_k, w13.dtype, x.device, gated), w13, w2)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
         config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
     weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
     # TAIL_ROWS entries: an expert's last rows past its last whole block go to a second pass on a smaller
     # entry (they write their pairs' rows of h and y) instead of a large block of their own
-    tail_cfg = (_tma_where_it_fits(tail_config(config, num_experts, inter, top_k, w13.dtype, x.device), w13, w2)
+    tail_cfg = (_tma_where_it_fits(tail_config(config, num_experts, inter, top_k, w13.dtype, x.device, gated), w13, w2)
                 if config.get("TAIL_ROWS") else None)
 
     def run_tail(tail, h, y):

@@ -484,14 +484,14 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
 
 
 def write_table(best: dict[int, dict], num_experts: int, inter: int, device: str, fmt: str,
-                out_dir: Optional[os.PathLike] = None, *, merge: bool = True) -> Path:
+                out_dir: Optional[os.PathLike] = None, *, merge: bool = True, gated: bool = True) -> Path:
     """Write (merged into an existing table of the same name, new M values winning) and return the path.
 
     Clears ``get_config``'s table cache so the new table takes effect in this process too.
     """
     folder = Path(out_dir) if out_dir is not None else configs.user_config_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / configs.table_name(num_experts, inter, device, fmt)
+    path = folder / configs.table_name(num_experts, inter, device, fmt, gated)
     table: dict[int, dict] = {}
     if merge and path.is_file():
         try:
@@ -612,7 +612,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
          reps: int = 5, pool_gb: float = 2.0, budget_s: Optional[float] = 300.0, progress: bool = True,
          settle_s: float = 1.0, gated: bool = True, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU
-    (``gated`` False: experts without a gate, ``[E, I, H]``; the table's name is the same, keyed by E and I).
+    (``gated`` False: experts without a gate, ``[E, I, H]``, into tables of their own: ``...,no_gate.json``).
 
     ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
@@ -651,7 +651,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     # table entry is only replaced by one measured faster here.
     plan = {(d, m): candidate_configs(m, num_experts, hidden, inter, top_k, DTYPES[d], smem_limit=smem,
                                       max_candidates=max_candidates,
-                                      default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device))
+                                      default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device, gated))
             for d in dtypes for m in ms}
     log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{'' if gated else ' without a gate'} on {gpu}: {', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
@@ -670,7 +670,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
                 routing = bench.make_routing(m, num_experts, top_k, len(layers), device)  # as the bench routes
-                float_config = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device)
+                float_config = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device, gated)
                 deadline = math.inf
                 if budget_s is not None:
                     left = budget_s - (time.perf_counter() - started)
@@ -697,7 +697,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 summary.append((d, m, result))
             del layers
             torch.cuda.empty_cache()
-            paths[d] = write_table(best, num_experts, inter, gpu, configs.weight_format(DTYPES[d]), out_dir)
+            paths[d] = write_table(best, num_experts, inter, gpu, configs.weight_format(DTYPES[d]), out_dir,
+                                   gated=gated)
     finally:
         bar.close()
 

@@ -3,9 +3,11 @@
 Tables are JSON files named ``E={E},N={N},device={device},dtype={dtype}.json`` where N is the
 intermediate size I of the (possibly tensor-parallel-sharded) experts, ``device`` the GPU name
 with spaces as underscores and ``dtype`` the *weight* format (``int8_w8a16`` or ``bf16``/``fp16``/
-``fp32``). Each maps a token count M (as a string) to a config; :func:`table_key` picks the entry.
-Tables are
-searched in the user's tuning cache first (written by ``experts-int8 tune``), then in the package.
+``fp32``). Experts without a gate (w13 ``[E, I, H]``: ``act(up)``) have tables of their own, the name
+ending ``,no_gate.json``: their best blocks differ (one weight tile a K step) and gated ones may not even
+fit them. Each maps a token count M (as a string) to a config; :func:`table_key` picks the entry.
+Tables are searched in the user's tuning cache first (written by ``experts-int8 tune``), then in the
+package.
 
 ``with override_config(cfg):`` forces one config for every ``get_config`` call in the block (the
 tuner times candidates this way; tests use it to pin block sizes).
@@ -210,8 +212,8 @@ def _cuda_name(index: int) -> str:
     return torch.cuda.get_device_name(index).replace(" ", "_")
 
 
-def table_name(num_experts: int, inter: int, device: str, fmt: str) -> str:
-    return f"E={num_experts},N={inter},device={device},dtype={fmt}.json"
+def table_name(num_experts: int, inter: int, device: str, fmt: str, gated: bool = True) -> str:
+    return f"E={num_experts},N={inter},device={device},dtype={fmt}{'' if gated else ',no_gate'}.json"
 
 
 def read_table(path: os.PathLike) -> dict[int, dict]:
@@ -221,8 +223,8 @@ def read_table(path: os.PathLike) -> dict[int, dict]:
 
 
 @functools.lru_cache(maxsize=None)
-def load_table(num_experts: int, inter: int, device: str, fmt: str) -> Optional[dict[int, dict]]:
-    name = table_name(num_experts, inter, device, fmt)
+def load_table(num_experts: int, inter: int, device: str, fmt: str, gated: bool = True) -> Optional[dict[int, dict]]:
+    name = table_name(num_experts, inter, device, fmt, gated)
     for folder in (user_config_dir(), PACKAGE_DIR):
         path = folder / name
         if path.is_file():
@@ -311,33 +313,30 @@ def overridden() -> bool:
 
 
 def get_config(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
-               device: Optional[torch.device] = None) -> dict:
-    """The block config for ``m`` tokens on experts of intermediate size ``inter``."""
+               device: Optional[torch.device] = None, gated: bool = True) -> dict:
+    """The block config for ``m`` tokens on experts of intermediate size ``inter`` (with a gate unless
+    ``gated`` is False)."""
     forced = _OVERRIDE.get()
     if forced is not None:
         return dict(forced)
-    return _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device)
+    return _lookup(m, num_experts, inter, top_k, weight_dtype, device, gated)[0]
 
 
 def config_source(m: int, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
-                  device: Optional[torch.device] = None) -> str:
+                  device: Optional[torch.device] = None, gated: bool = True) -> str:
     """Where ``get_config``'s entry for ``m`` comes from: ``"override"``, ``"table M=<key>"`` (the tuned M
     that serves ``m``: a key other than ``m`` is an entry tuned for another size) or ``"heuristic"``. The
     benchmark records it per row, so a row timed on a borrowed entry shows as such."""
     if overridden():
         return "override"
-    key = _lookup(m, num_experts, inter, top_k, weight_dtype, device)[1]
+    key = _lookup(m, num_experts, inter, top_k, weight_dtype, device, gated)[1]
     return "heuristic" if key is None else f"table M={key}"
 
 
-def _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device) -> dict:
-    return _lookup(m, num_experts, inter, top_k, weight_dtype, device)[0]
-
-
-def _lookup(m, num_experts, inter, top_k, weight_dtype, device) -> tuple[dict, Optional[int]]:
+def _lookup(m, num_experts, inter, top_k, weight_dtype, device, gated=True) -> tuple[dict, Optional[int]]:
     """The entry for ``m`` and the table key it comes from (None: the heuristic)."""
     dev = device_name(device)
-    table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype))
+    table = None if dev == "cpu" else load_table(num_experts, inter, dev, weight_format(weight_dtype), gated)
     if table:
         key = table_key(table, m, num_experts, top_k)
         return dict(table[key]), key
@@ -345,13 +344,13 @@ def _lookup(m, num_experts, inter, top_k, weight_dtype, device) -> tuple[dict, O
 
 
 def tail_config(config: dict, num_experts: int, inter: int, top_k: int, weight_dtype: torch.dtype,
-                device: Optional[torch.device] = None) -> dict:
+                device: Optional[torch.device] = None, gated: bool = True) -> dict:
     """The config of a TAIL_ROWS entry's second pass (an expert's last rows, on the align path's Gluon or
     Triton kernels): the table's (or heuristic) entry for the entry's TAIL_ENTRY_ROWS rows an expert
     (default 16), without decode modes or main-pass keys. An ``override_config`` block forces the main
     entry, not this one (the tuner times a TAIL_ROWS candidate with the tail pass the table gives it)."""
     m = max(1, config.get("TAIL_ENTRY_ROWS", TAIL_ENTRY_ROWS) * num_experts // top_k)
-    entry = _table_or_heuristic(m, num_experts, inter, top_k, weight_dtype, device)
+    entry = _lookup(m, num_experts, inter, top_k, weight_dtype, device, gated)[0]
     return without(entry, *DECODE_KEYS, *MAIN_PASS_KEYS)
 
 
