@@ -18,7 +18,7 @@ from experts_int8 import bench, fused_experts
 from experts_int8.bench import Layer
 
 SHAPE = {"e": 128, "h": 2688, "i": 1856, "k": 6}  # Nemotron 3 Nano 30B-A3B's routed experts
-MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 2048, 4096)
+MS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 2048, 4096, 8192)
 
 
 def layers(n: int, e: int, h: int, i: int, fmt: str, gated: bool) -> list[Layer]:
