@@ -1,7 +1,7 @@
 """Check a register-operand wgmma loop in SASS (benchmarks/NOTES.md items 50, 55, 94, 95): ptxas does not
 keep an asynchronous wgmma's register A operand alive, so nothing may write those registers, nor touch
 the accumulator, between the HGMMA and the WARPGROUP.DEPBAR that retires it. Traces the K loop that
-holds the HGMMAs three times round and then its exit, keeps the in-flight HGMMA groups (each ends at a
+holds the HGMMAs three times round and then its exit path (unconditional branches taken), keeps the in-flight HGMMA groups (each ends at a
 `gsb0`) against each DEPBAR.LE, and reports every write to an in-flight group's A registers and every
 access to an in-flight accumulator, with the groups' register sets.
 
@@ -60,23 +60,31 @@ def regs(t: str) -> tuple:
 
 
 def analyze(sass: str) -> dict:
-    """The K loop's HGMMA groups (first address, A registers, accumulator registers), whether their A
-    register sets are pairwise disjoint, the loop's DEPBARs, and the hazards found (empty: none)."""
+    """The K loop's HGMMA groups (first address, A registers, accumulator registers; with those of a tile
+    after the loop), whether their A register sets are pairwise disjoint, the loop's DEPBARs, and the
+    hazards found (empty: none)."""
     ins = parse(sass)
     addr = {a: i for i, (a, t) in enumerate(ins)}
     hg = [i for i, (a, t) in enumerate(ins) if t.startswith('HGMMA') or re.match(r"@!?P\w+ HGMMA", t)]
-    # loop: backward branch whose target precedes the first HGMMA and which lies after the last HGMMA
+    # loop: backward branch whose target precedes the first HGMMA and whose body holds HGMMAs (a K loop with
+    # one more tile after its pairs has an HGMMA past the branch too)
     loops = []
     for i, (a, t) in enumerate(ins):
         m = re.search(r'BRA (0x[0-9a-f]+)', t)
         if m:
             tgt = int(m.group(1), 16)
-            if tgt < a and tgt <= ins[hg[0]][0] and a >= ins[hg[-1]][0]:
+            if tgt < a and tgt <= ins[hg[0]][0] and any(addr[tgt] <= h <= i for h in hg):
                 loops.append((addr[tgt], i))
     lo, hi = loops[0]
-    exit_dep = next(i for i in range(hi + 1, len(ins)) if 'DEPBAR' in ins[i][1])
-    end = next(i for i in range(exit_dep, len(ins)) if 'EXIT' in ins[i][1])
-    trace = list(range(lo, hi + 1)) * 3 + list(range(hi + 1, end + 1))
+    # the exit: the path from the loop's branch to the first EXIT, taking unconditional branches (past the
+    # code of a loop run zero times, say); its last DEPBAR retires every wgmma
+    exit_path, i = [], hi + 1
+    while 'EXIT' not in ins[i][1] and len(exit_path) < len(ins):
+        exit_path.append(i)
+        jump = re.match(r"BRA (0x[0-9a-f]+)", ins[i][1])  # (no predicate: always taken)
+        i = addr[int(jump.group(1), 16)] if jump else i + 1
+    exit_dep = max(i for i in exit_path if 'DEPBAR' in ins[i][1])
+    trace = list(range(lo, hi + 1)) * 3 + exit_path + [i]
     inflight = []  # groups: dict(A=set, acc=set, first=address)
     cur = None
     bad, groups_seen = [], []
@@ -115,7 +123,7 @@ def analyze(sass: str) -> dict:
             if (dst | src) & g['acc']:
                 bad.append(('touches acc', hex(a), t, hex(g['first'])))
     groups = sorted(set(groups_seen))
-    a_sets = [set(g[1]) for g in groups]
+    a_sets = [set(a) for a in sorted({g[1] for g in groups})]  # (a tile after the loop reuses one of its sets)
     return dict(loop=(hex(ins[lo][0]), hex(ins[hi][0])), groups=groups,
                 disjoint=all(not (a_sets[x] & a_sets[y]) for x in range(len(a_sets)) for y in range(x + 1, len(a_sets))),
                 depbars=[ins[i][1] for i in range(lo, hi + 1) if 'DEPBAR' in ins[i][1]], exit_depbar=ins[exit_dep][1],

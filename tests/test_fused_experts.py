@@ -1055,12 +1055,13 @@ def test_ungated_kernel_variants(dtype, variant, monkeypatch):
     """Experts without a gate through every config option the gated tests cover (odd H and I, or TMA's
     aligned rows whose tiles run into the next expert's): one token, tokens sharing experts, float
     weights, absent experts, biases, routing weights on the input; relu2 and silu. GLUON and WSRR
-    entries (the kernels read gate and up rows) and FUSE_GATE_UP run the Triton kernels' plain form."""
+    entries run the Triton kernels here (CPU tensors; H and I that the Hopper kernels do not read: they run
+    on the GPU in tests/test_gpu.py), FUSE_GATE_UP their plain form."""
     from experts_int8 import ops
     from experts_int8.kernels.configs import override_config
 
     def must_not_run(*args, **kwargs):
-        raise AssertionError("the Gluon kernels ran on experts without a gate")
+        raise AssertionError("the Gluon kernels ran where they do not apply")
 
     for module, names in ((ops.gluon_moe, ("invoke_gate_up", "invoke_down")), (ops.gluon_wsrr, ("expert_outputs",))):
         for name in names if module is not None else ():

@@ -490,25 +490,45 @@ def run_wsrr(x, ex, rows=256, stages=None, **kw):
     entry = dict(WSRR_ENTRY, WSRR_ROWS=rows, **({} if stages is None else {"WSRR_STAGES": stages}))
     with spy(gluon_wsrr, "expert_outputs") as calls, override_config(entry):
         out = fused_experts(x, **ex, **kw)
-    assert [call[-2:] for call in calls] == [(rows, stages)], "the WSRR kernels did not run so"
+    assert [call[-3:-1] for call in calls] == [(rows, stages)], "the WSRR kernels did not run so"  # (then activation)
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):
         return out, fused_experts(x, **ex, **kw)
 
 
 @pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("h, i", [(512, 384), (256, 128), (384, 1408)])
+@pytest.mark.parametrize("h, i", [(512, 384), (256, 128), (384, 1408), (256, 448)])
 @pytest.mark.parametrize("m", [1, 70, 300, 1500])
 def test_wsrr_kernels(rows, dtype, h, i, m):
     """The register-form kernels (kernels/gluon_wsrr.py) on both tiles, 1-24 row blocks, K loops of 2-22
-    tiles (fewer and more than the ring's 4 slots), against the float64 oracle and row by row against
-    the Gluon kernels."""
+    tiles (fewer and more than the ring's 4 slots; I = 448: 7, one after the pairs), against the float64
+    oracle and row by row against the Gluon kernels."""
     ex = layer(h=h, i=i)
     x = torch.randn(m, h, device="cuda", dtype=dtype)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
     for _ in range(3):  # a race shows on some runs only
         out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids)
         assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
+
+
+@pytest.mark.parametrize("rows", [256, 128])
+@pytest.mark.parametrize("activation", ["silu", "relu2"])
+@pytest.mark.parametrize("h, i", [(512, 384), (256, 448), (384, 960)])  # I / 64 = 6, 7, 15 K tiles in the down GEMM
+@pytest.mark.parametrize("m", [70, 1500])
+def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m):
+    """Experts without a gate (w13 [E, I, H]: act(up)) on the register-form kernels: 16 columns of I a
+    consumer warp (on the 256-row tile I = 448 and 960 leave a last program half past I), down GEMMs over an
+    odd number of K tiles; against the float64 oracle and row by row against the Gluon kernels."""
+    ex = layer(h=h, i=i, gated=False)
+    x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation)
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation=activation)
+    for _ in range(2):  # a race shows on some runs only
+        out, gluon_out = run_wsrr(x, ex, rows, **kw)
+        assert_close_rows(out, ref, gluon_out)
 
 
 @pytest.mark.parametrize("rows", [256, 128])
@@ -550,15 +570,15 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows):
     assert_close_rows(out, ref, gluon_out)
 
 
-@pytest.mark.parametrize("case", ["gelu", "weights_on_input", "h_528", "no_gate"])
+@pytest.mark.parametrize("case", ["gelu", "weights_on_input", "h_528", "i_400"])
 def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
-    """Another activation, routing weights on the input, H not a multiple of 128, or experts without a
-    gate: the entry's Gluon kernels, same answer."""
+    """Another activation, routing weights on the input, H not a multiple of 128, or I not of 64: the
+    entry's Gluon kernels, same answer."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
     h = 528 if case == "h_528" else 512
-    ex = layer(h=h, gated=case != "no_gate")
+    ex = layer(h=h, i=400 if case == "i_400" else 384)
     x = torch.randn(300, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 1 if case == "weights_on_input" else 2)
     kw = dict(topk_weights=w, topk_ids=ids, activation="gelu" if case == "gelu" else "silu",

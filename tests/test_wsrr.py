@@ -97,14 +97,17 @@ import triton.backends.nvidia as nv
 from experts_int8.kernels import gluon_wsrr
 cuobjdump = os.path.join(os.path.dirname(nv.__file__), "bin", "cuobjdump")
 out = {}
-cases = [(w, d, 256, 4) for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
-    ("gate_up", torch.bfloat16, 128, 4), ("down", torch.bfloat16, 128, 4), ("gate_up", torch.bfloat16, 256, 5),
-    ("down", torch.bfloat16, 128, 5)]
-for which, dtype, rows, stages in cases:
-    path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}.cubin")
+cases = [(w, d, 256, 4, "") for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
+    ("gate_up", torch.bfloat16, 128, 4, ""), ("down", torch.bfloat16, 128, 4, ""), ("gate_up", torch.bfloat16, 256, 5, ""),
+    ("down", torch.bfloat16, 128, 5, "")] + [  # experts without a gate (ReLU² of up), and down over an odd K
+    ("gate_up", torch.bfloat16, rows, 4, "ungated") for rows in (256, 128)] + [
+    ("down", dtype, rows, 4, "odd_k") for rows, dtype in ((256, torch.bfloat16), (128, torch.float16))]
+for which, dtype, rows, stages, form in cases:
+    path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}_{form}.cubin")
+    flags = dict(ungated=dict(gated=False, activation="relu2"), odd_k=dict(odd_k=True)).get(form, {})
     with open(path, "wb") as f:
-        f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages))
-    key = f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}")
+        f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages, **flags))
+    key = f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}") + (f" {form}" if form else "")
     out[key] = [subprocess.run([cuobjdump, flag, path], capture_output=True, text=True, check=True).stdout
                 for flag in ("-sass", "-res-usage")]
 sys.stdout.write(json.dumps(out))
@@ -126,7 +129,9 @@ def compiled(tmp_path_factory):
 @pytest.mark.parametrize("kernel", ["gate_up torch.bfloat16 256", "gate_up torch.float16 256",
                                     "down torch.bfloat16 256", "down torch.float16 256",
                                     "gate_up torch.bfloat16 128", "down torch.bfloat16 128",
-                                    "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5"])
+                                    "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5",
+                                    "gate_up torch.bfloat16 256 ungated", "gate_up torch.bfloat16 128 ungated",
+                                    "down torch.bfloat16 256 odd_k", "down torch.float16 128 odd_k"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
     sass, usage = compiled[kernel]
@@ -136,7 +141,8 @@ def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(co
     lo, hi = (int(a, 16) for a in result["loop"])
     spills = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,})\*/\s+[^;]*\b(?:STL|LDL)\b", sass)]
     assert not [a for a in spills if lo <= a <= hi]
-    assert len(result["groups"]) == 2  # two register operands in turn
+    # two register operands in turn (ODD_K: the tile after the pairs takes the first one's registers)
+    assert len({a for _, a, _ in result["groups"]}) == 2 and len(result["groups"]) == (3 if "odd_k" in kernel else 2)
     assert all(len(a) == 16 for _, a, _ in result["groups"])  # 64 weight rows x 64 K: 16 registers a thread
     assert result["disjoint"] and result["hazards"] == []
     assert {d.split()[-1] for d in result["depbars"]} == {"0x1"}  # one K tile's wgmma in flight

@@ -262,7 +262,7 @@ def _fused_experts_triton(
                                      w13_bias is not None or w2_bias is not None, rows, stages)):
         main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
         h, y = x.new_empty((m * top_k, inter)), x.new_empty((m * top_k, hidden))
-        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages)
+        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation)
         run_tail(tail, h, y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for

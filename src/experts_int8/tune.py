@@ -687,7 +687,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
                                 + fp16_dot_variants(cfg, m, d)
                                 + gluon_variants(cfg, m, top_k, d, gluon_ok, smem, gated)
-                                + wsrr_variants(cfg, m, top_k, d, gluon_ok and gated, smem)
+                                + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
                                 + tail_variants(cfg, m, top_k)
                                 + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg)
                                 + pdl_variants(cfg, m, top_k, pdl_ok),

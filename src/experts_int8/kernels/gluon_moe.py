@@ -53,7 +53,7 @@ def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.T
     """The device's shared memory per block where the Hopper Gluon kernels (here and in :mod:`.gluon_wsrr`)
     can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, no expert bias,
     and rows that 16-byte copies can read (H and I multiples of 16, 16-byte aligned rows). Experts with
-    or without a gate (w13 [E, 2I, H] or [E, I, H]); the register form takes only the first."""
+    or without a gate (w13 [E, 2I, H] or [E, I, H])."""
     if x.device.type != "cuda" or torch.version.hip is not None:
         return None
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)

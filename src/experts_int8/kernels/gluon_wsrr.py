@@ -19,8 +19,9 @@ quantized (checkpoints, the Triton kernels and the decode path are untouched).
 
 Gate/up: gate and up rows are gathered 8 apart, so one m64 wgmma per warpgroup covers 32 columns of I
 and each thread holds a column's gate (accumulator row r) and up (row r + 8): SiLU(gate) * up in
-registers, one accumulator (256 tokens x 128 weight rows on the main tile). The columns are chosen so
-that h comes out already K-permuted for the down GEMM, with contiguous stores. Down: pair rows x 16
+registers, one accumulator (256 tokens x 128 weight rows on the main tile). Experts without a gate: 16
+columns of I a warp, their up rows alone, act(up). The columns are chosen so that h comes out already
+K-permuted for the down GEMM, with contiguous stores. Down: pair rows x 16
 columns of H a consumer warp over K = I, times the routing weight, stored in quarters of the rows (the
 whole tile's addresses would spill).
 
@@ -41,11 +42,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from ..reference import is_gated
-from .fused_moe import _kernel, compile_for_sm90
+from .fused_moe import ACTIVATION_CODES, _kernel, compile_for_sm90
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
+ACTIVATIONS = ("silu", "relu2")
 GROUP_M = 8
 LOADER_WARPS = gl.constexpr(4)
 
@@ -60,9 +61,10 @@ class Tile:
     stages: int  # the ring's depth unless a config sets WSRR_STAGES
     maxnreg: Optional[int] = None  # the launch's register cap: 128 lets two programs share an SM
 
-    @property
-    def gate_up_cols(self) -> int:
-        return 8 * self.consumer_warps
+    def gate_up_cols(self, gated: bool = True) -> int:
+        """Columns of I a gate/up program covers: 8 a consumer warp with a gate (its 16 weight rows are 8
+        columns' gate and up), 16 without (up rows alone)."""
+        return (8 if gated else 16) * self.consumer_warps
 
     @property
     def down_cols(self) -> int:
@@ -120,12 +122,13 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, a
               mul_routed_weight_first: bool, biased: bool, rows: int = 256,
               stages: Optional[int] = None) -> bool:
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
-    given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`) whose experts have
-    a gate (the loader reads gate and up rows in turn), with room for the ring, SiLU, routing weights on the
-    output, H and I multiples of 128 (whole tiles, the K loop in pairs of 64-wide steps)."""
-    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased) if is_gated(w13, w2) else None
-    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation == "silu"
-            and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 128 == 0)
+    given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`: experts with a gate
+    or without) with room for the ring, SiLU or ReLU², routing weights on the output, H a multiple of 128
+    (gate/up's K loop in pairs of 64-wide steps, whole down tiles) and I of 64 (whole K tiles in the down
+    GEMM, one more after its pairs where I / 64 is odd; a gate/up program's columns past I are masked)."""
+    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
+    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation in ACTIVATIONS
+            and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 64 == 0)
 
 
 @gluon.constexpr_function
@@ -171,9 +174,10 @@ def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLO
 
 @gluon.jit
 def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
-            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr):
+            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr, GATED: gl.constexpr):
     """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
-    expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows`, else row n0 + r."""
+    expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows` (GATED) or up row
+    memory_position(n0 + r) (past I: wrapped, its column is not stored), else row n0 + r."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -185,8 +189,10 @@ def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, fi
     offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
     x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
-    if GATE_UP:
+    if GATE_UP and GATED:
         w_rows = _gate_up_rows(n0, r, up_offset)
+    elif GATE_UP:
+        w_rows = _memory_position(n0 + r) % up_offset
     else:
         w_rows = n0 + r
     offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
@@ -213,10 +219,11 @@ def _operand(w_ring, loaded, j, w_layout: gl.constexpr, a_layout: gl.constexpr, 
 
 
 @gluon.jit
-def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr):
+def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: gl.constexpr, ODD_K: gl.constexpr):
     """The K loop: two register operands in turn, tile j's wgmma in flight while tile j+1 is read and
     converted; each operand a dependency of the wait that retires its wgmma, so nothing rewrites it
-    earlier; a slot freed once its wgmma has retired in every consumer warpgroup."""
+    earlier; a slot freed once its wgmma has retired in every consumer warpgroup. ODD_K: one more tile
+    after the pairs (a constexpr: a run-time branch around a wgmma makes ptxas serialize them all)."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -225,7 +232,7 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
     w_layout: gl.constexpr = _fragment_layout(gl.to_linear_layout(a_layout, [W_ROWS, BLOCK_K]))
     acc = gl.zeros((W_ROWS, BLOCK_M), dtype=gl.float32, layout=acc_layout)
     a_odd = gl.zeros((W_ROWS, BLOCK_K), dtype=dtype, layout=a_layout)
-    for i in range(gl.cdiv(K, BLOCK_K) // 2):  # (an even number of tiles: supported() checks)
+    for i in range(gl.cdiv(K, BLOCK_K) // 2):
         j = 2 * i
         a_even = _operand(w_ring, loaded, j, w_layout, a_layout, dtype)
         fence_async_shared()  # x landed by cp.async (generic proxy), read by the wgmma (async proxy)
@@ -239,7 +246,15 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
         acc, a_even = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_even))  # tile j retired
         _cta_barrier()
         mbarrier.arrive(free.index(j % STAGES))
-    acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
+    if ODD_K:  # the last tile (the loader has issued every tile: no slot to free)
+        j = gl.cdiv(K, BLOCK_K) - 1
+        a_even = _operand(w_ring, loaded, j, w_layout, a_layout, dtype)
+        fence_async_shared()
+        acc = warpgroup_mma(a_even, x_ring.index(j % STAGES).permute((1, 0)), acc, is_async=True)
+        acc, a_odd = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_odd))
+        acc, a_even = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_even))
+    else:
+        acc, a_odd = warpgroup_mma_wait(num_outstanding=0, deps=(acc, a_odd))
     return (acc, )  # (warp_specialize returns a tuple)
 
 
@@ -247,31 +262,35 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
 def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
           stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
-          GATE_UP: gl.constexpr):
+          GATE_UP: gl.constexpr, GATED: gl.constexpr, ODD_K: gl.constexpr):
     """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions."""
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
     acc, = gl.warp_specialize([
-        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype)),
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype, ODD_K)),
         (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
-                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP)),
+                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP, GATED)),
     ], [LOADER_WARPS], [LOADER_REGS])
     return acc
 
 
 @gluon.jit
 def _store_rows(out_ptr, tile, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr,
-                MUL_WEIGHT: gl.constexpr):
+                MUL_WEIGHT: gl.constexpr, n_limit=0, MASK_COLS: gl.constexpr = False):
     """A transposed tile (columns n0.. x pair rows from sorted position ``first``), times the routing
-    weights with MUL_WEIGHT, into its rows of ``out`` (padding rows skipped)."""
+    weights with MUL_WEIGHT, into its rows of ``out`` (padding rows skipped; with MASK_COLS, columns from
+    ``n_limit`` on too)."""
     layout: gl.constexpr = tile.type.layout
     rows = gl.load(sorted_token_ids_ptr + first + gl.arange(0, tile.type.shape[1], layout=gl.SliceLayout(0, layout)))
     row_mask = rows < num_valid
     if MUL_WEIGHT:
         tile = tile * gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)[None, :]
     cols = n0 + gl.arange(0, tile.type.shape[0], layout=gl.SliceLayout(1, layout))
+    mask = row_mask[None, :]
+    if MASK_COLS:
+        mask = mask & (cols[:, None] < n_limit)
     gl.store(out_ptr + rows.to(gl.int64)[None, :] * stride_om + cols[:, None], tile.to(out_ptr.dtype.element_ty),
-             mask=row_mask[None, :])
+             mask=mask)
 
 
 @gluon.jit
@@ -281,14 +300,46 @@ def _column_halves(t):
 
 
 @gluon.jit
+def _store_quarters(out_ptr, t, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr,
+                    MUL_WEIGHT: gl.constexpr, n_limit=0, MASK_COLS: gl.constexpr = False):
+    """:func:`_store_rows` of a tile in quarters of its pair rows: the whole tile's 64-bit addresses would
+    spill (a thread's 128 values on the 256-row tile)."""
+    BLOCK_M: gl.constexpr = t.type.shape[1]
+    t0, t1 = _column_halves(t)
+    t00, t01 = _column_halves(t0)
+    _store_rows(out_ptr, t00, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, MUL_WEIGHT,
+                n_limit, MASK_COLS)
+    _store_rows(out_ptr, t01, sorted_token_ids_ptr, first + BLOCK_M // 4, n0, num_valid, stride_om,
+                topk_weights_ptr, MUL_WEIGHT, n_limit, MASK_COLS)
+    t10, t11 = _column_halves(t1)
+    _store_rows(out_ptr, t10, sorted_token_ids_ptr, first + BLOCK_M // 2, n0, num_valid, stride_om,
+                topk_weights_ptr, MUL_WEIGHT, n_limit, MASK_COLS)
+    _store_rows(out_ptr, t11, sorted_token_ids_ptr, first + 3 * BLOCK_M // 4, n0, num_valid, stride_om,
+                topk_weights_ptr, MUL_WEIGHT, n_limit, MASK_COLS)
+
+
+@gluon.jit
+def _activate(v, ACTIVATION: gl.constexpr):
+    """SiLU (code 0) or ReLU² (code 4) in fp32."""
+    if ACTIVATION == 4:
+        r = gl.maximum(v, 0.0)
+        out = r * r
+    else:
+        out = v / (1.0 + gl.exp(-v))
+    return out
+
+
+@gluon.jit
 def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
                             stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                             BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
-    """h = SiLU(x W_gate^T) * (x W_up^T) for a block of BLOCK_M pair rows and BLOCK_N columns of I, written
-    K-permuted (h's column n0 + j holds column memory_position(n0 + j)): what the down kernel reads."""
-    W_ROWS: gl.constexpr = 2 * BLOCK_N
+                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, GATED: gl.constexpr,
+                            ACTIVATION: gl.constexpr, num_warps: gl.constexpr):
+    """h = act(x W_gate^T) * (x W_up^T), or act(x W_up^T) without GATED (w13 the I up rows alone), for a block
+    of BLOCK_M pair rows and BLOCK_N columns of I, written K-permuted (h's column n0 + j holds column
+    memory_position(n0 + j)): what the down kernel reads."""
+    W_ROWS: gl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -301,14 +352,20 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
-                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True)
-    # accumulator row r: gate (r % 16 < 8) or up of column memory_position(n0 + 8 (r // 16) + r % 8);
-    # a thread holds rows r and r + 8: the split below pairs them without moving data
+                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True, GATED, False)
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
-    acc = acc * gl.load(scale_ptr + expert * stride_se + _gate_up_rows(n0, r, I))[:, None]
-    gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
-    h = gl.reshape(gate / (1.0 + gl.exp(-gate)) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
-    _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
+    if GATED:
+        # accumulator row r: gate (r % 16 < 8) or up of column memory_position(n0 + 8 (r // 16) + r % 8);
+        # a thread holds rows r and r + 8: the split below pairs them without moving data
+        acc = acc * gl.load(scale_ptr + expert * stride_se + _gate_up_rows(n0, r, I))[:, None]
+        gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
+        h = gl.reshape(_activate(gate, ACTIVATION) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
+        _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
+    else:
+        # accumulator row r: up row memory_position(n0 + r), h's column n0 + r (past I: wrapped, not stored)
+        acc = acc * gl.load(scale_ptr + expert * stride_se + _memory_position(n0 + r) % I)[:, None]
+        _store_quarters(out_ptr, _activate(acc, ACTIVATION), sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid,
+                        stride_om, scale_ptr, False, I, True)
 
 
 @gluon.jit
@@ -316,9 +373,10 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                          block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
                          stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, num_warps: gl.constexpr):
+                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, ODD_K: gl.constexpr,
+                         num_warps: gl.constexpr):
     """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
-    kernel writes it)."""
+    kernel writes it); ODD_K: I / 64 is odd."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -332,20 +390,10 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
-                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False)
+                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False, True, ODD_K)
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     y = acc * gl.load(scale_ptr + expert * stride_se + cols)[:, None]
-    # in quarters of the pair rows: the whole tile's 64-bit addresses would spill
-    y0, y1 = _column_halves(y)
-    y00, y01 = _column_halves(y0)
-    _store_rows(out_ptr, y00, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
-    _store_rows(out_ptr, y01, sorted_token_ids_ptr, first + BLOCK_M // 4, n0, num_valid, stride_om,
-                topk_weights_ptr, True)
-    y10, y11 = _column_halves(y1)
-    _store_rows(out_ptr, y10, sorted_token_ids_ptr, first + BLOCK_M // 2, n0, num_valid, stride_om,
-                topk_weights_ptr, True)
-    _store_rows(out_ptr, y11, sorted_token_ids_ptr, first + 3 * BLOCK_M // 4, n0, num_valid, stride_om,
-                topk_weights_ptr, True)
+    _store_quarters(out_ptr, y, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
 
 
 def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -> dict:
@@ -356,15 +404,18 @@ def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -
 
 
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
-                   tile: Tile, stages: Optional[int] = None):
-    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``."""
-    inter = w13.shape[1] // 2
+                   tile: Tile, stages: Optional[int] = None, activation: str = "silu"):
+    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``;
+    ``w13`` holds 2I rows (gate, up) or I (up alone)."""
+    inter = h.shape[1]
+    gated = w13.shape[1] == 2 * inter
     num_sorted = sorted_token_ids.numel()
-    grid = (triton.cdiv(num_sorted, tile.rows) * (inter // tile.gate_up_cols),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(inter, tile.gate_up_cols(gated)),)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                   top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
-                                  w13.stride(1), w13_scale.stride(0), h.stride(0), top_k,
-                                  **_meta(xp.dtype, tile, tile.gate_up_cols, stages))
+                                  w13.stride(1), w13_scale.stride(0), h.stride(0), top_k, GATED=gated,
+                                  ACTIVATION=ACTIVATION_CODES[activation],
+                                  **_meta(xp.dtype, tile, tile.gate_up_cols(gated), stages))
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
@@ -376,32 +427,36 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
-                               **_meta(h.dtype, tile, tile.down_cols, stages))
+                               ODD_K=(inter // BLOCK_K) % 2 == 1, **_meta(h.dtype, tile, tile.down_cols, stages))
 
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
-                   stages: Optional[int] = None):
+                   stages: Optional[int] = None, activation: str = "silu"):
     """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over
     the ``aligned`` blocks (``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)`` in blocks of
     ``rows``): ``y [M * top_k, H]`` gets each aligned (token, slot) pair's expert output times its routing
     weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is
-    the intermediate (K-permuted)."""
+    the intermediate (K-permuted); ``activation`` one of :data:`ACTIVATIONS`."""
     tile = TILES[rows]
     top_k = topk_weights.numel() // x.shape[0]
-    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages)
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages, activation)
     invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile, stages)
     return y
 
 
-def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256,
-               stages: Optional[int] = None) -> bytes:
-    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``) compiled for sm_90
-    without a GPU: to check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py reads
-    its SASS)."""
+def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256, stages: Optional[int] = None,
+               gated: bool = True, odd_k: bool = False, activation: str = "silu") -> bytes:
+    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``; gate_up with
+    ``activation``, for experts without a gate unless ``gated``; down over an odd number of K tiles with
+    ``odd_k``) compiled for sm_90 without a GPU: to check offline what ptxas made of the K loop
+    (benchmarks/wgmma_operand_check.py reads its SASS)."""
     tile = TILES[rows]
-    kernel, block_n = ((moe_gate_up_wsrr_kernel, tile.gate_up_cols) if which == "gate_up"
-                       else (moe_down_wsrr_kernel, tile.down_cols))
-    constexprs = _meta(dtype, tile, block_n, stages)
+    if which == "gate_up":
+        kernel, block_n = moe_gate_up_wsrr_kernel, tile.gate_up_cols(gated)
+        own = dict(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation])
+    else:
+        kernel, block_n, own = moe_down_wsrr_kernel, tile.down_cols, dict(ODD_K=odd_k)
+    constexprs = dict(_meta(dtype, tile, block_n, stages), **own)
     num_warps, maxnreg = constexprs.pop("num_warps"), constexprs.pop("maxnreg", None)
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "sorted_token_ids_ptr": "*i32",
