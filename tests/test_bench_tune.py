@@ -421,8 +421,9 @@ def test_experts_without_a_gate_have_tables_of_their_own(tmp_path, monkeypatch):
     """A table tuned without a gate serves only experts without one, and a gated table only gated ones: the
     best blocks differ (one weight tile a K step), and an ungated entry may not fit a gated layer's kernels.
     The kernel asks for its layer's form."""
-    from experts_int8 import ops
     from test_fused_experts import check
+
+    from experts_int8 import ops
 
     asked = []
     real = ops.get_config

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 38, first chain: s37c.sh less its tests (they ran in session 37): the int8 prefill rows of
+# Session 38, first chain (it replaces s37c.sh, never run, less its tests, which ran in session 37): the int8 prefill rows of
 # Nemotron 3 Nano's shape tuned again without a gate on a larger budget (NOTES item 194 has the
 # prediction), and ungated_decode.py on the result. start.sh s38a.sh, then wait.sh 500 until CHAIN_DONE.
 source benchmarks/gpu_session/common.sh "$1"
