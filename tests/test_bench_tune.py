@@ -89,6 +89,13 @@ def test_bench_bytes_and_flops_accounting():
     assert bench.moe_flops(16, k, h, i) == 2 * 16 * 2 * 3 * 4096 * 14336
     assert bench.weight_bytes_read(2.5, h, i, "int8") == 2.5 * 3 * 4096 * 14336
     assert bench.distinct_experts(torch.tensor([[3, 1], [1, 3], [7, 3]])) == 3
+    # experts without a gate: up and down only
+    assert bench.expert_bytes(h, i, "int8", gated=False) == 2 * 4096 * 14336
+    assert bench.layer_bytes(e, h, i, "bf16", gated=False) == 8 * 2 * 4096 * 14336 * 2
+    assert bench.moe_flops(16, k, h, i, gated=False) == 2 * 16 * 2 * 2 * 4096 * 14336
+    r = bench.row_metrics(m=16, hidden=h, inter=i, top_k=k, dtype="int8", time_s=1e-4, distinct=3,
+                          copy_bytes_per_s=4e12, matmul_flops_per_s=800e12, gated=False)
+    assert (r["weight_bytes"], r["flops"]) == (3 * 2 * 4096 * 14336, bench.moe_flops(16, k, h, i, gated=False))
 
 
 def test_bench_row_metrics_against_hand_numbers():
@@ -141,6 +148,9 @@ def test_bench_layer_pool_sizes_the_pool_for_the_shape():
     assert len(layers) == bench.layers_for_pool(4, 64, 32, 2, "int8", l2_bytes=l2, budget_bytes=1e6) > 1
     assert layers[0].w13.shape == (4, 64, 64) and layers[0].w13.dtype == torch.int8
     assert layers[0].w2.shape == (4, 64, 32) and layers[0].w2_scale.shape == (4, 64)
+    # without a gate: 2HI an expert, so a tighter budget holds as many layers
+    ungated = bench.layer_pool("4:64:32:2", "int8", l2, budget_bytes=1e6 * 2 / 3, device="cpu", gated=False)[1]
+    assert len(ungated) == len(layers) and ungated[0].w13.shape == (4, 32, 64)
 
 
 def test_bench_calls_per_graph_whole_sweeps():
@@ -182,7 +192,9 @@ def _fake_result():
 def test_bench_table_and_json(tmp_path):
     result = _fake_result()
     table = bench.format_table(result)
-    assert "mixtral-8x7b" in table and "1.60x" in table and "failed" in table
+    assert "mixtral-8x7b" in table and "1.60x" in table and "failed" in table and "without a gate" not in table
+    ungated = dict(result, rows=[dict(r, gated=False) for r in result["rows"]])
+    assert "experts without a gate" in bench.format_table(ungated).splitlines()[0]
     paths = bench.write_results(result, tmp_path, plot=False)
     assert [p.suffix for p in paths] == [".json"] and "NVIDIA_H200" in paths[0].name
     back = json.loads(paths[0].read_text())
@@ -219,6 +231,7 @@ def test_bench_script_parses_options():
     assert len(full.shapes) * len(full.ms) * len(full.dtypes) == 5 * 14 * 2 and full.reps == 20
     assert full.settle_s == 1.0 and bench.settings_from_args(bench.build_parser().parse_args(
         ["--settle-s", "0"])).settle_s == 0
+    assert full.gated and not bench.settings_from_args(bench.build_parser().parse_args(["--no-gate"])).gated
 
 
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf", "61", "soon"])
@@ -229,13 +242,15 @@ def test_bench_settle_must_be_seconds(bad, capsys):
 
 
 @pytest.mark.gpu
-def test_bench_runs_on_gpu(tmp_path, monkeypatch):
+@pytest.mark.parametrize("gated", [True, False])
+def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated):
     settled = []
     monkeypatch.setattr(bench, "settle", settled.append)
     settings = bench.Settings.quick(shapes=["8:512:256:2"], ms=[1, 64], out_dir=str(tmp_path), pool_gb=0.1,
-                                    settle_s=0.25)
+                                    settle_s=0.25, gated=gated)
     result = bench.run_benchmark(settings, command="pytest")
-    assert all("time_us" in r for r in result["rows"]) and len(result["rows"]) == 4
+    assert all("time_us" in r and r["gated"] is gated for r in result["rows"]) and len(result["rows"]) == 4
+    assert result["rows"][0]["weight_bytes"] == result["rows"][0]["distinct_experts"] * (3 if gated else 2) * 512 * 256 * 2
     assert settled == [0.25, 0.25] and result["settings"]["settle_s"] == 0.25  # once a (shape, dtype) section
     assert result["ceilings"]["copy_GBps"] > 100 and list(tmp_path.glob("*.json"))
     # where each row's entry came from (no H200 table has this shape: the heuristic unless a user tuned it)
@@ -538,6 +553,15 @@ def test_cli_errors_are_one_clean_line():
     assert r.exit_code == 2 and "exactly one of" in r.output
     r = _run("bench", "--settle-s", "-1")
     assert r.exit_code == 2 and "--settle-s" in r.output and "Traceback" not in r.output
+
+
+def test_cli_bench_takes_experts_without_a_gate(monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "run_benchmark", lambda settings, command: ran.append(settings))
+    assert _run("bench", "--shapes", "128:2688:1856:6", "--m", "1,4096", "--no-gate").exit_code == 0
+    assert _run("bench", "--shapes", "qwen3-30b-a3b", "--quick").exit_code == 0
+    assert [(s.shapes, s.ms, s.gated) for s in ran] == [(["128:2688:1856:6"], [1, 4096], False),
+                                                        (["qwen3-30b-a3b"], list(bench.DEFAULT_MS), True)]
 
 
 def test_cli_debug_shows_the_exception():

@@ -58,23 +58,29 @@ DEFAULT_L2_BYTES = 50 * 2**20  # H100/H200; the measured value is used when torc
 
 # --- accounting (pure) ---------------------------------------------------------------------------
 
-def expert_bytes(hidden: int, inter: int, dtype: str) -> int:
-    """Weight bytes of one expert (w13 and w2, scales not counted): 3 * H * I * bytes per weight."""
-    return 3 * hidden * inter * WEIGHT_BYTES[dtype]
+def weight_matrices(gated: bool = True) -> int:
+    """H x I matrices an expert holds: gate, up and down (3), or up and down without a gate (2)."""
+    return 3 if gated else 2
 
 
-def layer_bytes(num_experts: int, hidden: int, inter: int, dtype: str) -> int:
-    return num_experts * expert_bytes(hidden, inter, dtype)
+def expert_bytes(hidden: int, inter: int, dtype: str, gated: bool = True) -> int:
+    """Weight bytes of one expert (w13 and w2, scales not counted): 3 * H * I * bytes per weight (2 * H * I
+    without a gate)."""
+    return weight_matrices(gated) * hidden * inter * WEIGHT_BYTES[dtype]
 
 
-def moe_flops(m: int, top_k: int, hidden: int, inter: int) -> int:
-    """Useful FLOPs of one layer: two GEMMs over M*k rows, 2 * M * k * 3 * H * I."""
-    return 2 * m * top_k * 3 * hidden * inter
+def layer_bytes(num_experts: int, hidden: int, inter: int, dtype: str, gated: bool = True) -> int:
+    return num_experts * expert_bytes(hidden, inter, dtype, gated)
 
 
-def weight_bytes_read(distinct_experts: float, hidden: int, inter: int, dtype: str) -> float:
-    """Expert weight bytes one call must read: distinct experts hit x 3HI x bytes per weight."""
-    return distinct_experts * expert_bytes(hidden, inter, dtype)
+def moe_flops(m: int, top_k: int, hidden: int, inter: int, gated: bool = True) -> int:
+    """Useful FLOPs of one layer: two GEMMs over M*k rows, 2 * M * k * 3 * H * I (2 * H * I without a gate)."""
+    return 2 * m * top_k * weight_matrices(gated) * hidden * inter
+
+
+def weight_bytes_read(distinct_experts: float, hidden: int, inter: int, dtype: str, gated: bool = True) -> float:
+    """Expert weight bytes one call must read: distinct experts hit x 3HI (2HI) x bytes per weight."""
+    return distinct_experts * expert_bytes(hidden, inter, dtype, gated)
 
 
 def distinct_experts(topk_ids: torch.Tensor) -> int:
@@ -84,25 +90,25 @@ def distinct_experts(topk_ids: torch.Tensor) -> int:
 
 def layers_for_pool(num_experts: int, hidden: int, inter: int, top_k: int, dtype: str, *,
                     l2_bytes: int = DEFAULT_L2_BYTES, budget_bytes: float = 4e9, l2_multiple: int = 10,
-                    max_layers: int = 16) -> int:
+                    max_layers: int = 16, gated: bool = True) -> int:
     """How many distinct layers to cycle through.
 
     Enough that the weights read between two visits of one layer at M=1 (min(k, E) experts per
     layer) reach ``l2_multiple`` x L2, but no more than fit ``budget_bytes`` (always at least one).
     """
-    per_visit = min(top_k, num_experts) * expert_bytes(hidden, inter, dtype)
+    per_visit = min(top_k, num_experts) * expert_bytes(hidden, inter, dtype, gated)
     wanted = math.ceil(l2_multiple * l2_bytes / per_visit)
-    affordable = int(budget_bytes // layer_bytes(num_experts, hidden, inter, dtype))
+    affordable = int(budget_bytes // layer_bytes(num_experts, hidden, inter, dtype, gated))
     return max(1, min(wanted, affordable, max_layers))
 
 
-def layer_pool(shape: str, dtype: str, l2_bytes: int, budget_bytes: float = 4e9,
-               device: torch.device | str = "cuda") -> tuple[tuple[int, int, int, int], list[Layer]]:
+def layer_pool(shape: str, dtype: str, l2_bytes: int, budget_bytes: float = 4e9, device: torch.device | str = "cuda",
+               gated: bool = True) -> tuple[tuple[int, int, int, int], list[Layer]]:
     """A named (or E:H:I:k) shape's ``(E, H, I, k)`` and random layers enough to stream from HBM
     (:func:`layers_for_pool`): what the benchmark scripts that time a few variants start from."""
     _, (e, h, i, k) = parse_shape(shape)
-    n = layers_for_pool(e, h, i, k, dtype, l2_bytes=l2_bytes, budget_bytes=budget_bytes)
-    return (e, h, i, k), make_layers(n, e, h, i, dtype, device)
+    n = layers_for_pool(e, h, i, k, dtype, l2_bytes=l2_bytes, budget_bytes=budget_bytes, gated=gated)
+    return (e, h, i, k), make_layers(n, e, h, i, dtype, device, gated)
 
 
 def calls_per_graph(num_layers: int, floor_s: float, *, target_s: float = 1e-3, max_calls: int = 128) -> int:
@@ -114,10 +120,10 @@ def calls_per_graph(num_layers: int, floor_s: float, *, target_s: float = 1e-3, 
 
 
 def row_metrics(*, m: int, hidden: int, inter: int, top_k: int, dtype: str, time_s: float,
-                distinct: float, copy_bytes_per_s: float, matmul_flops_per_s: float) -> dict:
+                distinct: float, copy_bytes_per_s: float, matmul_flops_per_s: float, gated: bool = True) -> dict:
     """Per-call numbers of one (shape, M, dtype) row from its median time and the two ceilings."""
-    nbytes = weight_bytes_read(distinct, hidden, inter, dtype)
-    flops = moe_flops(m, top_k, hidden, inter)
+    nbytes = weight_bytes_read(distinct, hidden, inter, dtype, gated)
+    flops = moe_flops(m, top_k, hidden, inter, gated)
     bytes_per_s, flops_per_s = nbytes / time_s, flops / time_s
     floor_s = max(nbytes / copy_bytes_per_s, flops / matmul_flops_per_s)
     return dict(
@@ -422,6 +428,7 @@ class Settings:
     settle_s: float = 1.0  # idle before each (shape, dtype) section's first row: see settle()
     use_graph: bool = True
     plot: bool = True
+    gated: bool = True  # False: every shape's experts without a gate (w13 [E, I, H], act(up): NemotronH)
 
     @classmethod
     def quick(cls, **kw) -> "Settings":
@@ -453,30 +460,34 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
             if fatal:
                 break
             weight_dtype = torch.int8 if dtype == "int8" else torch.bfloat16
-            num_layers = layers_for_pool(e, h, i, k, dtype, l2_bytes=l2, budget_bytes=settings.pool_gb * 1e9)
+            gated = settings.gated
+            num_layers = layers_for_pool(e, h, i, k, dtype, l2_bytes=l2, budget_bytes=settings.pool_gb * 1e9,
+                                         gated=gated)
             free, _ = torch.cuda.mem_get_info()
-            num_layers = max(1, min(num_layers, int(0.6 * free // layer_bytes(e, h, i, dtype))))
-            layers = make_layers(num_layers, e, h, i, dtype)
-            pool_gb = num_layers * layer_bytes(e, h, i, dtype) / 1e9
-            log(f"# {name} (E={e}, H={h}, I={i}, k={k}) {dtype}: {num_layers} layer(s), {pool_gb:.1f} GB of weights")
+            num_layers = max(1, min(num_layers, int(0.6 * free // layer_bytes(e, h, i, dtype, gated))))
+            layers = make_layers(num_layers, e, h, i, dtype, "cuda", gated)
+            pool_gb = num_layers * layer_bytes(e, h, i, dtype, gated) / 1e9
+            log(f"# {name} (E={e}, H={h}, I={i}, k={k}{'' if gated else ', without a gate'}) {dtype}: "
+                f"{num_layers} layer(s), {pool_gb:.1f} GB of weights")
             settle(settings.settle_s)
             for m in settings.ms:
-                row = dict(shape=name, E=e, H=h, I=i, k=k, M=m, dtype=dtype, layers=num_layers)
+                row = dict(shape=name, E=e, H=h, I=i, k=k, M=m, dtype=dtype, gated=gated, layers=num_layers)
                 try:
                     x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
                     routing = make_routing(m, e, k, num_layers)
                     distinct = statistics.fmean(distinct_experts(ids) for _, ids in routing)
                     floor = row_metrics(m=m, hidden=h, inter=i, top_k=k, dtype=dtype, time_s=1.0, distinct=distinct,
-                                        copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps)["floor_us"] / 1e6
+                                        copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps,
+                                        gated=gated)["floor_us"] / 1e6
                     calls = calls_per_graph(num_layers, floor)
                     seconds, method = time_calls(x, layers, routing, calls, reps=settings.reps,
                                                  warmup=settings.warmup, use_graph=settings.use_graph)
-                    lookup = (m, e, i, k, weight_dtype, torch.device("cuda"))
+                    lookup = (m, e, i, k, weight_dtype, torch.device("cuda"), gated)
                     row.update(calls_per_replay=calls, timing=method, config=get_config(*lookup),
                                config_source=config_source(*lookup))
                     row.update(row_metrics(m=m, hidden=h, inter=i, top_k=k, dtype=dtype, time_s=seconds,
                                            distinct=distinct, copy_bytes_per_s=copy_bps,
-                                           matmul_flops_per_s=matmul_fps))
+                                           matmul_flops_per_s=matmul_fps, gated=gated))
                     borrowed = "" if row["config_source"] == f"table M={m}" else f"  ({row['config_source']})"
                     log(f"  M={m:<5d} {dtype:4s} {row['time_us']:10.1f} us  weights {row['bw_frac']:6.1%} of copy  "
                         f"{row['tflops']:6.1f} TFLOP/s ({row['flop_frac']:6.1%})  roofline {row['roofline_frac']:6.1%}"
@@ -524,8 +535,9 @@ def format_table(result: dict) -> str:
     dtypes = [d for d in DTYPES if any(r["dtype"] == d for r in rows)]
     head = f"{'shape':<18} {'M':>5} " + "".join(f"| {d + ' us':>10} {'%copy':>6} {'%mm':>6} {'%roof':>6} " for d in dtypes)
     head += "| int8/bf16" if len(dtypes) == 2 else ""
+    form = "" if all(r.get("gated", True) for r in rows) else "; experts without a gate"
     lines = [f"ceilings: copy {result['ceilings']['copy_GBps']:.0f} GB/s, "
-             f"matmul {result['ceilings']['matmul_TFLOPs']:.0f} TFLOP/s  ({result.get('gpu', '?')})", head,
+             f"matmul {result['ceilings']['matmul_TFLOPs']:.0f} TFLOP/s  ({result.get('gpu', '?')}{form})", head,
              "-" * len(head)]
     keys = list(dict.fromkeys((r["shape"], r["M"]) for r in rows))
     by_key = {(r["shape"], r["M"], r["dtype"]): r for r in rows}
@@ -646,13 +658,16 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
                              "the rows before left has lifted (default 1)")
     parser.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA graph replays")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--no-gate", action="store_true",
+                        help="experts without a gate (up_proj [E, I, H], act(up): NemotronH) for every shape")
     return parser
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
-              pool_gb=args.pool_gb, settle_s=args.settle_s, use_graph=not args.eager, plot=not args.no_plot)
+              pool_gb=args.pool_gb, settle_s=args.settle_s, use_graph=not args.eager, plot=not args.no_plot,
+              gated=not args.no_gate)
     if args.reps is not None:
         kw["reps"] = args.reps
     for s in kw["shapes"]:

@@ -134,6 +134,7 @@ Examples:
   experts-int8 bench                                   # 5 shapes x 14 M x bf16 + int8
   experts-int8 bench --quick --shapes qwen3-30b-a3b,mixtral-8x7b --m 1,16,256,4096
   experts-int8 bench --dtypes int8 --shapes 8:4096:14336:2 --out /tmp/results
+  experts-int8 bench --shapes 128:2688:1856:6 --no-gate          # Nemotron 3 Nano (experts without a gate)
 """)
 @click.option("--shapes", default=None, metavar="LIST",
               help="Comma-separated named shapes (mixtral-8x7b, mixtral-8x22b, jamba-1.5-mini, qwen3-30b-a3b, "
@@ -151,7 +152,9 @@ Examples:
                    "left has lifted.")
 @click.option("--eager", is_flag=True, help="Time eager calls instead of CUDA graph replays.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG.")
-def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager, no_plot):
+@click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH), "
+                                              "every shape.")
+def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager, no_plot, no_gate):
     """Time fused_experts with bf16 and int8 experts against the GPU's copy and matmul ceilings.
 
     Prints a table and writes JSON + PNG (time and fraction of ceiling vs M, one panel per shape)
@@ -164,7 +167,7 @@ def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager
         bench.parse_shape(name)
     kw = dict(shapes=names, ms=bench.parse_int_list([ms]) if ms else list(bench.DEFAULT_MS),
               dtypes=bench.parse_dtypes([dtypes]), out_dir=out, pool_gb=pool_gb, settle_s=settle_s,
-              use_graph=not eager, plot=not no_plot)
+              use_graph=not eager, plot=not no_plot, gated=not no_gate)
     if reps is not None:
         kw["reps"] = reps
     settings = bench.Settings.quick(**kw) if quick else bench.Settings(**kw)

@@ -662,7 +662,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     summary = []
     try:
         for d in dtypes:
-            num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9)
+            num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9,
+                                               gated=gated)
             layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device, gated)
             bench.settle(settle_s)
             best: dict[int, dict] = {}
