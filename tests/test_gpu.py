@@ -555,9 +555,11 @@ def test_wsrr_kernels_on_expert_blocks_around_full(rows):
 
 
 @pytest.mark.parametrize("rows", [256, 128])
-def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows):
-    """An expert_map with experts on another rank (their blocks write zeros) and x a strided view."""
-    ex = layer()
+@pytest.mark.parametrize("gated", [True, False])
+def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows, gated):
+    """An expert_map with experts on another rank (their blocks write zeros) and x a strided view; without a
+    gate I = 448, whose last gate/up program on the 256-row tile reaches past I (its zeros too)."""
+    ex = layer(i=384 if gated else 448, gated=gated)
     m = 700
     x = torch.randn(m, 512 + 16, device="cuda", dtype=torch.bfloat16)[:, :512]
     w, ids = select_experts(torch.randn(m, 16, device="cuda"), 2)
