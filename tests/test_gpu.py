@@ -532,6 +532,19 @@ def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m):
 
 
 @pytest.mark.parametrize("rows", [256, 128])
+def test_wsrr_kernels_relu2_with_a_gate(rows):
+    """ReLU²(gate) * up on the register form (the activation code reaches the gated epilogue too)."""
+    ex = layer(h=512, i=448)
+    x = torch.randn(700, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(700, 8, device="cuda"), 2)
+    out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids, activation="relu2")
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
+                                  activation="relu2")
+    assert_close_rows(out, ref, gluon_out)
+
+
+@pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("stages", [2, 3, 5])
 @pytest.mark.parametrize("h, i", [(512, 384), (384, 1408)])
 def test_wsrr_kernels_on_other_ring_depths(rows, stages, h, i):

@@ -100,11 +100,12 @@ out = {}
 cases = [(w, d, 256, 4, "") for w in ("gate_up", "down") for d in (torch.bfloat16, torch.float16)] + [
     ("gate_up", torch.bfloat16, 128, 4, ""), ("down", torch.bfloat16, 128, 4, ""), ("gate_up", torch.bfloat16, 256, 5, ""),
     ("down", torch.bfloat16, 128, 5, "")] + [  # experts without a gate (ReLU² of up), and down over an odd K
-    ("gate_up", torch.bfloat16, rows, 4, "ungated") for rows in (256, 128)] + [
+    ("gate_up", torch.bfloat16, rows, 4, "ungated") for rows in (256, 128)] + [("gate_up", torch.bfloat16, 256, 4, "relu2")] + [
     ("down", dtype, rows, 4, "odd_k") for rows, dtype in ((256, torch.bfloat16), (128, torch.float16))]
 for which, dtype, rows, stages, form in cases:
     path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}_{form}.cubin")
-    flags = dict(ungated=dict(gated=False, activation="relu2"), odd_k=dict(odd_k=True)).get(form, {})
+    flags = dict(ungated=dict(gated=False, activation="relu2"), odd_k=dict(odd_k=True),
+                 relu2=dict(activation="relu2")).get(form, {})
     with open(path, "wb") as f:
         f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages, **flags))
     key = f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}") + (f" {form}" if form else "")
@@ -131,6 +132,7 @@ def compiled(tmp_path_factory):
                                     "gate_up torch.bfloat16 128", "down torch.bfloat16 128",
                                     "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5",
                                     "gate_up torch.bfloat16 256 ungated", "gate_up torch.bfloat16 128 ungated",
+                                    "gate_up torch.bfloat16 256 relu2",
                                     "down torch.bfloat16 256 odd_k", "down torch.float16 128 odd_k"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
