@@ -532,19 +532,6 @@ def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m):
 
 
 @pytest.mark.parametrize("rows", [256, 128])
-def test_wsrr_kernels_relu2_with_a_gate(rows):
-    """ReLU²(gate) * up on the register form (the activation code reaches the gated epilogue too)."""
-    ex = layer(h=512, i=448)
-    x = torch.randn(700, 512, device="cuda", dtype=torch.bfloat16)
-    w, ids = select_experts(torch.randn(700, 8, device="cuda"), 2)
-    out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids, activation="relu2")
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
-                                  activation="relu2")
-    assert_close_rows(out, ref, gluon_out)
-
-
-@pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("stages", [2, 3, 5])
 @pytest.mark.parametrize("h, i", [(512, 384), (384, 1408)])
 def test_wsrr_kernels_on_other_ring_depths(rows, stages, h, i):
@@ -585,10 +572,10 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows, gated):
     assert_close_rows(out, ref, gluon_out)
 
 
-@pytest.mark.parametrize("case", ["gelu", "weights_on_input", "h_528", "i_400"])
+@pytest.mark.parametrize("case", ["gelu", "relu2", "weights_on_input", "h_528", "i_400"])
 def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
-    """Another activation, routing weights on the input, H not a multiple of 128, or I not of 64: the
-    entry's Gluon kernels, same answer."""
+    """Another activation (ReLU² only without a gate), routing weights on the input, H not a multiple of
+    128, or I not of 64: the entry's Gluon kernels, same answer."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
@@ -596,7 +583,7 @@ def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
     ex = layer(h=h, i=400 if case == "i_400" else 384)
     x = torch.randn(300, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 1 if case == "weights_on_input" else 2)
-    kw = dict(topk_weights=w, topk_ids=ids, activation="gelu" if case == "gelu" else "silu",
+    kw = dict(topk_weights=w, topk_ids=ids, activation=case if case in ("gelu", "relu2") else "silu",
               apply_router_weight_on_input=case == "weights_on_input")
     assert not gluon_wsrr.supported(x, ex["w13"], ex["w13_scale"], ex["w2"], kw["activation"],
                                     kw["apply_router_weight_on_input"], False)
