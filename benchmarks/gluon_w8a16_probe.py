@@ -349,7 +349,7 @@ def w8a16_gemm_wsrr_kernel(x_ptr, w_ptr, scale_ptr, y_ptr, M, N, K, stride_xm, s
                                                          instr_shape=[16, BLOCK_M, 16])
     x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, BLOCK_N, BLOCK_K, gl.bfloat16, X_SMEM)
     acc, = gl.warp_specialize([
-        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, gl.bfloat16)),
+        (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, gl.bfloat16, False)),
         (_ws_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, M, N, K, stride_xm, stride_wn)),
     ], [LOADER_WARPS], [LOADER_REGS])
 
