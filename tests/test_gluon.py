@@ -74,10 +74,24 @@ def test_shared_memory_count():
     assert gluon_moe.smem_bytes(PREFILL, 2) == 4 * (128 * 64 * 2 + 2 * 64 * 64) + 2 * 2 * 64 * 64 * 2 == 131072
 
 
+def test_biases_compile_to_loads_and_adds():
+    """With expert biases (HAS_BIAS) each epilogue loads them (gate_up: gate's and up's, down: one row) and
+    adds them in fp32; without, no load of them at all (the unbiased kernels are those run on the H200)."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; sys.stdout.write(json.dumps("
+            f"[gluon_moe.sm90_ptx(w, {PREFILL!r}, torch.bfloat16, 'swiglu_oai', biased=b) "
+            "for w in ('gate_up', 'down') for b in (False, True)]))")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                         check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    gate_up, gate_up_biased, down, down_biased = (ptx.count("ld.global") for ptx in json.loads(run.stdout))
+    assert gate_up_biased > gate_up and down_biased > down
+
+
 def test_not_supported_off_cuda():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     w13, w2 = torch.zeros(2, 64, 64, dtype=torch.int8), torch.zeros(2, 64, 32, dtype=torch.int8)
-    assert not gluon_moe.supported(PREFILL, x, w13, torch.ones(2, 64), w2, False)
+    assert not gluon_moe.supported(PREFILL, x, w13, torch.ones(2, 64), w2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -95,12 +109,16 @@ def test_gluon_entry_runs_the_triton_kernels_where_it_does_not_apply(dtype, monk
 
 
 WIDE = dict(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128, BLOCK_SIZE_K=64, GROUP_SIZE_M=8, num_warps=8, num_stages=3)
-# (kernel, blocks, activation dtype, wgmmas left in flight in the loop, experts with a gate)
-COMPILED = [("gate_up", PREFILL, "bfloat16", 2, True), ("down", PREFILL, "bfloat16", 1, True),
-            ("gate_up", WIDE, "float16", 2, True), ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1, True),
-            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1, True),
+# (kernel, blocks, activation dtype, wgmmas left in flight in the loop, experts with a gate, expert biases)
+COMPILED = [("gate_up", PREFILL, "bfloat16", 2, True, False), ("down", PREFILL, "bfloat16", 1, True, False),
+            ("gate_up", WIDE, "float16", 2, True, False),
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1, True, False),
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1, TRIM_TAIL=0), "bfloat16", 1, True, False),
             # without a gate: one weight tile a K step (FUSE_GATE_UP dropped), in both activation dtypes
-            ("gate_up", PREFILL, "bfloat16", 1, False), ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "float16", 1, False)]
+            ("gate_up", PREFILL, "bfloat16", 1, False, False),
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "float16", 1, False, False),
+            # expert biases (GPT-OSS) in both epilogues
+            ("gate_up", dict(WIDE, FUSE_GATE_UP=1), "bfloat16", 1, True, True), ("down", WIDE, "bfloat16", 1, True, True)]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +127,7 @@ def sm90_ptx():
     the other tests patches Triton's language in this one)."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     code = ("import json, sys, torch; from experts_int8.kernels import gluon_moe; sys.stdout.write(json.dumps("
-            f"[gluon_moe.sm90_ptx(w, c, getattr(torch, d), gated=g) for w, c, d, _, g in {COMPILED!r}]))")
+            f"[gluon_moe.sm90_ptx(w, c, getattr(torch, d), gated=g, biased=b) for w, c, d, _, g, b in {COMPILED!r}]))")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout)
@@ -119,15 +137,15 @@ def _first(lines, text, start=0):
     return next(i for i in range(start, len(lines)) if text in lines[i])
 
 
-@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[f"{w}{'' if g else '-ungated'}-{c['num_warps']}w-{d}-{n}"
-                                                             for w, c, d, n, g in COMPILED])
+@pytest.mark.parametrize("case", range(len(COMPILED)), ids=[
+    f"{w}{'' if g else '-ungated'}{'-biased' if b else ''}-{c['num_warps']}w-{d}-{n}" for w, c, d, n, g, b in COMPILED])
 def test_kernels_compile_for_sm90_with_a_wgmma_in_flight(sm90_ptx, case):
     """The point of these kernels: the wgmma is asynchronous and the K loop waits only for the previous
     tile's (gate_up: two wgmmas per tile, so two stay in flight, or one with FUSE_GATE_UP; down: one),
     never for all of them as Triton's own int8 pipeline does (benchmarks/NOTES.md item 13); and the
     order that makes it safe: converted tile stored, proxy fence, barrier, wgmma; after the wait, a
     barrier before the previous tile's ring slot is refilled."""
-    which, config, dtype, in_flight, _ = COMPILED[case]
+    which, config, dtype, in_flight, _, _ = COMPILED[case]
     lines = sm90_ptx[case].splitlines()
     waits = sorted({line.split()[-1].rstrip(";") for line in lines if "wgmma.wait_group" in line})
     assert waits == ["0", str(in_flight)], waits  # in the loop: the previous tile's; after it: all

@@ -421,6 +421,24 @@ def test_gluon_kernels_without_a_gate(variant, activation, dtype, m):
     assert_close_rows(out, ref, triton_out)
 
 
+@pytest.mark.parametrize("variant", ["w4_s3", "w8_s3_fused", "w4_s4_fused_fp16_dot", "w8_s3_fused_untrimmed"])
+@pytest.mark.parametrize("gated, activation", [(True, "swiglu_oai"), (True, "silu"), (False, "relu2")])
+@pytest.mark.parametrize("m", [1, 300])
+def test_gluon_kernels_with_biases(variant, gated, activation, m):
+    """Expert biases (GPT-OSS: clamped SwiGLU with gate, up and down biases) in both Gluon epilogues, H=528 and
+    I=400 (partial N tiles: the bias columns wrap as the scale columns do), bf16 biases."""
+    ex = layer(h=528, i=400, gated=gated)
+    x = torch.randn(m, 528, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    b13 = torch.randn(8, ex["w13"].shape[1], device="cuda", dtype=torch.bfloat16)
+    b2 = torch.randn(8, 528, device="cuda", dtype=torch.bfloat16) * 0.5
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, w13_bias=b13, w2_bias=b2)
+    out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, **kw)
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
+    assert_close_rows(out, ref, triton_out)
+
+
 def routed_by_counts(counts, hidden):
     """bf16 tokens routed top-1, ``counts[e]`` of them to expert e in shuffled order, with routing weights
     in [0.25, 1.25): x, topk_weights, topk_ids."""
@@ -470,8 +488,7 @@ def test_gluon_entry_with_unaligned_rows_takes_the_triton_kernels():
     ex = layer()
     x = torch.randn(300, 512 + 8, device="cuda", dtype=torch.bfloat16)[:, :512]
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 2)
-    assert not gluon_moe.supported(dict(GLUON_CONFIGS["w4_s3"], GLUON=1), x, ex["w13"], ex["w13_scale"], ex["w2"],
-                                   False)
+    assert not gluon_moe.supported(dict(GLUON_CONFIGS["w4_s3"], GLUON=1), x, ex["w13"], ex["w13_scale"], ex["w2"])
     with override_config(dict(GLUON_CONFIGS["w4_s3"], GLUON=1)):
         out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
     torch.testing.assert_close(out, fused_experts(x.contiguous(), **ex, topk_weights=w, topk_ids=ids))

@@ -211,10 +211,10 @@ def _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, aligned, t
     """Both GEMMs over the ``aligned`` blocks with ``config`` (no decode modes): its rows of ``h [M*k, I]``
     and ``y [M*k, H]``, on the Gluon kernels for a GLUON entry where they apply, else Triton's."""
     gate_up_config, down_config = split_config(config)
-    if (config.get("GLUON") and gluon_moe is not None
-            and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias is not None or w2_bias is not None)):
-        gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config)
-        gluon_moe.invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config)
+    if config.get("GLUON") and gluon_moe is not None and gluon_moe.supported(config, x, w13, w13_scale, w2):
+        gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config,
+                                 w13_bias)
+        gluon_moe.invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
     else:
         invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config, w13_bias)
         invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
@@ -286,12 +286,11 @@ def _fused_experts_triton(
     # SUM_LAST's arrival counters, zeroed by the gate_up launch
     counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
     # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
-    # no bias, wgmma-sized blocks), else the Triton kernels with the same blocks
-    gluon = (config.get("GLUON") and gluon_moe is not None
-             and gluon_moe.supported(config, x, w13, w13_scale, w2, w13_bias is not None or w2_bias is not None))
+    # wgmma-sized blocks), else the Triton kernels with the same blocks
+    gluon = config.get("GLUON") and gluon_moe is not None and gluon_moe.supported(config, x, w13, w13_scale, w2)
     if gluon:
         gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                                 top_k, activation, apply_router_weight_on_input, gate_up_config)
+                                 top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
     else:
         invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                        top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts)
@@ -308,7 +307,7 @@ def _fused_experts_triton(
         y = x.new_empty((m * top_k, hidden))
     if gluon:
         gluon_moe.invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                              not apply_router_weight_on_input, down_config)
+                              not apply_router_weight_on_input, down_config, w2_bias)
     elif sum_last:  # decode: the last program to finish a token's column tile adds it up, no sum launch
         return invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
                            not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k,

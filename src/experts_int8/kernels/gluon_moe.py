@@ -12,7 +12,7 @@ An expert's last row block whose lower half is all padding runs the same loop co
 rows (``TRIM_TAIL``, on unless a config sets it to 0; :func:`trim_tail` says where it applies).
 
 A config selects it with ``GLUON: 1`` (:mod:`.configs`); :func:`supported` says when it applies
-(sm_90, int8 weights with scales, 16-bit activations, no bias, block sizes wgmma can tile), and
+(sm_90, int8 weights with scales, 16-bit activations, block sizes wgmma can tile), and
 elsewhere the same config runs the Triton kernels. Gluon kernels do not run under Triton's
 interpreter; on CPU the tests compile them for sm_90 and check the launch logic.
 """
@@ -41,23 +41,22 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 _GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
 
 
-def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, biased: bool) -> bool:
+def supported(config: dict, x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor) -> bool:
     """Whether the Gluon kernels can run this call with ``config``'s blocks (else: the Triton ones): a
     layer they read (:func:`hopper_smem_limit`) and blocks that fit."""
-    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
+    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2)
     return smem_limit is not None and blocks_ok(config, smem_limit, is_gated(w13, w2))
 
 
-def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor,
-                      biased: bool) -> Optional[int]:
+def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor) -> Optional[int]:
     """The device's shared memory per block where the Hopper Gluon kernels (here and in :mod:`.gluon_wsrr`)
-    can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, no expert bias,
-    and rows that 16-byte copies can read (H and I multiples of 16, 16-byte aligned rows). Experts with
-    or without a gate (w13 [E, 2I, H] or [E, I, H])."""
+    can read this layer, else None: sm_90, int8 weights with scales, 16-bit activations, and rows that
+    16-byte copies can read (H and I multiples of 16, 16-byte aligned rows). Experts with or without a gate
+    (w13 [E, 2I, H] or [E, I, H]); expert biases are added in these kernels' epilogues."""
     if x.device.type != "cuda" or torch.version.hip is not None:
         return None
     major, smem_limit = _device_facts(torch.cuda.current_device() if x.device.index is None else x.device.index)
-    if major != 9 or w13_scale is None or biased or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
+    if major != 9 or w13_scale is None or x.dtype not in _GL_DTYPES or w13.dtype != torch.int8:
         return None
     hidden, inter = w2.shape[1], w2.shape[2]
     # Triton proves 16-byte copies aligned from pointers and strides that are multiples of 16 elements
@@ -252,8 +251,9 @@ def _sigmoid(v):
 def _gate_up_tile(
     first_row, block, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
     block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om, x_inv_scale_ptr,
-    TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
-    FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    bias_ptr, stride_be, TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr,
+    ROW_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -304,6 +304,11 @@ def _gate_up_tile(
             acc_g = acc_g * inv
             if GATED:
                 acc_u = acc_u * inv
+        if HAS_BIAS:  # (never with MUL_ROUTED_WEIGHT: the caller checks)
+            b_ptrs = bias_ptr + expert * stride_be + offs_wn
+            acc_g = acc_g + gl.load(b_ptrs).to(gl.float32)[None, :]
+            if GATED:
+                acc_u = acc_u + gl.load(b_ptrs + I).to(gl.float32)[None, :]
         if MUL_ROUTED_WEIGHT:
             rw = gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)
             acc_g = acc_g * rw[:, None]
@@ -332,8 +337,9 @@ def moe_gate_up_wgmma_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
     num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
     x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
+    bias_ptr, stride_be,  # [E, 2I] ([E, I] without a gate), read only when HAS_BIAS
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
-    FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HAS_BIAS: gl.constexpr, FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
     SWIGLU_LIMIT: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
     HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
@@ -349,19 +355,22 @@ def moe_gate_up_wgmma_kernel(
     if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:
         _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
-                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, GATED, BLOCK_M // 2,
+                      x_inv_scale_ptr, bias_ptr, stride_be, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, HAS_BIAS,
+                      FUSE_GATE_UP, GATED, BLOCK_M // 2,
                       BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
     else:
         _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
-                      x_inv_scale_ptr, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, FUSE_GATE_UP, GATED, BLOCK_M,
+                      x_inv_scale_ptr, bias_ptr, stride_be, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, HAS_BIAS,
+                      FUSE_GATE_UP, GATED, BLOCK_M,
                       BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, A_SMEM, W_SMEM, B_SMEM, num_warps)
 
 
 @gluon.jit
 def _down_tile(first_row, block, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-               MUL_ROUTED_WEIGHT: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+               bias_ptr, stride_be, MUL_ROUTED_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+               BLOCK_N: gl.constexpr,
                BLOCK_K: gl.constexpr, STAGES: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
                B_SMEM: gl.constexpr, num_warps: gl.constexpr):
     """GEMM2's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``."""
@@ -377,6 +386,8 @@ def _down_tile(first_row, block, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weig
         acc, _ = _mainloop(a_ptr, w_ptr + expert * stride_we, rows, row_mask, w_rows, I, stride_am, stride_wn,
                            A_SMEM, W_SMEM, B_SMEM, acc_layout, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, 1, num_warps)
         acc = acc * gl.load(scale_ptr + expert * stride_se + offs_n % H)[None, :]
+        if HAS_BIAS:
+            acc = acc + gl.load(bias_ptr + expert * stride_be + offs_n % H).to(gl.float32)[None, :]
         if MUL_ROUTED_WEIGHT:
             acc = acc * gl.load(topk_weights_ptr + rows, mask=row_mask, other=0.0).to(gl.float32)[:, None]
         gl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -386,11 +397,12 @@ def _down_tile(first_row, block, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weig
 def moe_down_wgmma_kernel(
     a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
     num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-    MUL_ROUTED_WEIGHT: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    bias_ptr, stride_be,  # [E, H], read only when HAS_BIAS
+    MUL_ROUTED_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SMEM: gl.constexpr,
     W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
-    """GEMM2 (* routing weight): out[M*k, H] = a[rows] @ w2[e]^T."""
+    """GEMM2 (* routing weight): out[M*k, H] = a[rows] @ w2[e]^T (+ bias)."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -398,11 +410,11 @@ def moe_down_wgmma_kernel(
     if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:  # as in GEMM1
         _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                    block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-                   MUL_ROUTED_WEIGHT, BLOCK_M // 2, BLOCK_N, BLOCK_K, STAGES, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
+                   bias_ptr, stride_be, MUL_ROUTED_WEIGHT, HAS_BIAS, BLOCK_M // 2, BLOCK_N, BLOCK_K, STAGES, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
     else:
         _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                    block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-                   MUL_ROUTED_WEIGHT, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, A_SMEM, W_SMEM, B_SMEM, num_warps)
+                   bias_ptr, stride_be, MUL_ROUTED_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, A_SMEM, W_SMEM, B_SMEM, num_warps)
 
 
 def _smem_layouts(config: dict, act_dtype: torch.dtype, num_b: int) -> dict:
@@ -421,7 +433,7 @@ def _meta(config: dict, trim_cols: int) -> dict:
 
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config):
+                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None):
     """GEMM1 (+ activation) as :func:`.fused_moe.invoke_gate_up`, on the Gluon kernel (w13 [E, 2I, H] with a
     gate, [E, I, H] without)."""
     inter = out.shape[1]
@@ -432,7 +444,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     moe_gate_up_wgmma_kernel[grid](
         x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
-        w13_scale.stride(0), out.stride(0), x_inv_scale, ROW_SCALE=x_inv_scale is not None,
+        w13_scale.stride(0), out.stride(0), x_inv_scale, w13 if w13_bias is None else w13_bias,
+        0 if w13_bias is None else w13_bias.stride(0), ROW_SCALE=x_inv_scale is not None, HAS_BIAS=w13_bias is not None,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
         FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")), GATED=gated, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
         SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **_meta(config, config["BLOCK_SIZE_N"]),
@@ -441,7 +454,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
 
 
 def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                num_tokens_post_padded, mul_routed_weight, config):
+                num_tokens_post_padded, mul_routed_weight, config, w2_bias=None):
     """GEMM2 (* routing weight) as :func:`.fused_moe.invoke_down` without split-K, on the Gluon kernel."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
@@ -449,15 +462,16 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     moe_down_wgmma_kernel[grid](
         a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter, a.stride(0), w2.stride(0), w2.stride(1),
-        w2_scale.stride(0), out.stride(0),
-        MUL_ROUTED_WEIGHT=mul_routed_weight, **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
+        w2_scale.stride(0), out.stride(0), w2 if w2_bias is None else w2_bias, 0 if w2_bias is None else w2_bias.stride(0),
+        MUL_ROUTED_WEIGHT=mul_routed_weight, HAS_BIAS=w2_bias is not None, **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
     )
 
 
 def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, activation: str = "silu",
-             gated: bool = True) -> str:
+             gated: bool = True, biased: bool = False) -> str:
     """PTX of the ``"gate_up"`` or ``"down"`` kernel for ``config`` (gate_up with ``activation``, for experts
-    without a gate unless ``gated``), compiled for sm_90 without a GPU (Triton ships the compiler and ptxas):
+    without a gate unless ``gated``; with expert biases if ``biased``), compiled for sm_90 without a GPU
+    (Triton ships the compiler and ptxas):
     to inspect the pipeline offline. Run it in a process without ``TRITON_INTERPRET``, whose patches of
     Triton's language break compilation."""
     from triton.backends.compiler import GPUTarget
@@ -467,11 +481,11 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, 
         kernel, num_b = moe_gate_up_wgmma_kernel, 2 if gated else 1
         constexprs = dict(TOP_K=2, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=False,
                           SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-                          ROW_SCALE=act_dtype == torch.float16, GATED=gated,
+                          ROW_SCALE=act_dtype == torch.float16, GATED=gated, HAS_BIAS=biased,
                           FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")))
     else:
         kernel, num_b = moe_down_wgmma_kernel, 1
-        constexprs = dict(MUL_ROUTED_WEIGHT=True)
+        constexprs = dict(MUL_ROUTED_WEIGHT=True, HAS_BIAS=biased)
     constexprs.update(_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, act_dtype, num_b))
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
     ptr_types = {"w_ptr": "*i8", "scale_ptr": "*fp32", "topk_weights_ptr": "*fp32", "x_inv_scale_ptr": "*fp32",

@@ -125,10 +125,10 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, a
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
     given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`: experts with a gate
     or without) with room for the ring, SiLU (or ReLU² without a gate: the forms run on a GPU so far),
-    routing weights on the output, H a multiple of 128
-    (gate/up's K loop in pairs of 64-wide steps, whole down tiles) and I of 64 (whole K tiles in the down
-    GEMM, one more after its pairs where I / 64 is odd; a gate/up program's columns past I are masked)."""
-    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2, biased)
+    routing weights on the output, no expert bias, H a multiple of 128 (gate/up's K loop in pairs of 64-wide
+    steps, whole down tiles) and I of 64 (whole K tiles in the down GEMM, one more after its pairs where
+    I / 64 is odd; a gate/up program's columns past I are masked)."""
+    smem_limit = None if biased else hopper_smem_limit(x, w13, w13_scale, w2)
     activation_ok = activation == "silu" or (activation in ACTIVATIONS and not is_gated(w13, w2))
     return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation_ok
             and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 64 == 0)
