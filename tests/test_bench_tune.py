@@ -242,12 +242,13 @@ def test_bench_settle_must_be_seconds(bad, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gated", [True, False])
-def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated):
+@pytest.mark.parametrize("gated, activation, biases", [(True, "silu", False), (False, "relu2", False),
+                                                       (True, "swiglu_oai", True)])
+def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
     settled = []
     monkeypatch.setattr(bench, "settle", settled.append)
     settings = bench.Settings.quick(shapes=["8:512:256:2"], ms=[1, 64], out_dir=str(tmp_path), pool_gb=0.1,
-                                    settle_s=0.25, gated=gated)
+                                    settle_s=0.25, gated=gated, activation=activation, biases=biases)
     result = bench.run_benchmark(settings, command="pytest")
     assert all("time_us" in r and r["gated"] is gated for r in result["rows"]) and len(result["rows"]) == 4
     assert result["rows"][0]["weight_bytes"] == result["rows"][0]["distinct_experts"] * (3 if gated else 2) * 512 * 256 * 2
@@ -562,6 +563,29 @@ def test_cli_bench_takes_experts_without_a_gate(monkeypatch):
     assert _run("bench", "--shapes", "qwen3-30b-a3b", "--quick").exit_code == 0
     assert [(s.shapes, s.ms, s.gated) for s in ran] == [(["128:2688:1856:6"], [1, 4096], False),
                                                         (["qwen3-30b-a3b"], list(bench.DEFAULT_MS), True)]
+
+
+def test_cli_bench_takes_the_experts_activation_and_biases(monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "run_benchmark", lambda settings, command: ran.append(settings))
+    r = _run("bench", "--shapes", "32:2880:2880:4", "--activation", "swiglu_oai", "--biases")
+    assert r.exit_code == 0 and [(s.activation, s.biases, s.gated) for s in ran] == [("swiglu_oai", True, True)]
+    r = _run("bench", "--activation", "swiglu_oai", "--no-gate")  # no form without a gate: refused before the GPU
+    assert r.exit_code == 1 and "needs gate and up rows" in r.output and len(ran) == 1
+    r = _run("bench", "--activation", "tanh")
+    assert r.exit_code == 1 and "unknown activation 'tanh'" in r.output and len(ran) == 1
+    args = bench.build_parser().parse_args(["--activation", "relu2", "--no-gate", "--biases"])
+    s = bench.settings_from_args(args)
+    assert (s.activation, s.gated, s.biases) == ("relu2", False, True)
+    with pytest.raises(ValueError, match="needs gate and up rows"):
+        bench.settings_from_args(bench.build_parser().parse_args(["--activation", "swiglu_oai", "--no-gate"]))
+
+
+def test_bench_layers_with_biases():
+    layer = bench.make_layers(1, 4, 16, 8, "int8", "cpu", biases=True)[0]
+    assert layer.w13_bias.shape == (4, 16) and layer.w2_bias.shape == (4, 16)
+    assert bench.make_layers(1, 4, 16, 8, "bf16", "cpu", gated=False, biases=True)[0].w13_bias.shape == (4, 8)
+    assert bench.make_layers(1, 4, 16, 8, "bf16", "cpu")[0].w13_bias is None
 
 
 def test_cli_debug_shows_the_exception():

@@ -42,6 +42,8 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .reference import ACTIVATIONS, GATED_ONLY
+
 # name -> (E, H, I, k)
 SHAPES = {
     "mixtral-8x7b": (8, 4096, 14336, 2),
@@ -150,6 +152,15 @@ def add_speedups(rows: list[dict]) -> None:
 
 
 # --- parsing -----------------------------------------------------------------------------------
+
+def check_form(gated: bool, activation: str) -> None:
+    """The experts' form the bench builds: a known activation, and one that has a form without a gate when
+    the experts have none."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {activation!r}: use one of {', '.join(ACTIVATIONS)}")
+    if not gated and activation in GATED_ONLY:
+        raise ValueError(f"activation {activation!r} needs gate and up rows: drop --no-gate or pick another")
+
 
 def parse_shape(text: str) -> tuple[str, tuple[int, int, int, int]]:
     """A named shape from SHAPES or ``E:H:I:k`` (e.g. ``8:256:512:2``) -> (name, (E, H, I, k))."""
@@ -303,25 +314,31 @@ class Layer:
     w2: torch.Tensor
     w13_scale: Optional[torch.Tensor]
     w2_scale: Optional[torch.Tensor]
+    w13_bias: Optional[torch.Tensor] = None
+    w2_bias: Optional[torch.Tensor] = None
 
 
 def make_layers(num_layers: int, num_experts: int, hidden: int, inter: int, dtype: str,
-                device: torch.device | str = "cuda", gated: bool = True) -> list[Layer]:
+                device: torch.device | str = "cuda", gated: bool = True, biases: bool = False) -> list[Layer]:
     """Random expert weights: bf16 ~ N(0, 0.02), or int8 in [-127, 127] with fp32 row scales (``gated``
-    False: experts without a gate, w13 [E, I, H])."""
+    False: experts without a gate, w13 [E, I, H]); with ``biases``, bf16 expert biases ~ N(0, 0.02) too."""
     layers = []
     rows = (2 if gated else 1) * inter
     for _ in range(num_layers):
         if dtype == "bf16":
             w13 = torch.randn(num_experts, rows, hidden, dtype=torch.bfloat16, device=device).mul_(0.02)
             w2 = torch.randn(num_experts, hidden, inter, dtype=torch.bfloat16, device=device).mul_(0.02)
-            layers.append(Layer(w13, w2, None, None))
+            layer = Layer(w13, w2, None, None)
         else:
             w13 = torch.randint(-127, 128, (num_experts, rows, hidden), dtype=torch.int8, device=device)
             w2 = torch.randint(-127, 128, (num_experts, hidden, inter), dtype=torch.int8, device=device)
             s13 = torch.rand(num_experts, rows, device=device).mul_(2e-4).add_(1e-4)
             s2 = torch.rand(num_experts, hidden, device=device).mul_(2e-4).add_(1e-4)
-            layers.append(Layer(w13, w2, s13, s2))
+            layer = Layer(w13, w2, s13, s2)
+        if biases:
+            layer.w13_bias = torch.randn(num_experts, rows, dtype=torch.bfloat16, device=device).mul_(0.02)
+            layer.w2_bias = torch.randn(num_experts, hidden, dtype=torch.bfloat16, device=device).mul_(0.02)
+        layers.append(layer)
     return layers
 
 
@@ -339,22 +356,23 @@ def make_routing(m: int, num_experts: int, top_k: int, num_layers: int, device="
     return [select_experts(logits, top_k)] * num_layers
 
 
-def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int) -> Callable[[], None]:
+def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation: str = "silu") -> Callable[[], None]:
     from .ops import fused_experts
 
     def run():
         for c in range(num_calls):
             layer = layers[c % len(layers)]
             weights, ids = routing[c % len(layers)]
-            fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale)
+            fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
+                          activation=activation, w13_bias=layer.w13_bias, w2_bias=layer.w2_bias)
     return run
 
 
 def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
-               use_graph: bool = True, give_up_above_s: float = math.inf) -> tuple[float, str]:
-    """Median seconds per ``fused_experts`` call and the method (``cuda_graph`` or ``eager``): the
-    ``num_calls`` calls cycle over the layers (:func:`time_run`)."""
-    return time_run(_layer_calls(x, layers, routing, num_calls), num_calls, reps=reps, warmup=warmup,
+               use_graph: bool = True, give_up_above_s: float = math.inf, activation: str = "silu") -> tuple[float, str]:
+    """Median seconds per ``fused_experts`` call (with ``activation`` and the layers' biases, if any) and the
+    method (``cuda_graph`` or ``eager``): the ``num_calls`` calls cycle over the layers (:func:`time_run`)."""
+    return time_run(_layer_calls(x, layers, routing, num_calls, activation), num_calls, reps=reps, warmup=warmup,
                     row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s)
 
 
@@ -429,6 +447,8 @@ class Settings:
     use_graph: bool = True
     plot: bool = True
     gated: bool = True  # False: every shape's experts without a gate (w13 [E, I, H], act(up): NemotronH)
+    activation: str = "silu"  # reference.ACTIVATIONS (swiglu_oai with biases: GPT-OSS)
+    biases: bool = False  # expert biases on both GEMMs (bf16; their bytes are not counted)
 
     @classmethod
     def quick(cls, **kw) -> "Settings":
@@ -445,6 +465,7 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
 
     shapes = [parse_shape(s) for s in settings.shapes]
     dtypes = parse_dtypes(settings.dtypes)
+    check_form(settings.gated, settings.activation)
     started = time.perf_counter()
     env = environment()
     l2 = env.get("l2_bytes") or DEFAULT_L2_BYTES
@@ -465,9 +486,10 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                                          gated=gated)
             free, _ = torch.cuda.mem_get_info()
             num_layers = max(1, min(num_layers, int(0.6 * free // layer_bytes(e, h, i, dtype, gated))))
-            layers = make_layers(num_layers, e, h, i, dtype, "cuda", gated)
+            layers = make_layers(num_layers, e, h, i, dtype, "cuda", gated, settings.biases)
             pool_gb = num_layers * layer_bytes(e, h, i, dtype, gated) / 1e9
-            log(f"# {name} (E={e}, H={h}, I={i}, k={k}{'' if gated else ', without a gate'}) {dtype}: "
+            log(f"# {name} (E={e}, H={h}, I={i}, k={k}{'' if gated else ', without a gate'}, {settings.activation}"
+                f"{', biases' if settings.biases else ''}) {dtype}: "
                 f"{num_layers} layer(s), {pool_gb:.1f} GB of weights")
             settle(settings.settle_s)
             for m in settings.ms:
@@ -481,7 +503,8 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                                         gated=gated)["floor_us"] / 1e6
                     calls = calls_per_graph(num_layers, floor)
                     seconds, method = time_calls(x, layers, routing, calls, reps=settings.reps,
-                                                 warmup=settings.warmup, use_graph=settings.use_graph)
+                                                 warmup=settings.warmup, use_graph=settings.use_graph,
+                                                 activation=settings.activation)
                     lookup = (m, e, i, k, weight_dtype, torch.device("cuda"), gated)
                     row.update(calls_per_replay=calls, timing=method, config=get_config(*lookup),
                                config_source=config_source(*lookup))
@@ -660,6 +683,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--no-gate", action="store_true",
                         help="experts without a gate (up_proj [E, I, H], act(up): NemotronH) for every shape")
+    parser.add_argument("--activation", default="silu", choices=ACTIVATIONS, help="the experts' activation")
+    parser.add_argument("--biases", action="store_true", help="expert biases on both GEMMs (GPT-OSS)")
     return parser
 
 
@@ -667,11 +692,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
               pool_gb=args.pool_gb, settle_s=args.settle_s, use_graph=not args.eager, plot=not args.no_plot,
-              gated=not args.no_gate)
+              gated=not args.no_gate, activation=args.activation, biases=args.biases)
     if args.reps is not None:
         kw["reps"] = args.reps
     for s in kw["shapes"]:
         parse_shape(s)  # fail before touching the GPU
+    check_form(kw["gated"], kw["activation"])
     return factory(**kw)
 
 

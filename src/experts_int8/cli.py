@@ -134,7 +134,8 @@ Examples:
   experts-int8 bench                                   # 5 shapes x 14 M x bf16 + int8
   experts-int8 bench --quick --shapes qwen3-30b-a3b,mixtral-8x7b --m 1,16,256,4096
   experts-int8 bench --dtypes int8 --shapes 8:4096:14336:2 --out /tmp/results
-  experts-int8 bench --shapes 128:2688:1856:6 --no-gate          # Nemotron 3 Nano (experts without a gate)
+  experts-int8 bench --shapes 128:2688:1856:6 --no-gate --activation relu2   # Nemotron 3 Nano
+  experts-int8 bench --shapes 32:2880:2880:4 --activation swiglu_oai --biases # GPT-OSS-20B
 """)
 @click.option("--shapes", default=None, metavar="LIST",
               help="Comma-separated named shapes (mixtral-8x7b, mixtral-8x22b, jamba-1.5-mini, qwen3-30b-a3b, "
@@ -154,7 +155,11 @@ Examples:
 @click.option("--no-plot", is_flag=True, help="Skip the PNG.")
 @click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH), "
                                               "every shape.")
-def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager, no_plot, no_gate):
+@click.option("--activation", default="silu", show_default=True,
+              help="The experts' activation (silu, gelu, gelu_tanh, swiglu_oai for GPT-OSS, relu2).")
+@click.option("--biases", is_flag=True, help="Expert biases on both GEMMs (GPT-OSS).")
+def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager, no_plot, no_gate, activation,
+                  biases):
     """Time fused_experts with bf16 and int8 experts against the GPU's copy and matmul ceilings.
 
     Prints a table and writes JSON + PNG (time and fraction of ceiling vs M, one panel per shape)
@@ -167,7 +172,8 @@ def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, eager
         bench.parse_shape(name)
     kw = dict(shapes=names, ms=bench.parse_int_list([ms]) if ms else list(bench.DEFAULT_MS),
               dtypes=bench.parse_dtypes([dtypes]), out_dir=out, pool_gb=pool_gb, settle_s=settle_s,
-              use_graph=not eager, plot=not no_plot, gated=not no_gate)
+              use_graph=not eager, plot=not no_plot, gated=not no_gate, activation=activation, biases=biases)
+    bench.check_form(kw["gated"], activation)
     if reps is not None:
         kw["reps"] = reps
     settings = bench.Settings.quick(**kw) if quick else bench.Settings(**kw)
