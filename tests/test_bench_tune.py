@@ -505,13 +505,14 @@ def test_layers_without_a_gate_hold_up_rows_only():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gated", [True, False])
-def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated):
+@pytest.mark.parametrize("gated, activation, biases", [(True, "silu", False), (False, "relu2", False),
+                                                       (True, "swiglu_oai", True)])
+def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
     settled = []
     monkeypatch.setattr(bench, "settle", settled.append)
     paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False,
-                      settle_s=0.5, gated=gated)
+                      settle_s=0.5, gated=gated, activation=activation, biases=biases)
     table = json.loads(paths["int8"].read_text())
     assert set(table) == {"1", "256"} and settled == [0.5]  # after the pool's fill, before M=1
     assert paths["int8"].name.endswith("int8_w8a16.json" if gated else "int8_w8a16,no_gate.json")
@@ -591,6 +592,21 @@ def test_bench_layers_with_biases():
 def test_cli_debug_shows_the_exception():
     r = _run("bench", "--shapes", "not-a-model", "--debug")
     assert r.exit_code == 1 and isinstance(r.exception, ValueError)
+
+
+def test_cli_tune_takes_the_experts_activation_and_biases(monkeypatch):
+    from experts_int8 import tune as tune_module
+
+    with pytest.raises(ValueError, match="unknown activation"):  # before the GPU check
+        tune_module.tune(8, 64, 64, 2, activation="tanh")
+    asked = []
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **kw: asked.append((a, kw)))
+    r = _run("tune", "--shape", "32,2880,2880,4", "--activation", "swiglu_oai", "--biases", "--m", "1")
+    assert r.exit_code == 0, r.output
+    (args, kw), = asked
+    assert args == (32, 2880, 2880, 4) and (kw["activation"], kw["biases"], kw["gated"]) == ("swiglu_oai", True, True)
+    r = _run("tune", "--shape", "8,64,64,2", "--activation", "swiglu_oai", "--no-gate")
+    assert r.exit_code == 1 and "needs gate and up rows" in r.output and len(asked) == 1
 
 
 def test_cli_without_gpu_says_so():

@@ -188,6 +188,7 @@ Examples:
   experts-int8 tune --model-config path/to/Qwen3-30B-A3B/config.json --tp 2
   experts-int8 tune --shape 64,2048,1408,6 --dtypes int8 --m 1,16,64,256 --budget-s 120
   experts-int8 tune --shape 128,2688,1856,6 --no-gate       # Nemotron 3 Nano (experts without a gate)
+  experts-int8 tune --shape 32,2880,2880,4 --activation swiglu_oai --biases   # GPT-OSS-20B
 """)
 @click.option("--shape", default=None, metavar="E,H,I,k", help="Experts, hidden size, intermediate size, top-k.")
 @click.option("--model-config", type=click.Path(exists=True), default=None,
@@ -204,8 +205,13 @@ Examples:
 @click.option("--budget-s", type=click.FloatRange(0), default=300.0, show_default=True,
               help="Stop searching after this many seconds in all (0: no limit); the best so far is kept.")
 @click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH).")
+@click.option("--activation", default="silu", show_default=True,
+              help="The experts' activation each candidate is timed and checked with (silu, gelu, gelu_tanh, "
+                   "swiglu_oai for GPT-OSS, relu2).")
+@click.option("--biases", is_flag=True, help="Time and check candidates with expert biases (GPT-OSS).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, reps, budget_s, no_gate, no_progress):
+def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, reps, budget_s, no_gate, activation,
+                 biases, no_progress):
     """Search MoE block configs on this GPU and save them where get_config finds them.
 
     Writes E={E},N={I},device={gpu},dtype={int8_w8a16|bf16}.json tables (M -> config; experts without a
@@ -223,9 +229,11 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
         no_gate = True
     if i % tp:
         raise click.BadParameter(f"the intermediate size {i} is not divisible by --tp {tp}", param_hint="--tp")
+    bench.check_form(not no_gate, activation)
     tune(e, h, i // tp, k, dtypes=bench.parse_dtypes([dtypes]),
          ms=bench.parse_int_list([ms]) if ms else DEFAULT_MS, out_dir=out_dir, max_candidates=max_candidates,
-         reps=reps, budget_s=budget_s or None, progress=not no_progress, gated=not no_gate, log=click.echo)
+         reps=reps, budget_s=budget_s or None, progress=not no_progress, gated=not no_gate, activation=activation,
+         biases=biases, log=click.echo)
 
 
 # --- demo / quantize / generate -----------------------------------------------------------------

@@ -581,11 +581,11 @@ def check_output(got: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2, r
                           f"{row_err:.3g})")
 
 
-def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float]:
-    """Seconds per ``fused_experts`` call under a forced config, timed as the benchmark times it:
-    one sweep over the layers captured in a CUDA graph, replays between events. (Eager calls would
-    measure the host at decode sizes, where a call's launches take longer than its kernels.) Each
-    config's output on the first layer is first checked against the torch reference path."""
+def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu") -> Callable[[dict, float], float]:
+    """Seconds per ``fused_experts`` call (with ``activation`` and the layers' biases) under a forced config,
+    timed as the benchmark times it: one sweep over the layers captured in a CUDA graph, replays between
+    events. (Eager calls would measure the host at decode sizes, where a call's launches take longer than
+    its kernels.) Each config's output on the first layer is first checked against the torch reference path."""
     from . import bench
     from .ops import fused_experts
 
@@ -593,7 +593,8 @@ def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float
 
     def first_layer(backend: str = "auto") -> torch.Tensor:
         return fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
-                             w2_scale=layer.w2_scale, backend=backend)
+                             w2_scale=layer.w2_scale, backend=backend, activation=activation,
+                             w13_bias=layer.w13_bias, w2_bias=layer.w2_bias)
 
     expected = first_layer("torch")
 
@@ -601,7 +602,7 @@ def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float
         checked_call(cfg, first_layer, expected)
         with configs.override_config(cfg):
             seconds, _ = bench.time_calls(x, layers, routing, len(layers), reps=reps, warmup=1,
-                                          give_up_above_s=2 * best_s)
+                                          give_up_above_s=2 * best_s, activation=activation)
         return seconds
 
     return measure
@@ -610,9 +611,12 @@ def _gpu_measure(x, layers, routing, reps: int) -> Callable[[dict, float], float
 def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable[str] = ("int8", "bf16"),
          ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
          reps: int = 5, pool_gb: float = 2.0, budget_s: Optional[float] = 300.0, progress: bool = True,
-         settle_s: float = 1.0, gated: bool = True, log: Callable[[str], None] = print) -> dict[str, Path]:
+         settle_s: float = 1.0, gated: bool = True, activation: str = "silu", biases: bool = False,
+         log: Callable[[str], None] = print) -> dict[str, Path]:
     """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU
-    (``gated`` False: experts without a gate, ``[E, I, H]``, into tables of their own: ``...,no_gate.json``).
+    (``gated`` False: experts without a gate, ``[E, I, H]``, into tables of their own: ``...,no_gate.json``),
+    timing and checking every candidate with the experts' ``activation`` and, with ``biases``, expert
+    biases (the table is the same: GPT-OSS's clamped SwiGLU with biases tunes E and I's table).
 
     ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
@@ -623,6 +627,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     """
     from . import bench
 
+    bench.check_form(gated, activation)
     if not torch.cuda.is_available():
         raise RuntimeError("tuning needs a CUDA GPU, and torch.cuda.is_available() is False")
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -653,7 +658,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                       max_candidates=max_candidates,
                                       default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device, gated))
             for d in dtypes for m in ms}
-    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{'' if gated else ' without a gate'} on {gpu}: {', '.join(dtypes)} at M = "
+    form = f"{'' if gated else ' without a gate'}{'' if activation == 'silu' else ', ' + activation}{', biases' if biases else ''}"
+    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{form} on {gpu}: {', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
         f"{len({json.dumps(c, sort_keys=True) for c in sum(plan.values(), [])})} distinct configs")
     bar = _Progress(sum(map(len, plan.values())), progress, log)
@@ -664,7 +670,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
         for d in dtypes:
             num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9,
                                                gated=gated)
-            layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device, gated)
+            layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device, gated, biases)
             bench.settle(settle_s)
             best: dict[int, dict] = {}
             for m in ms:
@@ -677,7 +683,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                     left = budget_s - (time.perf_counter() - started)
                     deadline = time.perf_counter() + max(0.0, left) / slots_left
                 slots_left -= 1
-                result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps), deadline=deadline,
+                result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation), deadline=deadline,
                                 refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
                                 + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
                                 + down_tile_variants(cfg)
