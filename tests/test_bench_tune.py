@@ -663,19 +663,22 @@ def test_cli_shape_from_every_supported_architecture_config(tmp_path):
         assert cli.shape_from_model_config(str(tmp_path / arch)) == (e, h, i, top_k), arch
 
 
-def test_cli_tunes_experts_without_a_gate_in_their_form(tmp_path, monkeypatch):
-    """A model config whose experts have no gate (NemotronH) tunes them so, read from the model's own modules."""
+def test_cli_tunes_the_experts_in_their_form(tmp_path, monkeypatch):
+    """A model config's experts are tuned in their own form, read from the model's modules: without a gate and
+    ReLU² (NemotronH), clamped SwiGLU with biases (GPT-OSS), SiLU (Mixtral); options given win."""
     pytest.importorskip("transformers")
     from models import tiny_config
 
     calls = []
-    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append(k["gated"]))
-    for arch in ("nemotron_h", "mixtral"):
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append((k["gated"], k["activation"], k["biases"])))
+    for arch in ("nemotron_h", "gpt_oss", "mixtral"):
         tiny_config(arch).save_pretrained(tmp_path / arch)
         r = _run("tune", "--model-config", str(tmp_path / arch / "config.json"))
         assert r.exit_code == 0, r.output
-        assert ("have no gate" in r.output) == (arch == "nemotron_h")
-    assert calls == [False, True]
+        assert ("tuning that form" in r.output) == (arch != "mixtral")
+    assert calls == [(False, "relu2", False), (True, "swiglu_oai", True), (True, "silu", False)]
+    r = _run("tune", "--model-config", str(tmp_path / "mixtral" / "config.json"), "--activation", "gelu", "--biases")
+    assert r.exit_code == 0 and calls[-1] == (True, "gelu", True)
 
 
 def test_cli_model_config_with_per_layer_shapes_says_to_tune_each(tmp_path):

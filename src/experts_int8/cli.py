@@ -113,18 +113,19 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     return experts, hidden, inter, top_k
 
 
-def experts_have_gate(path: str) -> bool:
-    """Whether the model of a ``config.json`` (or its folder) has gated experts, from its own modules built on the
-    meta device where transformers can build them; True otherwise (a config alone does not say)."""
+def experts_form(path: str) -> Optional[dict]:
+    """The experts' form (``gated``, ``activation``, ``biases``) of the model of a ``config.json`` (or its folder),
+    from its own modules built on the meta device where transformers can build them; None otherwise (a config
+    alone does not say)."""
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     if not (folder / "config.json").is_file():
-        return True
+        return None
     try:
-        from .integrations.transformers import experts_gated
+        from .integrations.transformers import experts_form as read_form
 
-        return experts_gated(folder, json.loads((folder / "config.json").read_text()))
+        return read_form(folder, json.loads((folder / "config.json").read_text()))
     except (ImportError, ValueError):
-        return True
+        return None
 
 
 # --- bench ---------------------------------------------------------------------------------------
@@ -205,10 +206,11 @@ Examples:
 @click.option("--budget-s", type=click.FloatRange(0), default=300.0, show_default=True,
               help="Stop searching after this many seconds in all (0: no limit); the best so far is kept.")
 @click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH).")
-@click.option("--activation", default="silu", show_default=True,
+@click.option("--activation", default=None,
               help="The experts' activation each candidate is timed and checked with (silu, gelu, gelu_tanh, "
-                   "swiglu_oai for GPT-OSS, relu2).")
-@click.option("--biases", is_flag=True, help="Time and check candidates with expert biases (GPT-OSS).")
+                   "swiglu_oai for GPT-OSS, relu2). Default: the model's (--model-config), else silu.")
+@click.option("--biases", is_flag=True, help="Time and check candidates with expert biases (GPT-OSS; with "
+                                             "--model-config: where the model's experts have them).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, reps, budget_s, no_gate, activation,
                  biases, no_progress):
@@ -224,9 +226,15 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
     if (shape is None) == (model_config is None):
         raise click.UsageError("give exactly one of --shape E,H,I,k or --model-config PATH")
     e, h, i, k = parse_shape_option(shape) if shape else shape_from_model_config(model_config)
-    if model_config and not no_gate and not experts_have_gate(model_config):
-        click.echo("the model's experts have no gate (up_proj only): tuning that form")
-        no_gate = True
+    form = experts_form(model_config) if model_config else None
+    if form is not None:  # the model's own form, where the options do not say
+        no_gate = no_gate or not form["gated"]
+        activation = activation or form["activation"]
+        biases = biases or form["biases"]
+        if (no_gate, activation, biases) != (False, "silu", False):
+            click.echo(f"the model's experts: {'no gate (up_proj only), ' if no_gate else ''}{activation}"
+                       f"{', biases' if biases else ''}: tuning that form")
+    activation = activation or "silu"
     if i % tp:
         raise click.BadParameter(f"the intermediate size {i} is not divisible by --tp {tp}", param_hint="--tp")
     bench.check_form(not no_gate, activation)

@@ -211,10 +211,17 @@ def _meta_model(model_dir, config: dict) -> nn.Module:
         return auto_model_class(config).from_config(hf_config)
 
 
-def experts_gated(model_dir, config: dict) -> bool:
-    """Whether the routed experts of the model in ``model_dir`` have a gate (False: ``up_proj`` only), read from
-    its modules on the meta device."""
-    return all(getattr(m, "has_gate", True) for _, m in find_experts(_meta_model(model_dir, config)))
+def experts_form(model_dir, config: dict) -> dict:
+    """The form of the routed experts of the model in ``model_dir``, read from its modules on the meta device:
+    ``gated`` (False: ``up_proj`` only), the kernel's ``activation`` and whether they have ``biases``."""
+    model = _meta_model(model_dir, config)
+    experts = [m for _, m in find_experts(model)]
+    if not experts:
+        raise ValueError("the model has no routed experts transformers' standard modules hold")
+    layout = _layout_of(model)
+    return dict(gated=all(getattr(m, "has_gate", True) for m in experts),
+                activation=_activation_of(experts[0], layout),
+                biases=any(name.endswith("bias") for m in experts for name, _ in m.named_parameters(recurse=False)))
 
 
 def layout_from_config(model_dir, config: dict) -> str:
