@@ -162,6 +162,12 @@ def check_form(gated: bool, activation: str) -> None:
         raise ValueError(f"activation {activation!r} needs gate and up rows: drop --no-gate or pick another")
 
 
+def form_label(gated: bool, activation: str, biases: bool) -> str:
+    """How the experts' form differs from gated SiLU experts without biases, for logs ('' where it does not)."""
+    parts = ([] if gated else ["without a gate"]) + ([] if activation == "silu" else [activation])
+    return ", ".join(parts + (["biases"] if biases else []))
+
+
 def parse_shape(text: str) -> tuple[str, tuple[int, int, int, int]]:
     """A named shape from SHAPES or ``E:H:I:k`` (e.g. ``8:256:512:2``) -> (name, (E, H, I, k))."""
     text = text.strip()
@@ -488,8 +494,8 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
             num_layers = max(1, min(num_layers, int(0.6 * free // layer_bytes(e, h, i, dtype, gated))))
             layers = make_layers(num_layers, e, h, i, dtype, "cuda", gated, settings.biases)
             pool_gb = num_layers * layer_bytes(e, h, i, dtype, gated) / 1e9
-            log(f"# {name} (E={e}, H={h}, I={i}, k={k}{'' if gated else ', without a gate'}, {settings.activation}"
-                f"{', biases' if settings.biases else ''}) {dtype}: "
+            form = form_label(gated, settings.activation, settings.biases)
+            log(f"# {name} (E={e}, H={h}, I={i}, k={k}{', ' + form if form else ''}) {dtype}: "
                 f"{num_layers} layer(s), {pool_gb:.1f} GB of weights")
             settle(settings.settle_s)
             for m in settings.ms:

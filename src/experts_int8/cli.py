@@ -231,9 +231,9 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
         no_gate = no_gate or not form["gated"]
         activation = activation or form["activation"]
         biases = biases or form["biases"]
-        if (no_gate, activation, biases) != (False, "silu", False):
-            click.echo(f"the model's experts: {'no gate (up_proj only), ' if no_gate else ''}{activation}"
-                       f"{', biases' if biases else ''}: tuning that form")
+        label = bench.form_label(not no_gate, activation, biases)
+        if label:
+            click.echo(f"the model's experts: {label}: tuning that form")
     activation = activation or "silu"
     if i % tp:
         raise click.BadParameter(f"the intermediate size {i} is not divisible by --tp {tp}", param_hint="--tp")

@@ -658,8 +658,9 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                       max_candidates=max_candidates,
                                       default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device, gated))
             for d in dtypes for m in ms}
-    form = f"{'' if gated else ' without a gate'}{'' if activation == 'silu' else ', ' + activation}{', biases' if biases else ''}"
-    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{form} on {gpu}: {', '.join(dtypes)} at M = "
+    form = bench.form_label(gated, activation, biases)
+    log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{', ' + form if form else ''} on {gpu}: "
+        f"{', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
         f"{len({json.dumps(c, sort_keys=True) for c in sum(plan.values(), [])})} distinct configs")
     bar = _Progress(sum(map(len, plan.values())), progress, log)
