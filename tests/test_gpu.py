@@ -507,7 +507,7 @@ def run_wsrr(x, ex, rows=256, stages=None, **kw):
     entry = dict(WSRR_ENTRY, WSRR_ROWS=rows, **({} if stages is None else {"WSRR_STAGES": stages}))
     with spy(gluon_wsrr, "expert_outputs") as calls, override_config(entry):
         out = fused_experts(x, **ex, **kw)
-    assert [call[-3:-1] for call in calls] == [(rows, stages)], "the WSRR kernels did not run so"  # (then activation)
+    assert [call[9:11] for call in calls] == [(rows, stages)], "the WSRR kernels did not run so"  # (after y)
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):
         return out, fused_experts(x, **ex, **kw)
 
@@ -549,6 +549,29 @@ def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m):
 
 
 @pytest.mark.parametrize("rows", [256, 128])
+@pytest.mark.parametrize("activation", ["silu", "gelu", "gelu_tanh", "swiglu_oai", "relu2"])
+@pytest.mark.parametrize("biased", [False, True])
+@pytest.mark.parametrize("h, i", [(576, 448), (320, 192)])
+def test_wsrr_kernels_every_activation_with_biases(rows, activation, biased, h, i):
+    """Every activation with a gate, with expert biases (GPT-OSS: clamped SwiGLU with gate, up and down
+    biases) or none, and H an odd multiple of 64 as GPT-OSS's 2880: an odd number of K tiles in both GEMMs
+    (H / 64 = 9 or 5, I / 64 = 7 or 3) and, on the 256-row tile, a last down program half past H; against
+    the float64 oracle and row by row against the Gluon kernels."""
+    ex = layer(h=h, i=i)
+    x = torch.randn(700, h, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(700, 8, device="cuda"), 2)
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation)
+    if biased:
+        kw.update(w13_bias=torch.randn(8, 2 * i, device="cuda", dtype=torch.bfloat16),
+                  w2_bias=torch.randn(8, h, device="cuda", dtype=torch.bfloat16) * 0.5)
+    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
+    for _ in range(2):  # a race shows on some runs only
+        out, gluon_out = run_wsrr(x, ex, rows, **kw)
+        assert_close_rows(out, ref, gluon_out)
+
+
+@pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("stages", [2, 3, 5])
 @pytest.mark.parametrize("h, i", [(512, 384), (384, 1408)])
 def test_wsrr_kernels_on_other_ring_depths(rows, stages, h, i):
@@ -575,10 +598,12 @@ def test_wsrr_kernels_on_expert_blocks_around_full(rows):
 @pytest.mark.parametrize("gated", [True, False])
 def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows, gated):
     """An expert_map with experts on another rank (their blocks write zeros) and x a strided view; without a
-    gate I = 448, whose last gate/up program on the 256-row tile reaches past I (its zeros too)."""
-    ex = layer(i=384 if gated else 448, gated=gated)
+    gate I = 448, whose last gate/up program on the 256-row tile reaches past I, with one H = 576, whose last
+    down program on that tile reaches past H (their zeros too)."""
+    h = 576 if gated else 512
+    ex = layer(h=h, i=384 if gated else 448, gated=gated)
     m = 700
-    x = torch.randn(m, 512 + 16, device="cuda", dtype=torch.bfloat16)[:, :512]
+    x = torch.randn(m, h + 16, device="cuda", dtype=torch.bfloat16)[:, :h]
     w, ids = select_experts(torch.randn(m, 16, device="cuda"), 2)
     expert_map = torch.full((16,), -1, dtype=torch.int32, device="cuda")
     expert_map[:8] = torch.arange(8, dtype=torch.int32, device="cuda")
@@ -589,10 +614,9 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows, gated):
     assert_close_rows(out, ref, gluon_out)
 
 
-@pytest.mark.parametrize("case", ["gelu", "relu2", "weights_on_input", "h_528", "i_400"])
+@pytest.mark.parametrize("case", ["weights_on_input", "h_528", "i_400"])
 def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
-    """Another activation (ReLU² only without a gate), routing weights on the input, H not a multiple of
-    128, or I not of 64: the entry's Gluon kernels, same answer."""
+    """Routing weights on the input, H or I not a multiple of 64: the entry's Gluon kernels, same answer."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
@@ -600,10 +624,8 @@ def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
     ex = layer(h=h, i=400 if case == "i_400" else 384)
     x = torch.randn(300, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 1 if case == "weights_on_input" else 2)
-    kw = dict(topk_weights=w, topk_ids=ids, activation=case if case in ("gelu", "relu2") else "silu",
-              apply_router_weight_on_input=case == "weights_on_input")
-    assert not gluon_wsrr.supported(x, ex["w13"], ex["w13_scale"], ex["w2"], kw["activation"],
-                                    kw["apply_router_weight_on_input"], False)
+    kw = dict(topk_weights=w, topk_ids=ids, apply_router_weight_on_input=case == "weights_on_input")
+    assert not gluon_wsrr.supported(x, ex["w13"], ex["w13_scale"], ex["w2"], kw["apply_router_weight_on_input"])
     with override_config(WSRR_ENTRY):
         out = fused_experts(x, **ex, **kw)
     with override_config(dict(GLUON_CONFIGS["w8_s3"], GLUON=1)):

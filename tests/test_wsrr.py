@@ -76,7 +76,7 @@ def test_not_supported_off_the_gpu():
     x = torch.randn(4, 256, dtype=torch.bfloat16)
     w13 = torch.zeros(8, 256, 256, dtype=torch.int8)
     w2 = torch.zeros(8, 256, 128, dtype=torch.int8)
-    assert not gluon_wsrr.supported(x, w13, torch.ones(8, 256), w2, "silu", False, False)
+    assert not gluon_wsrr.supported(x, w13, torch.ones(8, 256), w2, False)
 
 
 def test_ring_bytes_by_depth():
@@ -101,11 +101,16 @@ cases = [(w, d, 256, 4, "") for w in ("gate_up", "down") for d in (torch.bfloat1
     ("gate_up", torch.bfloat16, 128, 4, ""), ("down", torch.bfloat16, 128, 4, ""), ("gate_up", torch.bfloat16, 256, 5, ""),
     ("down", torch.bfloat16, 128, 5, "")] + [  # experts without a gate (ReLU² of up), and down over an odd K
     ("gate_up", torch.bfloat16, rows, 4, "ungated") for rows in (256, 128)] + [("gate_up", torch.bfloat16, 256, 4, "relu2")] + [
-    ("down", dtype, rows, 4, "odd_k") for rows, dtype in ((256, torch.bfloat16), (128, torch.float16))]
+    ("down", dtype, rows, 4, "odd_k") for rows, dtype in ((256, torch.bfloat16), (128, torch.float16))] + [
+    # GPT-OSS's form (H = I = 2880: 45 K tiles in both GEMMs, 22.5 down programs of 128 columns)
+    ("gate_up", torch.bfloat16, rows, 4, "swiglu_oai_biased_odd_k") for rows in (256, 128)] + [
+    ("down", torch.bfloat16, 256, 4, "biased_mask_n_odd_k"), ("gate_up", torch.bfloat16, 256, 4, "gelu")]
 for which, dtype, rows, stages, form in cases:
     path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}_{form}.cubin")
     flags = dict(ungated=dict(gated=False, activation="relu2"), odd_k=dict(odd_k=True),
-                 relu2=dict(activation="relu2")).get(form, {})
+                 relu2=dict(activation="relu2"), gelu=dict(activation="gelu"),
+                 swiglu_oai_biased_odd_k=dict(activation="swiglu_oai", biased=True, odd_k=True),
+                 biased_mask_n_odd_k=dict(biased=True, mask_n=True, odd_k=True)).get(form, {})
     with open(path, "wb") as f:
         f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages, **flags))
     key = f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}") + (f" {form}" if form else "")
@@ -133,7 +138,10 @@ def compiled(tmp_path_factory):
                                     "gate_up torch.bfloat16 256 5", "down torch.bfloat16 128 5",
                                     "gate_up torch.bfloat16 256 ungated", "gate_up torch.bfloat16 128 ungated",
                                     "gate_up torch.bfloat16 256 relu2",
-                                    "down torch.bfloat16 256 odd_k", "down torch.float16 128 odd_k"])
+                                    "down torch.bfloat16 256 odd_k", "down torch.float16 128 odd_k",
+                                    "gate_up torch.bfloat16 256 swiglu_oai_biased_odd_k",
+                                    "gate_up torch.bfloat16 128 swiglu_oai_biased_odd_k",
+                                    "down torch.bfloat16 256 biased_mask_n_odd_k", "gate_up torch.bfloat16 256 gelu"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
     sass, usage = compiled[kernel]

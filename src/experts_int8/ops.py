@@ -258,11 +258,11 @@ def _fused_experts_triton(
     rows = config.get("WSRR_ROWS", 256)
     stages = config.get("WSRR_STAGES")  # (None: the tile's own ring)
     if (config.get("WSRR") and gluon_wsrr is not None
-            and gluon_wsrr.supported(x, w13, w13_scale, w2, activation, apply_router_weight_on_input,
-                                     w13_bias is not None or w2_bias is not None, rows, stages)):
+            and gluon_wsrr.supported(x, w13, w13_scale, w2, apply_router_weight_on_input, rows, stages)):
         main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
         h, y = x.new_empty((m * top_k, inter)), x.new_empty((m * top_k, hidden))
-        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation)
+        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation,
+                                  w13_bias, w2_bias)
         run_tail(tail, h, y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for

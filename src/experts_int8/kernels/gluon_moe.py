@@ -248,6 +248,29 @@ def _sigmoid(v):
 
 
 @gluon.jit
+def glu(acc_g, acc_u, ACTIVATION: gl.constexpr, GATED: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
+        SWIGLU_LIMIT: gl.constexpr):
+    """act(gate) * up in fp32 (fused_moe's ACTIVATION_CODES), or act(gate) alone without GATED (``acc_u``
+    unread): the epilogue of both Gluon gate/up kernels (here and :mod:`.gluon_wsrr`)."""
+    if ACTIVATION == 0:  # silu
+        gate = acc_g / (1.0 + gl.exp(-acc_g))
+    elif ACTIVATION == 1:  # gelu (erf)
+        gate = 0.5 * acc_g * (1.0 + gl.erf(acc_g * 0.7071067811865476))
+    elif ACTIVATION == 2:  # gelu, tanh approximation: g * sigmoid(2z)
+        gate = acc_g * _sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
+    elif ACTIVATION == 4:  # relu2: relu(g)^2
+        g = gl.maximum(acc_g, 0.0)
+        gate = g * g
+    else:  # swiglu_oai (gated only): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
+        g = gl.minimum(acc_g, SWIGLU_LIMIT)
+        gate = g * _sigmoid(SWIGLU_ALPHA * g)
+        acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
+    if GATED:
+        gate = gate * acc_u
+    return gate
+
+
+@gluon.jit
 def _gate_up_tile(
     first_row, block, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
     block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om, x_inv_scale_ptr,
@@ -314,22 +337,8 @@ def _gate_up_tile(
             acc_g = acc_g * rw[:, None]
             if GATED:
                 acc_u = acc_u * rw[:, None]
-        if ACTIVATION == 0:  # silu
-            gate = acc_g * _sigmoid(acc_g)
-        elif ACTIVATION == 1:  # gelu (erf)
-            gate = 0.5 * acc_g * (1.0 + gl.erf(acc_g * 0.7071067811865476))
-        elif ACTIVATION == 2:  # gelu, tanh approximation: g * sigmoid(2z)
-            gate = acc_g * _sigmoid(1.5957691216057308 * (acc_g + 0.044715 * acc_g * acc_g * acc_g))
-        elif ACTIVATION == 4:  # relu2: relu(g)^2
-            g = gl.maximum(acc_g, 0.0)
-            gate = g * g
-        else:  # swiglu_oai: clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
-            g = gl.minimum(acc_g, SWIGLU_LIMIT)
-            gate = g * _sigmoid(SWIGLU_ALPHA * g)
-            acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
-        if GATED:
-            gate = gate * acc_u
-        gl.store(out_ptrs, gate.to(out_ptr.dtype.element_ty), mask=out_mask)
+        h = glu(acc_g, acc_u, ACTIVATION, GATED, SWIGLU_ALPHA, SWIGLU_LIMIT)
+        gl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @gluon.jit

@@ -18,12 +18,13 @@ product leaves it unchanged, so each thread reads 16 contiguous bytes and the we
 quantized (checkpoints, the Triton kernels and the decode path are untouched).
 
 Gate/up: gate and up rows are gathered 8 apart, so one m64 wgmma per warpgroup covers 32 columns of I
-and each thread holds a column's gate (accumulator row r) and up (row r + 8): SiLU(gate) * up in
-registers, one accumulator (256 tokens x 128 weight rows on the main tile). Experts without a gate: 16
-columns of I a warp, their up rows alone, act(up). The columns are chosen so that h comes out already
-K-permuted for the down GEMM, with contiguous stores. Down: pair rows x 16
-columns of H a consumer warp over K = I, times the routing weight, stored in quarters of the rows (the
-whole tile's addresses would spill).
+and each thread holds a column's gate (accumulator row r) and up (row r + 8): act(gate) * up in
+registers (:func:`.gluon_moe.glu`, any activation, expert biases added first), one accumulator (256 tokens
+x 128 weight rows on the main tile). Experts without a gate: 16 columns of I a warp, their up rows alone,
+act(up). The columns are chosen so that h comes out already K-permuted for the down GEMM, with contiguous
+stores. Down: pair rows x 16 columns of H a consumer warp over K = I, plus the bias, times the routing
+weight, stored in quarters of the rows (the whole tile's addresses would spill). Both K loops take whole
+64-wide tiles in pairs and one more where their count is odd (GPT-OSS: H = I = 2880, 45 tiles).
 
 :func:`supported` says when it applies; a config selects it with ``WSRR: 1``, on the tile of
 ``WSRR_ROWS`` tokens (:data:`TILES`, 256 unless set; :mod:`.configs`).
@@ -42,12 +43,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from ..reference import is_gated
-from .fused_moe import ACTIVATION_CODES, _kernel, compile_for_sm90
-from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, hopper_smem_limit
+from .fused_moe import ACTIVATION_CODES, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, _kernel, compile_for_sm90
+from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, glu, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
-ACTIVATIONS = ("silu", "relu2")
 GROUP_M = 8
 LOADER_WARPS = gl.constexpr(4)
 
@@ -119,19 +118,16 @@ def memory_position(k: int) -> int:
     return (k & ~63) | (b & 1) | ((b >> 3) & 1) << 1 | ((b >> 4) & 3) << 2 | ((b >> 1) & 3) << 4
 
 
-def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, activation: str,
-              mul_routed_weight_first: bool, biased: bool, rows: int = 256,
-              stages: Optional[int] = None) -> bool:
+def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, mul_routed_weight_first: bool,
+              rows: int = 256, stages: Optional[int] = None) -> bool:
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
     given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`: experts with a gate
-    or without) with room for the ring, SiLU (or ReLU² without a gate: the forms run on a GPU so far),
-    routing weights on the output, no expert bias, H a multiple of 128 (gate/up's K loop in pairs of 64-wide
-    steps, whole down tiles) and I of 64 (whole K tiles in the down GEMM, one more after its pairs where
-    I / 64 is odd; a gate/up program's columns past I are masked)."""
-    smem_limit = None if biased else hopper_smem_limit(x, w13, w13_scale, w2)
-    activation_ok = activation == "silu" or (activation in ACTIVATIONS and not is_gated(w13, w2))
-    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and activation_ok
-            and not mul_routed_weight_first and w2.shape[1] % 128 == 0 and w2.shape[2] % 64 == 0)
+    or without, any activation, expert biases or none) with room for the ring, routing weights on the
+    output, and H and I multiples of 64: whole 64-wide K tiles in both GEMMs (one more after the pairs
+    where their count is odd); a program's columns past I (gate/up) or H (down) are masked."""
+    smem_limit = hopper_smem_limit(x, w13, w13_scale, w2)
+    return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and not mul_routed_weight_first
+            and w2.shape[1] % BLOCK_K == 0 and w2.shape[2] % BLOCK_K == 0)
 
 
 @gluon.constexpr_function
@@ -177,10 +173,12 @@ def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLO
 
 @gluon.jit
 def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
-            top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr, GATED: gl.constexpr):
+            top_k, N, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr, GATED: gl.constexpr,
+            WRAP: gl.constexpr):
     """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
     expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows` (GATED) or up row
-    memory_position(n0 + r) (past I: wrapped, its column is not stored), else row n0 + r."""
+    memory_position(n0 + r), else row n0 + r; with WRAP rows past the N outputs (I without a gate, H for
+    down) wrap (their columns are not stored)."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -193,11 +191,13 @@ def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, fi
     x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
     if GATE_UP and GATED:
-        w_rows = _gate_up_rows(n0, r, up_offset)
+        w_rows = _gate_up_rows(n0, r, N)
     elif GATE_UP:
-        w_rows = _memory_position(n0 + r) % up_offset
+        w_rows = _memory_position(n0 + r)
     else:
         w_rows = n0 + r
+    if WRAP:
+        w_rows = w_rows % N
     offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
     w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + offs_wk[None, :]
     for j in range(gl.cdiv(K, BLOCK_K)):
@@ -262,17 +262,17 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
 
 
 @gluon.jit
-def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, up_offset, K, stride_xm,
+def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, N, K, stride_xm,
           stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
-          GATE_UP: gl.constexpr, GATED: gl.constexpr, ODD_K: gl.constexpr):
+          GATE_UP: gl.constexpr, GATED: gl.constexpr, ODD_K: gl.constexpr, WRAP: gl.constexpr):
     """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions."""
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
     acc, = gl.warp_specialize([
         (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype, ODD_K)),
         (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
-                   num_valid, top_k, up_offset, K, stride_xm, stride_we, stride_wn, GATE_UP, GATED)),
+                   num_valid, top_k, N, K, stride_xm, stride_we, stride_wn, GATE_UP, GATED, WRAP)),
     ], [LOADER_WARPS], [LOADER_REGS])
     return acc
 
@@ -322,26 +322,18 @@ def _store_quarters(out_ptr, t, sorted_token_ids_ptr, first, n0, num_valid, stri
 
 
 @gluon.jit
-def _activate(v, ACTIVATION: gl.constexpr):
-    """SiLU (code 0) or ReLU² (code 4) in fp32."""
-    if ACTIVATION == 4:
-        r = gl.maximum(v, 0.0)
-        out = r * r
-    else:
-        out = v / (1.0 + gl.exp(-v))
-    return out
-
-
-@gluon.jit
 def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
                             num_tokens_post_padded_ptr, num_valid, num_sorted, I, H, stride_xm, stride_we, stride_wn,
-                            stride_se, stride_om, top_k, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                            BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                            LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, GATED: gl.constexpr,
-                            ACTIVATION: gl.constexpr, num_warps: gl.constexpr):
-    """h = act(x W_gate^T) * (x W_up^T), or act(x W_up^T) without GATED (w13 the I up rows alone), for a block
-    of BLOCK_M pair rows and BLOCK_N columns of I, written K-permuted (h's column n0 + j holds column
-    memory_position(n0 + j)): what the down kernel reads."""
+                            stride_se, stride_om, top_k,
+                            bias_ptr, stride_be,  # [E, 2I] ([E, I] without a gate), read only when HAS_BIAS
+                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                            GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
+                            X_SMEM: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
+                            HAS_BIAS: gl.constexpr, ODD_K: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
+                            SWIGLU_LIMIT: gl.constexpr, num_warps: gl.constexpr):
+    """h = act(x W_gate^T + b_gate) * (x W_up^T + b_up), or act(x W_up^T + b_up) without GATED (w13 the I
+    up rows alone), for a block of BLOCK_M pair rows and BLOCK_N columns of I, written K-permuted (h's
+    column n0 + j holds column memory_position(n0 + j)): what the down kernel reads. ODD_K: H / 64 is odd."""
     W_ROWS: gl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
     pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
@@ -355,31 +347,36 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
-                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True, GATED, False)
+                stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True, GATED, ODD_K,
+                not GATED)
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
-    if GATED:
-        # accumulator row r: gate (r % 16 < 8) or up of column memory_position(n0 + 8 (r // 16) + r % 8);
-        # a thread holds rows r and r + 8: the split below pairs them without moving data
-        acc = acc * gl.load(scale_ptr + expert * stride_se + _gate_up_rows(n0, r, I))[:, None]
+    # accumulator row r's w13 row: with GATED, gate (r % 16 < 8) or up of column memory_position(n0 +
+    # 8 (r // 16) + r % 8); without, up row memory_position(n0 + r), h's column n0 + r (past I: wrapped)
+    w_rows = _gate_up_rows(n0, r, I) if GATED else _memory_position(n0 + r) % I
+    acc = acc * gl.load(scale_ptr + expert * stride_se + w_rows)[:, None]
+    if HAS_BIAS:
+        acc = acc + gl.load(bias_ptr + expert * stride_be + w_rows).to(gl.float32)[:, None]
+    if GATED:  # a thread holds rows r and r + 8: the split below pairs them without moving data
         gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
-        h = gl.reshape(_activate(gate, ACTIVATION) * up, [BLOCK_N, BLOCK_M])  # row j: h's column n0 + j
+        h = gl.reshape(glu(gate, up, ACTIVATION, True, SWIGLU_ALPHA, SWIGLU_LIMIT), [BLOCK_N, BLOCK_M])
         _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
-    else:
-        # accumulator row r: up row memory_position(n0 + r), h's column n0 + r (past I: wrapped, not stored)
-        acc = acc * gl.load(scale_ptr + expert * stride_se + _memory_position(n0 + r) % I)[:, None]
-        _store_quarters(out_ptr, _activate(acc, ACTIVATION), sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid,
-                        stride_om, scale_ptr, False, I, True)
+    else:  # (columns past I not stored)
+        _store_quarters(out_ptr, glu(acc, acc, ACTIVATION, False, SWIGLU_ALPHA, SWIGLU_LIMIT), sorted_token_ids_ptr,
+                        pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, I, True)
 
 
 @gluon.jit
 def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                          block_expert_ids_ptr, num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am,
-                         stride_we, stride_wn, stride_se, stride_om, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                         BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                         LOADER_REGS: gl.constexpr, X_SMEM: gl.constexpr, ODD_K: gl.constexpr,
-                         num_warps: gl.constexpr):
-    """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T) * routing weight, h K-permuted (as the gate/up
-    kernel writes it); ODD_K: I / 64 is odd."""
+                         stride_we, stride_wn, stride_se, stride_om,
+                         bias_ptr, stride_be,  # [E, H], read only when HAS_BIAS
+                         BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+                         GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
+                         X_SMEM: gl.constexpr, HAS_BIAS: gl.constexpr, ODD_K: gl.constexpr,
+                         MASK_N: gl.constexpr, num_warps: gl.constexpr):
+    """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T + b) * routing weight, h K-permuted (as the gate/up
+    kernel writes it); ODD_K: I / 64 is odd; MASK_N: H is no multiple of BLOCK_N (the last program's rows
+    past H wrap and are not stored)."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -388,15 +385,21 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
     if expert < 0:
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
-                    sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, False)
+                    sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, False, H, MASK_N)
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
-    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, 0, I, stride_am, stride_we,
-                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False, True, ODD_K)
+    acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, H, I, stride_am, stride_we,
+                stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False, True, ODD_K,
+                MASK_N)
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
+    if MASK_N:
+        cols = cols % H
     y = acc * gl.load(scale_ptr + expert * stride_se + cols)[:, None]
-    _store_quarters(out_ptr, y, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True)
+    if HAS_BIAS:
+        y = y + gl.load(bias_ptr + expert * stride_be + cols).to(gl.float32)[:, None]
+    _store_quarters(out_ptr, y, sorted_token_ids_ptr, first, n0, num_valid, stride_om, topk_weights_ptr, True, H,
+                    MASK_N)
 
 
 def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -> dict:
@@ -406,59 +409,80 @@ def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -
     return meta if tile.maxnreg is None else dict(meta, maxnreg=tile.maxnreg)
 
 
+def _odd_k(k: int) -> bool:
+    """Whether a K loop over ``k`` (a multiple of 64) takes one more tile after its pairs."""
+    return (k // BLOCK_K) % 2 == 1
+
+
+def _bias_args(w: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple:
+    """A kernel's (bias_ptr, stride_be) and HAS_BIAS: the weights stand in for an absent bias (never read)."""
+    return (w, 0) if bias is None else (bias, bias.stride(0)), dict(HAS_BIAS=bias is not None)
+
+
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
-                   tile: Tile, stages: Optional[int] = None, activation: str = "silu"):
+                   tile: Tile, stages: Optional[int] = None, activation: str = "silu", w13_bias=None):
     """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``;
-    ``w13`` holds 2I rows (gate, up) or I (up alone)."""
-    inter = h.shape[1]
+    ``w13`` holds 2I rows (gate, up) or I (up alone), ``w13_bias`` (optional) as many values an expert."""
+    inter, hidden = h.shape[1], xp.shape[1]
     gated = w13.shape[1] == 2 * inter
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(inter, tile.gate_up_cols(gated)),)
+    bias, has_bias = _bias_args(w13, w13_bias)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                                  top_k * xp.shape[0], num_sorted, inter, xp.shape[1], xp.stride(0), w13.stride(0),
-                                  w13.stride(1), w13_scale.stride(0), h.stride(0), top_k, GATED=gated,
-                                  ACTIVATION=ACTIVATION_CODES[activation],
+                                  top_k * xp.shape[0], num_sorted, inter, hidden, xp.stride(0), w13.stride(0),
+                                  w13.stride(1), w13_scale.stride(0), h.stride(0), top_k, *bias, GATED=gated,
+                                  ACTIVATION=ACTIVATION_CODES[activation], ODD_K=_odd_k(hidden),
+                                  SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **has_bias,
                                   **_meta(xp.dtype, tile, tile.gate_up_cols(gated), stages))
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
-                tile: Tile, stages: Optional[int] = None):
-    """``y [pairs, H]`` = each pair's expert output times its routing weight, from the K-permuted ``h``."""
+                tile: Tile, stages: Optional[int] = None, w2_bias=None):
+    """``y [pairs, H]`` = each pair's expert output (plus ``w2_bias`` [E, H], optional) times its routing
+    weight, from the K-permuted ``h``."""
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
-    grid = (triton.cdiv(num_sorted, tile.rows) * (hidden // tile.down_cols),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(hidden, tile.down_cols),)
+    bias, has_bias = _bias_args(w2, w2_bias)
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
-                               w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0),
-                               ODD_K=(inter // BLOCK_K) % 2 == 1, **_meta(h.dtype, tile, tile.down_cols, stages))
+                               w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0), *bias,
+                               ODD_K=_odd_k(inter), MASK_N=hidden % tile.down_cols != 0, **has_bias,
+                               **_meta(h.dtype, tile, tile.down_cols, stages))
 
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
-                   stages: Optional[int] = None, activation: str = "silu"):
+                   stages: Optional[int] = None, activation: str = "silu", w13_bias=None, w2_bias=None):
     """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over
     the ``aligned`` blocks (``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)`` in blocks of
     ``rows``): ``y [M * top_k, H]`` gets each aligned (token, slot) pair's expert output times its routing
     weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is
-    the intermediate (K-permuted); ``activation`` one of :data:`ACTIVATIONS`."""
+    the intermediate (K-permuted); ``activation`` one of fused_moe's ACTIVATION_CODES; expert biases
+    optional."""
     tile = TILES[rows]
     top_k = topk_weights.numel() // x.shape[0]
-    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages, activation)
-    invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile, stages)
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages, activation, w13_bias)
+    invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile, stages, w2_bias)
     return y
 
 
 def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256, stages: Optional[int] = None,
-               gated: bool = True, odd_k: bool = False, activation: str = "silu") -> bytes:
-    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``; gate_up with
-    ``activation``, for experts without a gate unless ``gated``; down over an odd number of K tiles with
-    ``odd_k``) compiled for sm_90 without a GPU: to check offline what ptxas made of the K loop
-    (benchmarks/wgmma_operand_check.py reads its SASS)."""
+               gated: bool = True, odd_k: bool = False, activation: str = "silu", biased: bool = False,
+               mask_n: bool = False) -> bytes:
+    """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``; over an odd number of K
+    tiles with ``odd_k``; with expert biases if ``biased``; gate_up with ``activation``, for experts without
+    a gate unless ``gated``; down with its last program's rows past H masked with ``mask_n``) compiled for
+    sm_90 without a GPU: to check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py
+    reads its SASS)."""
     tile = TILES[rows]
+    own = dict(ODD_K=odd_k, HAS_BIAS=biased)
     if which == "gate_up":
         kernel, block_n = moe_gate_up_wsrr_kernel, tile.gate_up_cols(gated)
-        own = dict(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation])
+        own.update(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
+                   SWIGLU_LIMIT=SWIGLU_OAI_LIMIT)
     else:
-        kernel, block_n, own = moe_down_wsrr_kernel, tile.down_cols, dict(ODD_K=odd_k)
+        kernel, block_n = moe_down_wsrr_kernel, tile.down_cols
+        own.update(MASK_N=mask_n)
     constexprs = dict(_meta(dtype, tile, block_n, stages), **own)
     num_warps, maxnreg = constexprs.pop("num_warps"), constexprs.pop("maxnreg", None)
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
