@@ -5,6 +5,7 @@ Everything here runs on CPU (Triton's interpreter for the one kernel run); the e
 """
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -231,25 +232,37 @@ def test_bench_script_parses_options():
     assert len(full.shapes) * len(full.ms) * len(full.dtypes) == 5 * 14 * 2 and full.reps == 20
     assert full.settle_s == 1.0 and bench.settings_from_args(bench.build_parser().parse_args(
         ["--settle-s", "0"])).settle_s == 0
+    assert full.warm_s == 0.5 and bench.settings_from_args(bench.build_parser().parse_args(
+        ["--warm-s", "0"])).warm_s == 0
     assert full.gated and not bench.settings_from_args(bench.build_parser().parse_args(["--no-gate"])).gated
 
 
+@pytest.mark.parametrize("option", ["--settle-s", "--warm-s"])
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf", "61", "soon"])
-def test_bench_settle_must_be_seconds(bad, capsys):
+def test_bench_settle_and_warm_must_be_seconds(option, bad, capsys):
     with pytest.raises(SystemExit):
-        bench.build_parser().parse_args(["--settle-s", bad])
-    assert "--settle-s" in capsys.readouterr().err
+        bench.build_parser().parse_args([option, bad])
+    assert option in capsys.readouterr().err
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("gated, activation, biases", [(True, "silu", False), (False, "relu2", False),
                                                        (True, "swiglu_oai", True)])
 def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
-    settled = []
+    settled, timed = [], []
     monkeypatch.setattr(bench, "settle", settled.append)
+    real_timing = bench._median_event_time
+
+    def timing(fn, reps, warmup):  # each row: its probe, then its timed replays after the untimed ones
+        timed.append((reps, warmup, real_timing(fn, reps, warmup)))
+        return timed[-1][2]
+
+    monkeypatch.setattr(bench, "_median_event_time", timing)
     settings = bench.Settings.quick(shapes=["8:512:256:2"], ms=[1, 64], out_dir=str(tmp_path), pool_gb=0.1,
-                                    settle_s=0.25, gated=gated, activation=activation, biases=biases)
+                                    settle_s=0.25, warm_s=0.05, gated=gated, activation=activation, biases=biases)
     result = bench.run_benchmark(settings, command="pytest")
+    rows = [(timed[i], timed[i + 1]) for i in range(len(timed) - 1) if timed[i][0] == 1]  # (probes: one replay)
+    assert len(rows) == 4 and all(run[1] == math.ceil(0.05 / probe[2]) for probe, run in rows)
     assert all("time_us" in r and r["gated"] is gated for r in result["rows"]) and len(result["rows"]) == 4
     assert result["rows"][0]["weight_bytes"] == result["rows"][0]["distinct_experts"] * (3 if gated else 2) * 512 * 256 * 2
     assert settled == [0.25, 0.25] and result["settings"]["settle_s"] == 0.25  # once a (shape, dtype) section

@@ -375,21 +375,26 @@ def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation
 
 
 def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
-               use_graph: bool = True, give_up_above_s: float = math.inf, activation: str = "silu") -> tuple[float, str]:
+               use_graph: bool = True, give_up_above_s: float = math.inf, activation: str = "silu",
+               warm_s: float = 0.0) -> tuple[float, str]:
     """Median seconds per ``fused_experts`` call (with ``activation`` and the layers' biases, if any) and the
     method (``cuda_graph`` or ``eager``): the ``num_calls`` calls cycle over the layers (:func:`time_run`)."""
     return time_run(_layer_calls(x, layers, routing, num_calls, activation), num_calls, reps=reps, warmup=warmup,
-                    row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s)
+                    row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s, warm_s=warm_s)
 
 
 def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
-             use_graph: bool = True, give_up_above_s: float = math.inf) -> tuple[float, str]:
+             use_graph: bool = True, give_up_above_s: float = math.inf, warm_s: float = 0.0) -> tuple[float, str]:
     """Median seconds per call of ``run`` (which makes ``num_calls`` calls) and the method.
 
     ``run`` is captured in one CUDA graph; each replay is timed with events. Fewer replays are made
     when one replay is long (``row_budget_s`` per row, never fewer than 5); none after the first when
     it already took over ``give_up_above_s`` per call (the tuner's early exit for clearly slower
-    configs). If capture fails the same calls are timed eagerly, with a warning.
+    configs). Before the timed replays, untimed ones for about ``warm_s`` seconds: the GPU's clock
+    drops for a few hundred milliseconds after heavy work starts (its power management, NOTES item 204),
+    so without them a row's timing depends on how long its own warm-up and replays last (which differs
+    between formats: an int8 pool holds twice the layers of a bf16 one). If capture fails the same calls
+    are timed eagerly, with a warning.
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -413,7 +418,7 @@ def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int,
         seconds = probe
     else:
         reps = max(min(reps, 5), min(reps, int(row_budget_s / max(probe, 1e-9))))
-        seconds = _median_event_time(replay, reps=reps, warmup=0)
+        seconds = _median_event_time(replay, reps=reps, warmup=math.ceil(warm_s / max(probe, 1e-9)))
     if method == "cuda_graph":
         del graph
     return seconds / num_calls, method
@@ -430,7 +435,8 @@ def settle(seconds: float) -> None:
 
 
 def settle_seconds(text: str) -> float:
-    """``--settle-s``: a number of seconds from 0 to 60 (argparse ``type``; the CLI's option takes the same)."""
+    """``--settle-s``, ``--warm-s``: a number of seconds from 0 to 60 (argparse ``type``; the CLI's options take
+    the same)."""
     try:
         seconds = float(text)
     except ValueError:
@@ -450,6 +456,7 @@ class Settings:
     warmup: int = 2
     pool_gb: float = 4.0
     settle_s: float = 1.0  # idle before each (shape, dtype) section's first row: see settle()
+    warm_s: float = 0.5  # untimed replays before each row's timed ones: see time_run()
     use_graph: bool = True
     plot: bool = True
     gated: bool = True  # False: every shape's experts without a gate (w13 [E, I, H], act(up): NemotronH)
@@ -510,7 +517,7 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                     calls = calls_per_graph(num_layers, floor)
                     seconds, method = time_calls(x, layers, routing, calls, reps=settings.reps,
                                                  warmup=settings.warmup, use_graph=settings.use_graph,
-                                                 activation=settings.activation)
+                                                 activation=settings.activation, warm_s=settings.warm_s)
                     lookup = (m, e, i, k, weight_dtype, torch.device("cuda"), gated)
                     row.update(calls_per_replay=calls, timing=method, config=get_config(*lookup),
                                config_source=config_source(*lookup))
@@ -685,6 +692,9 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--settle-s", type=settle_seconds, default=1.0,
                         help="seconds the GPU idles before each shape and dtype's rows, so the power cap that "
                              "the rows before left has lifted (default 1)")
+    parser.add_argument("--warm-s", type=settle_seconds, default=0.5,
+                        help="seconds of untimed replays before each row's timed ones, so that every row is timed "
+                             "in the clock state its own work sets (default 0.5)")
     parser.add_argument("--eager", action="store_true", help="time eager calls instead of CUDA graph replays")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
     parser.add_argument("--no-gate", action="store_true",
@@ -697,7 +707,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
-              pool_gb=args.pool_gb, settle_s=args.settle_s, use_graph=not args.eager, plot=not args.no_plot,
+              pool_gb=args.pool_gb, settle_s=args.settle_s, warm_s=args.warm_s, use_graph=not args.eager,
+              plot=not args.no_plot,
               gated=not args.no_gate, activation=args.activation, biases=args.biases)
     if args.reps is not None:
         kw["reps"] = args.reps
