@@ -708,8 +708,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
               pool_gb=args.pool_gb, settle_s=args.settle_s, warm_s=args.warm_s, use_graph=not args.eager,
-              plot=not args.no_plot,
-              gated=not args.no_gate, activation=args.activation, biases=args.biases)
+              plot=not args.no_plot, gated=not args.no_gate, activation=args.activation, biases=args.biases)
     if args.reps is not None:
         kw["reps"] = args.reps
     for s in kw["shapes"]:
