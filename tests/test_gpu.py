@@ -532,17 +532,21 @@ def test_wsrr_kernels(rows, dtype, h, i, m):
 @pytest.mark.parametrize("activation", ["silu", "relu2"])
 @pytest.mark.parametrize("h, i", [(512, 384), (256, 448), (384, 960)])  # I / 64 = 6, 7, 15 K tiles in the down GEMM
 @pytest.mark.parametrize("m", [70, 1500])
-def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m):
+@pytest.mark.parametrize("biased", [False, True])
+def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m, biased):
     """Experts without a gate (w13 [E, I, H]: act(up)) on the register-form kernels: 16 columns of I a
-    consumer warp (on the 256-row tile I = 448 and 960 leave a last program half past I), down GEMMs over an
-    odd number of K tiles; against the float64 oracle and row by row against the Gluon kernels."""
+    consumer warp (on the 256-row tile I = 448 and 960 leave a last program half past I: their biases wrap as
+    their scales do), down GEMMs over an odd number of K tiles; against the float64 oracle and row by row
+    against the Gluon kernels."""
     ex = layer(h=h, i=i, gated=False)
     x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
     kw = dict(topk_weights=w, topk_ids=ids, activation=activation)
+    if biased:
+        kw.update(w13_bias=torch.randn(8, i, device="cuda", dtype=torch.bfloat16),
+                  w2_bias=torch.randn(8, h, device="cuda", dtype=torch.bfloat16) * 0.5)
     ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids,
-                                  activation=activation)
+                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
     for _ in range(2):  # a race shows on some runs only
         out, gluon_out = run_wsrr(x, ex, rows, **kw)
         assert_close_rows(out, ref, gluon_out)
