@@ -17,9 +17,19 @@ def layer(e=8, h=512, i=384, gated=True):
     return dict(w13=q13, w2=q2, w13_scale=s13, w2_scale=s2)
 
 
-def oracle(x, ex, w, ids):
+def oracle(x, ex, topk_weights, topk_ids, **kw):
+    """The float64 reference on the dequantized experts (``kw``: its other options, biases among them)."""
     return reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), w, ids)
+                                   dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), topk_weights,
+                                   topk_ids, **kw)
+
+
+def expert_biases(ex):
+    """Random bf16 expert biases for ``layer()``'s experts: w13_bias [E, 2I] ([E, I] without a gate), w2_bias
+    [E, H]."""
+    e, n13, _ = ex["w13"].shape
+    return dict(w13_bias=torch.randn(e, n13, device="cuda", dtype=torch.bfloat16),
+                w2_bias=torch.randn(e, ex["w2"].shape[1], device="cuda", dtype=torch.bfloat16) * 0.5)
 
 
 @pytest.mark.parametrize("m", [1, 7, 64, 300])
@@ -430,12 +440,9 @@ def test_gluon_kernels_with_biases(variant, gated, activation, m):
     ex = layer(h=528, i=400, gated=gated)
     x = torch.randn(m, 528, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    b13 = torch.randn(8, ex["w13"].shape[1], device="cuda", dtype=torch.bfloat16)
-    b2 = torch.randn(8, 528, device="cuda", dtype=torch.bfloat16) * 0.5
-    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, w13_bias=b13, w2_bias=b2)
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, **expert_biases(ex))
     out, triton_out = run_gluon(GLUON_CONFIGS[variant], x, ex, **kw)
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
+    ref = oracle(x, ex, **kw)
     assert_close_rows(out, ref, triton_out)
 
 
@@ -541,12 +548,8 @@ def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m, biased):
     ex = layer(h=h, i=i, gated=False)
     x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    kw = dict(topk_weights=w, topk_ids=ids, activation=activation)
-    if biased:
-        kw.update(w13_bias=torch.randn(8, i, device="cuda", dtype=torch.bfloat16),
-                  w2_bias=torch.randn(8, h, device="cuda", dtype=torch.bfloat16) * 0.5)
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, **(expert_biases(ex) if biased else {}))
+    ref = oracle(x, ex, **kw)
     for _ in range(2):  # a race shows on some runs only
         out, gluon_out = run_wsrr(x, ex, rows, **kw)
         assert_close_rows(out, ref, gluon_out)
@@ -564,12 +567,8 @@ def test_wsrr_kernels_every_activation_with_biases(rows, activation, biased, h, 
     ex = layer(h=h, i=i)
     x = torch.randn(700, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(700, 8, device="cuda"), 2)
-    kw = dict(topk_weights=w, topk_ids=ids, activation=activation)
-    if biased:
-        kw.update(w13_bias=torch.randn(8, 2 * i, device="cuda", dtype=torch.bfloat16),
-                  w2_bias=torch.randn(8, h, device="cuda", dtype=torch.bfloat16) * 0.5)
-    ref = reference.fused_experts(x.double(), dequantize_weights(ex["w13"], ex["w13_scale"], torch.float64),
-                                  dequantize_weights(ex["w2"], ex["w2_scale"], torch.float64), **kw)
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, **(expert_biases(ex) if biased else {}))
+    ref = oracle(x, ex, **kw)
     for _ in range(2):  # a race shows on some runs only
         out, gluon_out = run_wsrr(x, ex, rows, **kw)
         assert_close_rows(out, ref, gluon_out)

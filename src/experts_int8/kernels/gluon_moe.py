@@ -441,6 +441,11 @@ def _meta(config: dict, trim_cols: int) -> dict:
                 TRIM_TAIL=trim_tail(config, trim_cols))
 
 
+def bias_args(w: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple:
+    """A Gluon kernel's (bias_ptr, stride_be) and HAS_BIAS: the weights stand in for an absent bias (never read)."""
+    return (w, 0) if bias is None else (bias, bias.stride(0)), dict(HAS_BIAS=bias is not None)
+
+
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None):
     """GEMM1 (+ activation) as :func:`.fused_moe.invoke_gate_up`, on the Gluon kernel (w13 [E, 2I, H] with a
@@ -450,11 +455,11 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(inter, config["BLOCK_SIZE_N"]),)
     x, x_inv_scale = fp16_dot_input(x, w13, config)
+    bias, has_bias = bias_args(w13, w13_bias)
     moe_gate_up_wgmma_kernel[grid](
         x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
-        w13_scale.stride(0), out.stride(0), x_inv_scale, w13 if w13_bias is None else w13_bias,
-        0 if w13_bias is None else w13_bias.stride(0), ROW_SCALE=x_inv_scale is not None, HAS_BIAS=w13_bias is not None,
+        w13_scale.stride(0), out.stride(0), x_inv_scale, *bias, ROW_SCALE=x_inv_scale is not None, **has_bias,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
         FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")), GATED=gated, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
         SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **_meta(config, config["BLOCK_SIZE_N"]),
@@ -468,11 +473,12 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, config["BLOCK_SIZE_M"]) * triton.cdiv(hidden, config["BLOCK_SIZE_N"]),)
+    bias, has_bias = bias_args(w2, w2_bias)
     moe_down_wgmma_kernel[grid](
         a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter, a.stride(0), w2.stride(0), w2.stride(1),
-        w2_scale.stride(0), out.stride(0), w2 if w2_bias is None else w2_bias, 0 if w2_bias is None else w2_bias.stride(0),
-        MUL_ROUTED_WEIGHT=mul_routed_weight, HAS_BIAS=w2_bias is not None, **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
+        w2_scale.stride(0), out.stride(0), *bias, MUL_ROUTED_WEIGHT=mul_routed_weight, **has_bias,
+        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
     )
 
 

@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from .fused_moe import ACTIVATION_CODES, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, _kernel, compile_for_sm90
-from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, glu, hopper_smem_limit
+from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, bias_args, glu, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
 GROUP_M = 8
@@ -414,11 +414,6 @@ def _odd_k(k: int) -> bool:
     return (k // BLOCK_K) % 2 == 1
 
 
-def _bias_args(w: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple:
-    """A kernel's (bias_ptr, stride_be) and HAS_BIAS: the weights stand in for an absent bias (never read)."""
-    return (w, 0) if bias is None else (bias, bias.stride(0)), dict(HAS_BIAS=bias is not None)
-
-
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
                    tile: Tile, stages: Optional[int] = None, activation: str = "silu", w13_bias=None):
     """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``;
@@ -427,7 +422,7 @@ def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, nu
     gated = w13.shape[1] == 2 * inter
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(inter, tile.gate_up_cols(gated)),)
-    bias, has_bias = _bias_args(w13, w13_bias)
+    bias, has_bias = bias_args(w13, w13_bias)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                   top_k * xp.shape[0], num_sorted, inter, hidden, xp.stride(0), w13.stride(0),
                                   w13.stride(1), w13_scale.stride(0), h.stride(0), top_k, *bias, GATED=gated,
@@ -443,7 +438,7 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
     hidden, inter = w2.shape[1], w2.shape[2]
     num_sorted = sorted_token_ids.numel()
     grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(hidden, tile.down_cols),)
-    bias, has_bias = _bias_args(w2, w2_bias)
+    bias, has_bias = bias_args(w2, w2_bias)
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0), *bias,
