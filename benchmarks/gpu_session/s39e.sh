@@ -1,8 +1,9 @@
 #!/bin/bash
-# NOTES items 204-205: the bench's GPU test (it checks the untimed replays) and the Gluon and register-form tests (the
-# register form's experts without a gate with biases and the review's shared bias arguments: not run in session 39), then the prefill rows of qwen3, deepseek
-# and GPT-OSS-20B's shape (SiLU, no biases: the same tables) with 20 replays, without untimed replays before each
-# row's timed ones (--warm-s 0, as before) and with half a second of them (the new default).
+# NOTES items 204-205: the bench's GPU test (it checks the untimed replays) and the Gluon and register-form tests
+# (the register form's experts without a gate with biases and the review's shared bias arguments: not run in
+# session 39), then the prefill rows of qwen3, deepseek and GPT-OSS-20B's shape (SiLU, no biases: the same tables)
+# with 20 replays, without untimed replays before each row's timed ones (--warm-s 0, as before) and with half a
+# second of them (the new default).
 # start.sh s39e.sh, then wait.sh 300.
 source benchmarks/gpu_session/common.sh "$1"
 step "GPU tests: the bench, the register form without a gate with biases"
