@@ -535,6 +535,19 @@ def test_wsrr_kernels(rows, dtype, h, i, m):
         assert_close_rows(out, oracle(x, ex, w, ids), gluon_out)
 
 
+def check_wsrr_form(ex, m, rows, activation, biased):
+    """``m`` bf16 tokens routed top-2 through experts ``ex`` with ``activation`` (and random expert biases if
+    ``biased``) on the register-form kernels, twice (a race shows on some runs only): against the float64
+    oracle and row by row against the Gluon kernels."""
+    x = torch.randn(m, ex["w13"].shape[2], device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, ex["w13"].shape[0], device="cuda"), 2)
+    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, **(expert_biases(ex) if biased else {}))
+    ref = oracle(x, ex, **kw)
+    for _ in range(2):
+        out, gluon_out = run_wsrr(x, ex, rows, **kw)
+        assert_close_rows(out, ref, gluon_out)
+
+
 @pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("activation", ["silu", "relu2"])
 @pytest.mark.parametrize("h, i", [(512, 384), (256, 448), (384, 960)])  # I / 64 = 6, 7, 15 K tiles in the down GEMM
@@ -545,14 +558,7 @@ def test_wsrr_kernels_without_a_gate(rows, activation, h, i, m, biased):
     consumer warp (on the 256-row tile I = 448 and 960 leave a last program half past I: their biases wrap as
     their scales do), down GEMMs over an odd number of K tiles; against the float64 oracle and row by row
     against the Gluon kernels."""
-    ex = layer(h=h, i=i, gated=False)
-    x = torch.randn(m, h, device="cuda", dtype=torch.bfloat16)
-    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
-    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, **(expert_biases(ex) if biased else {}))
-    ref = oracle(x, ex, **kw)
-    for _ in range(2):  # a race shows on some runs only
-        out, gluon_out = run_wsrr(x, ex, rows, **kw)
-        assert_close_rows(out, ref, gluon_out)
+    check_wsrr_form(layer(h=h, i=i, gated=False), m, rows, activation, biased)
 
 
 @pytest.mark.parametrize("rows", [256, 128])
@@ -564,14 +570,7 @@ def test_wsrr_kernels_every_activation_with_biases(rows, activation, biased, h, 
     biases) or none, and H an odd multiple of 64 as GPT-OSS's 2880: an odd number of K tiles in both GEMMs
     (H / 64 = 9 or 5, I / 64 = 7 or 3) and, on the 256-row tile, a last down program half past H; against
     the float64 oracle and row by row against the Gluon kernels."""
-    ex = layer(h=h, i=i)
-    x = torch.randn(700, h, device="cuda", dtype=torch.bfloat16)
-    w, ids = select_experts(torch.randn(700, 8, device="cuda"), 2)
-    kw = dict(topk_weights=w, topk_ids=ids, activation=activation, **(expert_biases(ex) if biased else {}))
-    ref = oracle(x, ex, **kw)
-    for _ in range(2):  # a race shows on some runs only
-        out, gluon_out = run_wsrr(x, ex, rows, **kw)
-        assert_close_rows(out, ref, gluon_out)
+    check_wsrr_form(layer(h=h, i=i), 700, rows, activation, biased)
 
 
 @pytest.mark.parametrize("rows", [256, 128])
