@@ -2,7 +2,8 @@
 # Session 40's three benches (bench3.sh, --warm-s 0.5) read int8 decode 3-5% slower than session 32's (8x7b M=1
 # 85% of copy, from 89%) and bf16's unchanged. Is it the half second of untimed replays before each row, or
 # the code since? The decode rows of 8x7b and qwen3 with --warm-s 0, 0.5 and 2, the GPU's SM clock and power
-# sampled every 50 ms beside each line's time stamp; then the tuner's GPU tests, which bench3.sh's 100 s cut.
+# sampled every 50 ms beside each line's time stamp (and
+# qwen3's prefill rows 2048 and 8192 the same way); then the tuner's GPU tests, which bench3.sh's 100 s cut.
 # start.sh s40a.sh, then wait.sh 400.
 source benchmarks/gpu_session/common.sh "$1"
 q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
@@ -12,6 +13,10 @@ stamp() { while IFS= read -r line; do echo "$(date +%H:%M:%S.%3N) $line"; done; 
 for warm in 0 0.5 2; do
   step "decode --warm-s $warm"; timeout 120 bash benchmarks/gpu_session/cli.sh bench --shapes mixtral-8x7b,qwen3-30b-a3b \
     --m 1,2,4,8,16 --warm-s $warm --no-plot --out "$R/warm_$warm" 2>&1 | stamp | grep -E "mixtral|qwen3|layer"
+done
+for warm in 0 0.5 2; do  # s39e.sh read bf16's qwen3 prefill 6-16% slower with 0.5 than with 0, int8 1-8%
+  step "prefill --warm-s $warm"; timeout 120 bash benchmarks/gpu_session/cli.sh bench --shapes qwen3-30b-a3b \
+    --m 2048,8192 --warm-s $warm --no-plot --out "$R/prefill_$warm" 2>&1 | stamp | grep -E "qwen3|layer"
 done
 kill $smi
 step "tuner tests"; timeout 240 python3 -m pytest -q -m gpu tests/test_bench_tune.py -k "tune_runs or bench_runs" \
