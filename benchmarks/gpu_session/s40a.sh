@@ -3,7 +3,7 @@
 # 85% of copy, from 89%) and bf16's unchanged. Is it the half second of untimed replays before each row, or
 # the code since? The decode rows of 8x7b and qwen3 with --warm-s 0, 0.5 and 2, the GPU's SM clock and power
 # sampled every 50 ms beside each line's time stamp (and
-# qwen3's prefill rows 2048 and 8192 the same way); then the tuner's GPU tests, which bench3.sh's 100 s cut.
+# qwen3's prefill rows 2048 and 8192 the same way).
 # start.sh s40a.sh, then wait.sh 400.
 source benchmarks/gpu_session/common.sh "$1"
 q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
@@ -19,6 +19,4 @@ for warm in 0 0.5 2; do  # s39e.sh read bf16's qwen3 prefill 6-16% slower with 0
     --m 2048,8192 --warm-s $warm --no-plot --out "$R/prefill_$warm" 2>&1 | stamp | grep -E "qwen3|layer"
 done
 kill $smi
-step "tuner tests"; timeout 240 python3 -m pytest -q -m gpu tests/test_bench_tune.py -k "tune_runs or bench_runs" \
-  -p no:cacheprovider 2>&1 | tail -2
 step "done"; echo CHAIN_DONE
