@@ -128,7 +128,8 @@ _CONFIGS = {
                                              num_experts_per_tok=2, num_shared_experts=1, sliding_window=8,
                                              sliding_window_pattern=2)),
     # experts without a gate (ReLU² of up_proj), on a latent width smaller than the model's
-    "nemotron_h": ("NemotronHConfig", dict(layers_block_type=["moe", "full_attention", "moe"], num_hidden_layers=3,
+    # (attention first: transformers 5.25 asks layer 0 of the cache for its length, and a MoE layer holds none)
+    "nemotron_h": ("NemotronHConfig", dict(layers_block_type=["full_attention", "moe", "moe"], num_hidden_layers=3,
                                            head_dim=16, n_routed_experts=8, n_shared_experts=1,
                                            moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
                                            num_experts_per_tok=2, n_group=2, topk_group=1,
