@@ -390,10 +390,10 @@ def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int,
     ``run`` is captured in one CUDA graph; each replay is timed with events. Fewer replays are made
     when one replay is long (``row_budget_s`` per row, never fewer than 5); none after the first when
     it already took over ``give_up_above_s`` per call (the tuner's early exit for clearly slower
-    configs). Before the timed replays, untimed ones for about ``warm_s`` seconds: the GPU's clock
-    drops for a few hundred milliseconds after heavy work starts (its power management, NOTES item 204),
-    so without them a row's timing depends on how long its own warm-up and replays last (which differs
-    between formats: an int8 pool holds twice the layers of a bf16 one). If capture fails the same calls
+    configs). Before the timed replays, untimed ones for about ``warm_s`` seconds: held work meets the
+    GPU's power cap and runs on a lower clock from then on (on the H200, prefill of either format and int8
+    decode; NOTES items 204-206), so a row timed in a short burst would depend on how long its own replays
+    last (which differs between formats: an int8 pool holds twice the layers of a bf16 one). If capture fails the same calls
     are timed eagerly, with a warning.
     """
     stream = torch.cuda.Stream()
