@@ -234,6 +234,8 @@ def test_bench_script_parses_options():
         ["--settle-s", "0"])).settle_s == 0
     assert full.warm_s == 0.5 and bench.settings_from_args(bench.build_parser().parse_args(
         ["--warm-s", "0"])).warm_s == 0
+    assert not full.settle_every_row and bench.settings_from_args(bench.build_parser().parse_args(
+        ["--settle-every-row"])).settle_every_row
     assert full.gated and not bench.settings_from_args(bench.build_parser().parse_args(["--no-gate"])).gated
 
 
@@ -246,9 +248,10 @@ def test_bench_settle_and_warm_must_be_seconds(option, bad, capsys):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gated, activation, biases", [(True, "silu", False), (False, "relu2", False),
-                                                       (True, "swiglu_oai", True)])
-def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
+@pytest.mark.parametrize("gated, activation, biases, every_row", [(True, "silu", False, False),
+                                                                  (False, "relu2", False, False),
+                                                                  (True, "swiglu_oai", True, True)])
+def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases, every_row):
     settled, timed = [], []
     monkeypatch.setattr(bench, "settle", settled.append)
     real_timing = bench._median_event_time
@@ -259,13 +262,15 @@ def test_bench_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
 
     monkeypatch.setattr(bench, "_median_event_time", timing)
     settings = bench.Settings.quick(shapes=["8:512:256:2"], ms=[1, 64], out_dir=str(tmp_path), pool_gb=0.1,
-                                    settle_s=0.25, warm_s=0.05, gated=gated, activation=activation, biases=biases)
+                                    settle_s=0.25, settle_every_row=every_row, warm_s=0.05, gated=gated,
+                                    activation=activation, biases=biases)
     result = bench.run_benchmark(settings, command="pytest")
     rows = [(timed[i], timed[i + 1]) for i in range(len(timed) - 1) if timed[i][0] == 1]  # (probes: one replay)
     assert len(rows) == 4 and all(run[1] == math.ceil(0.05 / probe[2]) for probe, run in rows)
     assert all("time_us" in r and r["gated"] is gated for r in result["rows"]) and len(result["rows"]) == 4
     assert result["rows"][0]["weight_bytes"] == result["rows"][0]["distinct_experts"] * (3 if gated else 2) * 512 * 256 * 2
-    assert settled == [0.25, 0.25] and result["settings"]["settle_s"] == 0.25  # once a (shape, dtype) section
+    # once a (shape, dtype) section, or before each of its two rows
+    assert settled == [0.25] * (4 if every_row else 2) and result["settings"]["settle_s"] == 0.25
     assert result["ceilings"]["copy_GBps"] > 100 and list(tmp_path.glob("*.json"))
     # where each row's entry came from (no H200 table has this shape: the heuristic unless a user tuned it)
     assert all(r["config_source"] == "heuristic" or r["config_source"].startswith("table M=") for r in result["rows"])
@@ -577,6 +582,14 @@ def test_cli_bench_takes_experts_without_a_gate(monkeypatch):
     assert _run("bench", "--shapes", "qwen3-30b-a3b", "--quick").exit_code == 0
     assert [(s.shapes, s.ms, s.gated) for s in ran] == [(["128:2688:1856:6"], [1, 4096], False),
                                                         (["qwen3-30b-a3b"], list(bench.DEFAULT_MS), True)]
+
+
+def test_cli_bench_takes_the_idle_and_warm_up_options(monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "run_benchmark", lambda settings, command: ran.append(settings))
+    assert _run("bench", "--settle-s", "2", "--settle-every-row", "--warm-s", "0").exit_code == 0
+    assert _run("bench").exit_code == 0
+    assert [(s.settle_s, s.settle_every_row, s.warm_s) for s in ran] == [(2, True, 0), (1, False, 0.5)]
 
 
 def test_cli_bench_takes_the_experts_activation_and_biases(monkeypatch):

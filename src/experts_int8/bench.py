@@ -456,6 +456,7 @@ class Settings:
     warmup: int = 2
     pool_gb: float = 4.0
     settle_s: float = 1.0  # idle before each (shape, dtype) section's first row: see settle()
+    settle_every_row: bool = False  # the same idle before every row, so no row inherits its neighbour's state
     warm_s: float = 0.5  # untimed replays before each row's timed ones: see time_run()
     use_graph: bool = True
     plot: bool = True
@@ -505,7 +506,9 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
             log(f"# {name} (E={e}, H={h}, I={i}, k={k}{', ' + form if form else ''}) {dtype}: "
                 f"{num_layers} layer(s), {pool_gb:.1f} GB of weights")
             settle(settings.settle_s)
-            for m in settings.ms:
+            for row_index, m in enumerate(settings.ms):
+                if settings.settle_every_row and row_index:
+                    settle(settings.settle_s)
                 row = dict(shape=name, E=e, H=h, I=i, k=k, M=m, dtype=dtype, gated=gated, layers=num_layers)
                 try:
                     x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
@@ -692,6 +695,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--settle-s", type=settle_seconds, default=1.0,
                         help="seconds the GPU idles before each shape and dtype's rows, so the power cap that "
                              "the rows before left has lifted (default 1)")
+    parser.add_argument("--settle-every-row", action="store_true",
+                        help="idle --settle-s before every row too, not only before each section's first")
     parser.add_argument("--warm-s", type=settle_seconds, default=0.5,
                         help="seconds of untimed replays before each row's timed ones, so that every row is timed "
                              "in the clock state its own work sets (default 0.5)")
@@ -707,7 +712,8 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
-              pool_gb=args.pool_gb, settle_s=args.settle_s, warm_s=args.warm_s, use_graph=not args.eager,
+              pool_gb=args.pool_gb, settle_s=args.settle_s, settle_every_row=args.settle_every_row, warm_s=args.warm_s,
+              use_graph=not args.eager,
               plot=not args.no_plot, gated=not args.no_gate, activation=args.activation, biases=args.biases)
     if args.reps is not None:
         kw["reps"] = args.reps

@@ -152,6 +152,8 @@ Examples:
 @click.option("--settle-s", type=click.FloatRange(0, 60), default=1.0, show_default=True,
               help="Seconds the GPU idles before each shape and dtype's rows, so the power cap the rows before "
                    "left has lifted.")
+@click.option("--settle-every-row", is_flag=True,
+              help="Idle --settle-s before every row too, not only before each section's first.")
 @click.option("--warm-s", type=click.FloatRange(0, 60), default=0.5, show_default=True,
               help="Seconds of untimed replays before each row's timed ones, so that every row is timed in the "
                    "clock state its own work sets.")
@@ -162,8 +164,8 @@ Examples:
 @click.option("--activation", default="silu", show_default=True,
               help="The experts' activation (silu, gelu, gelu_tanh, swiglu_oai for GPT-OSS, relu2).")
 @click.option("--biases", is_flag=True, help="Expert biases on both GEMMs (GPT-OSS).")
-def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, warm_s, eager, no_plot, no_gate,
-                  activation, biases):
+def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, settle_every_row, warm_s, eager, no_plot,
+                  no_gate, activation, biases):
     """Time fused_experts with bf16 and int8 experts against the GPU's copy and matmul ceilings.
 
     Prints a table and writes JSON + PNG (time and fraction of ceiling vs M, one panel per shape)
@@ -175,7 +177,8 @@ def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, warm_
     for name in names:
         bench.parse_shape(name)
     kw = dict(shapes=names, ms=bench.parse_int_list([ms]) if ms else list(bench.DEFAULT_MS),
-              dtypes=bench.parse_dtypes([dtypes]), out_dir=out, pool_gb=pool_gb, settle_s=settle_s, warm_s=warm_s,
+              dtypes=bench.parse_dtypes([dtypes]), out_dir=out, pool_gb=pool_gb, settle_s=settle_s,
+              settle_every_row=settle_every_row, warm_s=warm_s,
               use_graph=not eager, plot=not no_plot, gated=not no_gate, activation=activation, biases=biases)
     bench.check_form(kw["gated"], activation)
     if reps is not None:
