@@ -3,7 +3,7 @@
 # the decode rows of all five shapes with the section's idle only and with it before every row too, three rounds
 # interleaved. Prediction (NOTES, next GPU session after the fortieth): with --settle-every-row the int8 decode
 # rows read within 1% of s40a.sh's rows alone (8x7b M=1 ~93 us, M=2 ~150, M=16 ~339); bf16's do not move.
-# start.sh s41a.sh, then wait.sh 560 (about 6 minutes warm).
+# start.sh s41a.sh, then wait.sh 560 (6-9 minutes warm: a second wait.sh may be needed).
 source benchmarks/gpu_session/common.sh "$1"
 step "GPU tests of the bench"; timeout 150 python3 -m pytest -q -m gpu tests/test_bench_tune.py -k bench_runs_on_gpu \
   -p no:cacheprovider 2>&1 | tail -2
