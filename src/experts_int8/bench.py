@@ -393,8 +393,8 @@ def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int,
     configs). Before the timed replays, untimed ones for about ``warm_s`` seconds: held work meets the
     GPU's power cap and runs on a lower clock from then on (on the H200, prefill of either format and int8
     decode; NOTES items 204-206), so a row timed in a short burst would depend on how long its own replays
-    last (which differs between formats: an int8 pool holds twice the layers of a bf16 one). If capture fails the same calls
-    are timed eagerly, with a warning.
+    last (which differs between formats: an int8 pool holds twice the layers of a bf16 one). If capture
+    fails the same calls are timed eagerly, with a warning.
     """
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -505,9 +505,8 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
             form = form_label(gated, settings.activation, settings.biases)
             log(f"# {name} (E={e}, H={h}, I={i}, k={k}{', ' + form if form else ''}) {dtype}: "
                 f"{num_layers} layer(s), {pool_gb:.1f} GB of weights")
-            settle(settings.settle_s)
             for row_index, m in enumerate(settings.ms):
-                if settings.settle_every_row and row_index:
+                if row_index == 0 or settings.settle_every_row:
                     settle(settings.settle_s)
                 row = dict(shape=name, E=e, H=h, I=i, k=k, M=m, dtype=dtype, gated=gated, layers=num_layers)
                 try:
@@ -713,8 +712,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
     kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
               pool_gb=args.pool_gb, settle_s=args.settle_s, settle_every_row=args.settle_every_row, warm_s=args.warm_s,
-              use_graph=not args.eager,
-              plot=not args.no_plot, gated=not args.no_gate, activation=args.activation, biases=args.biases)
+              use_graph=not args.eager, plot=not args.no_plot, gated=not args.no_gate, activation=args.activation,
+              biases=args.biases)
     if args.reps is not None:
         kw["reps"] = args.reps
     for s in kw["shapes"]:
