@@ -468,6 +468,7 @@ def test_experts_without_a_gate_have_tables_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")  # no shipped table
     monkeypatch.setattr(configs, "max_shared_memory", lambda index: 228 * 1024)  # the heuristic's fit, no GPU
+    monkeypatch.setattr(configs, "compute_capability", lambda index: (9, 0))
     configs.load_table.cache_clear()
     gated, ungated = dict(PINNED, BLOCK_SIZE_M=128, num_warps=8), dict(PINNED, BLOCK_SIZE_N=256, num_warps=8)
     cuda = torch.device("cuda", 0)
@@ -748,6 +749,24 @@ def test_heuristic_decode_config_streams_long_int8_k_tiles():
     prefill = configs.heuristic_config(4096, 8, 2, torch.int8, "NVIDIA_H200")
     gate_up, down = configs.split_config(prefill)
     assert gate_up["BLOCK_SIZE_N"] == 64 and down["BLOCK_SIZE_N"] == 128
+
+
+def test_int8_prefill_heuristic_runs_the_register_form_on_hopper(monkeypatch):
+    """device_heuristic (no table): int8 weights at HEURISTIC_WSRR_ROWS_PER_EXPERT rows an expert or more on
+    sm_90 take the register-form kernels (WSRR) over the Triton heuristic's blocks, which run where they do
+    not apply; fewer rows, other GPUs and float weights keep the Triton heuristic alone."""
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
+    monkeypatch.setattr(configs, "max_shared_memory", lambda index: 227 * 1024)
+    m = configs.HEURISTIC_WSRR_ROWS_PER_EXPERT * 8 // 2  # that many rows an expert on E=8, k=2
+    for major in (8, 9, 10):
+        monkeypatch.setattr(configs, "compute_capability", lambda index, major=major: (major, 0))
+        cfg = configs.device_heuristic(m, 8, 2, torch.int8, cuda)
+        assert bool(cfg.get("WSRR")) == (major == 9)
+        assert configs.without(cfg, "WSRR") == configs.heuristic_config(m, 8, 2, torch.int8, "Fake_GPU")
+        assert configs.check_config(cfg) == cfg
+        assert "WSRR" not in configs.device_heuristic(m - 4, 8, 2, torch.int8, cuda)  # one row an expert fewer
+        assert "WSRR" not in configs.device_heuristic(m, 8, 2, torch.bfloat16, cuda)
 
 
 def test_table_key_takes_the_m_below_unless_its_blocks_are_too_short():
@@ -1267,7 +1286,8 @@ def test_wsrr_variant_at_prefill_sizes_of_int8_where_gluon_runs(monkeypatch):
     assert variants == [dict(base, WSRR=1), dict(base, WSRR=1, WSRR_STAGES=5),
                         dict(base, WSRR=1, WSRR_ROWS=128, WSRR_STAGES=4), dict(base, WSRR=1, WSRR_ROWS=128)]
     assert all(configs.check_config(v) == v for v in variants)
-    assert tune_module.wsrr_variants(variants[0], 1024, 2, "int8", True, smem) == []  # already on
+    for on in variants:  # a winner already on one tile and ring (a table's or the heuristic's entry): the others
+        assert tune_module.wsrr_variants(on, 1024, 2, "int8", True, smem) == [v for v in variants if v != on]
     assert tune_module.wsrr_variants(base, 255, 2, "int8", True, smem) == []  # decode and small prefill
     assert tune_module.wsrr_variants(base, 1024, 2, "bf16", True, smem) == []  # float weights
     assert tune_module.wsrr_variants(base, 1024, 2, "int8", False, smem) == []  # not sm_90

@@ -292,14 +292,17 @@ def gluon_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, s
 def wsrr_variants(best: dict, m: int, top_k: int, dtype: str, gluon_ok: bool, smem_limit: int) -> list[dict]:
     """At prefill sizes (M x k >= 512 pairs) of int8 weights where the Gluon kernels run: the winner with
     both GEMMs on the register-form kernels (WSRR), on each of TUNED_WSRR_ROWS' tiles with each of
-    TUNED_WSRR_STAGES' rings that fits (the winner's keys run where they do not apply)."""
+    TUNED_WSRR_STAGES' rings that fits (the winner's other keys run where they do not apply); a winner
+    already on one of them (a table's or the heuristic's WSRR entry) gets the others."""
     from .kernels import gluon_wsrr
-    if dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("WSRR") or best.get("PAIRS"):
+    if dtype != "int8" or not gluon_ok or m * top_k < 512 or best.get("PAIRS"):
         return []
-    return [dict(best, WSRR=1, **({} if rows == 256 else {"WSRR_ROWS": rows}),
-                 **({} if stages == gluon_wsrr.TILES[rows].stages else {"WSRR_STAGES": stages}))
-            for rows in TUNED_WSRR_ROWS for stages in TUNED_WSRR_STAGES
-            if gluon_wsrr.TILES[rows].smem_bytes(stages) <= smem_limit]
+    base = configs.without(best, *configs.WSRR_KEYS)
+    variants = [dict(base, WSRR=1, **({} if rows == 256 else {"WSRR_ROWS": rows}),
+                     **({} if stages == gluon_wsrr.TILES[rows].stages else {"WSRR_STAGES": stages}))
+                for rows in TUNED_WSRR_ROWS for stages in TUNED_WSRR_STAGES
+                if gluon_wsrr.TILES[rows].smem_bytes(stages) <= smem_limit]
+    return [cfg for cfg in variants if cfg != best]
 
 
 # the register-form tiles the tuner tries (the 128-row one won at M=256 on the Mixtral shapes: NOTES item 99),

@@ -361,4 +361,22 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
     config = heuristic_config(m, num_experts, top_k, weight_dtype, dev)
     if dev == "cpu":
         return config
-    return fit_shared_memory(config, weight_dtype.itemsize, max_shared_memory(_index(device)))
+    index = _index(device)
+    config = fit_shared_memory(config, weight_dtype.itemsize, max_shared_memory(index))
+    # int8 prefill on Hopper: the register-form kernels (ops runs the entry's Triton blocks where they do not
+    # apply, e.g. routing weights on the input)
+    if (weight_dtype == torch.int8 and m * top_k / num_experts >= HEURISTIC_WSRR_ROWS_PER_EXPERT
+            and compute_capability(index)[0] == 9):
+        config["WSRR"] = 1
+    return config
+
+
+# From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows: every
+# shipped H200 table's entry does there (the Gluon kernels or the 128-row tile won some shapes at 96-128 rows;
+# benchmarks/NOTES.md item 208)
+HEURISTIC_WSRR_ROWS_PER_EXPERT = 192
+
+
+@functools.lru_cache(maxsize=None)
+def compute_capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)

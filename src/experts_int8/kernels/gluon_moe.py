@@ -30,7 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
                                                               warpgroup_mma_wait)
 
 from ..reference import is_gated
-from .configs import max_shared_memory
+from .configs import compute_capability, max_shared_memory
 from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, fp16_dot_input
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared`` before
@@ -70,7 +70,7 @@ def hopper_smem_limit(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.T
 @functools.lru_cache(maxsize=None)
 def _device_facts(index: int) -> tuple[int, int]:
     """(compute capability major, opt-in shared memory per block) of a CUDA device, asked once."""
-    return torch.cuda.get_device_capability(index)[0], max_shared_memory(index)
+    return compute_capability(index)[0], max_shared_memory(index)
 
 
 def _acc_regs(config: dict) -> int:
