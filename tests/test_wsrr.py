@@ -79,6 +79,17 @@ def test_not_supported_off_the_gpu():
     assert not gluon_wsrr.supported(x, w13, torch.ones(8, 256), w2, False)
 
 
+def test_intermediate_padded_to_whole_blocks_and_the_down_loop_counts_the_partial_tile():
+    """PAD_I's host side: h holds I's columns in whole 64-wide blocks (the permutation moves columns within a
+    block), and the down GEMM's K loop counts a partial last tile (GPT-OSS at TP=2: I = 1440, 23 tiles, an odd
+    number; at TP=4: 720, 12)."""
+    assert [gluon_wsrr.h_columns(i) for i in (64, 720, 1440, 2880, 400)] == [64, 768, 1472, 2880, 448]
+    assert [gluon_wsrr._odd_k(k) for k in (1440, 720, 2880, 448, 512)] == [True, False, True, True, False]
+    # a column of h's padding holds a real column: the down kernel must read the padding (zero weights past I)
+    assert any(gluon_wsrr.memory_position(j) < 1440 for j in range(1440, 1472))
+    assert any(gluon_wsrr.memory_position(j) >= 1440 for j in range(1440))
+
+
 def test_ring_bytes_by_depth():
     """The ring's shared memory grows by one slot of x and int8 weight tiles a stage: five fit the 256-row
     tile in a Hopper block's 227 KB, two programs of the 128-row tile fit an SM's 228 KB up to five (its
@@ -104,13 +115,18 @@ cases = [(w, d, 256, 4, "") for w in ("gate_up", "down") for d in (torch.bfloat1
     ("down", dtype, rows, 4, "odd_k") for rows, dtype in ((256, torch.bfloat16), (128, torch.float16))] + [
     # GPT-OSS's form (H = I = 2880: 45 K tiles in both GEMMs, 22.5 down programs of 128 columns)
     ("gate_up", torch.bfloat16, rows, 4, "swiglu_oai_biased_odd_k") for rows in (256, 128)] + [
-    ("down", torch.bfloat16, 256, 4, "biased_mask_n_odd_k"), ("gate_up", torch.bfloat16, 256, 4, "gelu")]
+    ("down", torch.bfloat16, 256, 4, "biased_mask_n_odd_k"), ("gate_up", torch.bfloat16, 256, 4, "gelu")] + [
+    # GPT-OSS at TP=2 (I = 1440: h padded to whole 64-wide blocks, 23 K tiles in the down GEMM, the last partial)
+    ("gate_up", torch.bfloat16, 256, 4, "swiglu_oai_biased_odd_k_pad_i"),
+    ("down", torch.bfloat16, 256, 4, "biased_mask_n_odd_k_pad_i")]
 for which, dtype, rows, stages, form in cases:
     path = os.path.join(sys.argv[1], f"{which}_{dtype}_{rows}_{stages}_{form}.cubin")
     flags = dict(ungated=dict(gated=False, activation="relu2"), odd_k=dict(odd_k=True),
                  relu2=dict(activation="relu2"), gelu=dict(activation="gelu"),
                  swiglu_oai_biased_odd_k=dict(activation="swiglu_oai", biased=True, odd_k=True),
-                 biased_mask_n_odd_k=dict(biased=True, mask_n=True, odd_k=True)).get(form, {})
+                 biased_mask_n_odd_k=dict(biased=True, mask_n=True, odd_k=True),
+                 swiglu_oai_biased_odd_k_pad_i=dict(activation="swiglu_oai", biased=True, odd_k=True, pad_i=True),
+                 biased_mask_n_odd_k_pad_i=dict(biased=True, mask_n=True, odd_k=True, pad_i=True)).get(form, {})
     with open(path, "wb") as f:
         f.write(gluon_wsrr.sm90_cubin(which, dtype, rows, stages, **flags))
     key = f"{which} {dtype} {rows}" + ("" if stages == 4 else f" {stages}") + (f" {form}" if form else "")
@@ -141,7 +157,9 @@ def compiled(tmp_path_factory):
                                     "down torch.bfloat16 256 odd_k", "down torch.float16 128 odd_k",
                                     "gate_up torch.bfloat16 256 swiglu_oai_biased_odd_k",
                                     "gate_up torch.bfloat16 128 swiglu_oai_biased_odd_k",
-                                    "down torch.bfloat16 256 biased_mask_n_odd_k", "gate_up torch.bfloat16 256 gelu"])
+                                    "down torch.bfloat16 256 biased_mask_n_odd_k", "gate_up torch.bfloat16 256 gelu",
+                                    "gate_up torch.bfloat16 256 swiglu_oai_biased_odd_k_pad_i",
+                                    "down torch.bfloat16 256 biased_mask_n_odd_k_pad_i"])
 def test_k_loop_keeps_each_operand_until_its_wgmma_retires_and_nothing_spills(compiled, kernel):
     check = runpy.run_path(str(Path(__file__).parent.parent / "benchmarks" / "wgmma_operand_check.py"))["analyze"]
     sass, usage = compiled[kernel]

@@ -260,10 +260,10 @@ def _fused_experts_triton(
     if (config.get("WSRR") and gluon_wsrr is not None
             and gluon_wsrr.supported(x, w13, w13_scale, w2, apply_router_weight_on_input, rows, stages)):
         main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
-        h, y = x.new_empty((m * top_k, inter)), x.new_empty((m * top_k, hidden))
+        h, y = x.new_empty((m * top_k, gluon_wsrr.h_columns(inter))), x.new_empty((m * top_k, hidden))
         gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation,
                                   w13_bias, w2_bias)
-        run_tail(tail, h, y)
+        run_tail(tail, h[:, :inter], y)
         return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
     # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
     # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one

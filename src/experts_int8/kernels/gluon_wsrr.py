@@ -123,11 +123,17 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, m
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
     given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`: experts with a gate
     or without, any activation, expert biases or none) with room for the ring, routing weights on the
-    output, and H and I multiples of 64: whole 64-wide K tiles in both GEMMs (one more after the pairs
-    where their count is odd); a program's columns past I (gate/up) or H (down) are masked."""
+    output, H a multiple of 64 (whole K tiles in gate/up, one more after the pairs where their count is odd)
+    and I one too unless PAD_I (the down GEMM's last K tile partial); a program's columns past I (gate/up)
+    or H (down) are masked."""
     smem_limit = hopper_smem_limit(x, w13, w13_scale, w2)
     return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and not mul_routed_weight_first
-            and w2.shape[1] % BLOCK_K == 0 and w2.shape[2] % BLOCK_K == 0)
+            and w2.shape[1] % BLOCK_K == 0 and (PAD_I or w2.shape[2] % BLOCK_K == 0))
+
+
+# I no multiple of 64 (GPT-OSS at TP=2 and 4: I = 1440, 720): h padded to whole 64-wide blocks, the down GEMM's
+# weight bytes past I loaded as zeros. Off until its GPU tests have run (tests/test_gpu.py, NOTES item 209).
+PAD_I = False
 
 
 @gluon.constexpr_function
@@ -149,11 +155,18 @@ def _memory_position(k):
 
 
 @gluon.jit
-def _gate_up_rows(n0, r, up_offset):
-    """The w13 row of a gate/up program's weight row r: column memory_position(n0 + 8 (r // 16) + r % 8) of
-    gate (r % 16 < 8) or of up (up_offset rows further). The permutation is taken of the whole column index:
-    a program of 32 columns (the 128-row tile) covers half of a 64-wide block."""
-    return _memory_position(n0 + (r // 16) * 8 + r % 8) + ((r // 8) % 2) * up_offset
+def _gate_up_rows(n0, r, I, GATED: gl.constexpr, WRAP: gl.constexpr):
+    """The w13 row of a gate/up program's weight row r. With GATED: column memory_position(n0 + 8 (r // 16) +
+    r % 8)'s gate (r % 16 < 8) or up (I rows further); the permutation is taken of the whole column index (a
+    program of 32 columns, the 128-row tile, covers half of a 64-wide block). Without: up row
+    memory_position(n0 + r). WRAP: columns past I (a program reaching past I, or h's padding to whole 64-wide
+    blocks) wrap; what they compute is never read as a real column."""
+    col = _memory_position(n0 + (r // 16) * 8 + r % 8) if GATED else _memory_position(n0 + r)
+    if WRAP:
+        col = col % I
+    if GATED:
+        col += ((r // 8) % 2) * I
+    return col
 
 
 @gluon.jit
@@ -174,11 +187,12 @@ def _ring(STAGES: gl.constexpr, BLOCK_M: gl.constexpr, W_ROWS: gl.constexpr, BLO
 @gluon.jit
 def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, first_row, n0, expert, num_valid,
             top_k, N, K, stride_xm, stride_we, stride_wn, GATE_UP: gl.constexpr, GATED: gl.constexpr,
-            WRAP: gl.constexpr):
+            WRAP: gl.constexpr, MASK_K: gl.constexpr):
     """Fills the ring: token rows sorted_token_ids // top_k of x (padding rows zero-filled) and the
-    expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows` (GATED) or up row
-    memory_position(n0 + r), else row n0 + r; with WRAP rows past the N outputs (I without a gate, H for
-    down) wrap (their columns are not stored)."""
+    expert's weight rows; for GATE_UP slot row r is :func:`_gate_up_rows`, else row n0 + r; with WRAP rows
+    past the N outputs (columns of I for GATE_UP, H for down) wrap (their columns are not stored or not
+    read). MASK_K: K is no multiple of BLOCK_K (the down GEMM over I = 1440): weight bytes past K load as
+    zeros, so h's padding columns add nothing."""
     STAGES: gl.constexpr = x_ring.type.shape[0]
     BLOCK_M: gl.constexpr = x_ring.type.shape[1]
     BLOCK_K: gl.constexpr = x_ring.type.shape[2]
@@ -190,21 +204,22 @@ def _loader(x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, fi
     offs_xk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, x_load))
     x_ptrs = x_ptr + (rows // top_k).to(gl.int64)[:, None] * stride_xm + offs_xk[None, :]
     r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, w_load))
-    if GATE_UP and GATED:
-        w_rows = _gate_up_rows(n0, r, N)
-    elif GATE_UP:
-        w_rows = _memory_position(n0 + r)
+    if GATE_UP:
+        w_rows = _gate_up_rows(n0, r, N, GATED, WRAP)
     else:
         w_rows = n0 + r
-    if WRAP:
-        w_rows = w_rows % N
+        if WRAP:
+            w_rows = w_rows % N
     offs_wk = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, w_load))
     w_ptrs = w_ptr + expert * stride_we + w_rows.to(gl.int64)[:, None] * stride_wn + offs_wk[None, :]
     for j in range(gl.cdiv(K, BLOCK_K)):
         slot = j % STAGES
         mbarrier.wait(free.index(slot), ((j // STAGES) & 1) ^ 1)  # (a fresh barrier passes phase 1)
         _async_load(x_ring.index(slot), x_ptrs + j * BLOCK_K, mask=row_mask[:, None])
-        _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K)  # (whole tiles: supported() checks H and I)
+        if MASK_K:
+            _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K, mask=offs_wk[None, :] + j * BLOCK_K < K)
+        else:  # (whole tiles)
+            _async_load(w_ring.index(slot), w_ptrs + j * BLOCK_K)
         async_copy.mbarrier_arrive(loaded.index(slot), increment_count=False)  # per thread, when its copies land
 
 
@@ -265,14 +280,15 @@ def _consumer(x_ring, w_ring, loaded, free, K, acc_layout: gl.constexpr, dtype: 
 def _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, N, K, stride_xm,
           stride_we, stride_wn, acc_layout: gl.constexpr, W_ROWS: gl.constexpr, BLOCK_M: gl.constexpr,
           BLOCK_K: gl.constexpr, STAGES: gl.constexpr, X_SMEM: gl.constexpr, LOADER_REGS: gl.constexpr,
-          GATE_UP: gl.constexpr, GATED: gl.constexpr, ODD_K: gl.constexpr, WRAP: gl.constexpr):
+          GATE_UP: gl.constexpr, GATED: gl.constexpr, ODD_K: gl.constexpr, WRAP: gl.constexpr,
+          MASK_K: gl.constexpr = False):
     """The block's [W_ROWS, BLOCK_M] fp32 product over K: the loader and consumer partitions."""
     dtype: gl.constexpr = x_ptr.dtype.element_ty
     x_ring, w_ring, loaded, free = _ring(STAGES, BLOCK_M, W_ROWS, BLOCK_K, dtype, X_SMEM)
     acc, = gl.warp_specialize([
         (_consumer, (x_ring, w_ring, loaded, free, K, acc_layout, dtype, ODD_K)),
         (_loader, (x_ptr, w_ptr, x_ring, w_ring, loaded, free, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, expert,
-                   num_valid, top_k, N, K, stride_xm, stride_we, stride_wn, GATE_UP, GATED, WRAP)),
+                   num_valid, top_k, N, K, stride_xm, stride_we, stride_wn, GATE_UP, GATED, WRAP, MASK_K)),
     ], [LOADER_WARPS], [LOADER_REGS])
     return acc
 
@@ -329,30 +345,35 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                             GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
                             X_SMEM: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
-                            HAS_BIAS: gl.constexpr, ODD_K: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
-                            SWIGLU_LIMIT: gl.constexpr, num_warps: gl.constexpr):
+                            HAS_BIAS: gl.constexpr, ODD_K: gl.constexpr, PAD_I: gl.constexpr,
+                            SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr, num_warps: gl.constexpr):
     """h = act(x W_gate^T + b_gate) * (x W_up^T + b_up), or act(x W_up^T + b_up) without GATED (w13 the I
     up rows alone), for a block of BLOCK_M pair rows and BLOCK_N columns of I, written K-permuted (h's
-    column n0 + j holds column memory_position(n0 + j)): what the down kernel reads. ODD_K: H / 64 is odd."""
+    column n0 + j holds column memory_position(n0 + j)): what the down kernel reads. ODD_K: H / 64 is odd.
+    PAD_I: I is no multiple of 64, and h has I's columns padded to whole 64-wide blocks (:func:`h_columns`):
+    the permutation puts real columns in the padding, so every padded column is written, those past I
+    from wrapped rows (finite values that the down kernel's zero weight bytes past I cancel)."""
     W_ROWS: gl.constexpr = 2 * BLOCK_N if GATED else BLOCK_N
-    pid_m, n0 = _row_block(num_sorted, I, BLOCK_M, BLOCK_N, GROUP_M)
+    WRAP: gl.constexpr = PAD_I or not GATED
+    n_out = I  # h's columns
+    if PAD_I:
+        n_out = gl.cdiv(I, 64) * 64
+    pid_m, n0 = _row_block(num_sorted, n_out, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
     if expert < 0:  # an expert on another rank: zeros, as the other kernels write (without a gate: not past I)
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
-                    sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, I, not GATED)
+                    sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, n_out,
+                    not GATED)
         return
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     acc = _gemm(x_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, top_k, I, H, stride_xm, stride_we,
                 stride_wn, acc_layout, W_ROWS, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, True, GATED, ODD_K,
-                not GATED)
-    r = gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout))
-    # accumulator row r's w13 row: with GATED, gate (r % 16 < 8) or up of column memory_position(n0 +
-    # 8 (r // 16) + r % 8); without, up row memory_position(n0 + r), h's column n0 + r (past I: wrapped)
-    w_rows = _gate_up_rows(n0, r, I) if GATED else _memory_position(n0 + r) % I
+                WRAP)
+    w_rows = _gate_up_rows(n0, gl.arange(0, W_ROWS, layout=gl.SliceLayout(1, acc_layout)), I, GATED, WRAP)
     acc = acc * gl.load(scale_ptr + expert * stride_se + w_rows)[:, None]
     if HAS_BIAS:
         acc = acc + gl.load(bias_ptr + expert * stride_be + w_rows).to(gl.float32)[:, None]
@@ -360,9 +381,9 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
         gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
         h = gl.reshape(glu(gate, up, ACTIVATION, True, SWIGLU_ALPHA, SWIGLU_LIMIT), [BLOCK_N, BLOCK_M])
         _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
-    else:  # (columns past I not stored)
+    else:  # (columns past h's not stored)
         _store_quarters(out_ptr, glu(acc, acc, ACTIVATION, False, SWIGLU_ALPHA, SWIGLU_LIMIT), sorted_token_ids_ptr,
-                        pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, I, True)
+                        pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, n_out, True)
 
 
 @gluon.jit
@@ -373,10 +394,11 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
                          GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
                          X_SMEM: gl.constexpr, HAS_BIAS: gl.constexpr, ODD_K: gl.constexpr,
-                         MASK_N: gl.constexpr, num_warps: gl.constexpr):
+                         MASK_N: gl.constexpr, MASK_K: gl.constexpr, num_warps: gl.constexpr):
     """out[pair, n0:n0+BLOCK_N] = (h[pair] @ w2[e]^T + b) * routing weight, h K-permuted (as the gate/up
-    kernel writes it); ODD_K: I / 64 is odd; MASK_N: H is no multiple of BLOCK_N (the last program's rows
-    past H wrap and are not stored)."""
+    kernel writes it); ODD_K: I's K tiles (the last one partial with MASK_K) are odd in number; MASK_N: H is
+    no multiple of BLOCK_N (the last program's rows past H wrap and are not stored); MASK_K: I is no
+    multiple of 64 (h padded to whole tiles; the weight bytes past I load as zeros)."""
     pid_m, n0 = _row_block(num_sorted, H, BLOCK_M, BLOCK_N, GROUP_M)
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
@@ -391,7 +413,7 @@ def moe_down_wsrr_kernel(a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sor
                                                          instr_shape=[16, BLOCK_M, 16])
     acc = _gemm(a_ptr, w_ptr, sorted_token_ids_ptr, pid_m, n0, expert, num_valid, 1, H, I, stride_am, stride_we,
                 stride_wn, acc_layout, BLOCK_N, BLOCK_M, BLOCK_K, STAGES, X_SMEM, LOADER_REGS, False, True, ODD_K,
-                MASK_N)
+                MASK_N, MASK_K)
     cols = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_layout))
     if MASK_N:
         cols = cols % H
@@ -410,23 +432,31 @@ def _meta(dtype: torch.dtype, tile: Tile, block_n: int, stages: Optional[int]) -
 
 
 def _odd_k(k: int) -> bool:
-    """Whether a K loop over ``k`` (a multiple of 64) takes one more tile after its pairs."""
-    return (k // BLOCK_K) % 2 == 1
+    """Whether a K loop over ``k`` takes one more tile after its pairs (a partial last tile counts)."""
+    return triton.cdiv(k, BLOCK_K) % 2 == 1
 
 
-def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k,
+def h_columns(inter: int) -> int:
+    """Columns of the intermediate ``h`` the register form writes for experts of ``inter`` columns: whole
+    64-wide blocks, since the K permutation moves columns within a block."""
+    return triton.cdiv(inter, BLOCK_K) * BLOCK_K
+
+
+def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k, inter,
                    tile: Tile, stages: Optional[int] = None, activation: str = "silu", w13_bias=None):
-    """``h [pairs, I]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of ``tile.rows``;
-    ``w13`` holds 2I rows (gate, up) or I (up alone), ``w13_bias`` (optional) as many values an expert."""
-    inter, hidden = h.shape[1], xp.shape[1]
+    """``h [pairs, h_columns(inter)]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of
+    ``tile.rows``; ``w13`` holds 2I rows (gate, up) or I (up alone), ``w13_bias`` (optional) as many values
+    an expert."""
+    hidden = xp.shape[1]
     gated = w13.shape[1] == 2 * inter
     num_sorted = sorted_token_ids.numel()
-    grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(inter, tile.gate_up_cols(gated)),)
+    grid = (triton.cdiv(num_sorted, tile.rows) * triton.cdiv(h.shape[1], tile.gate_up_cols(gated)),)
     bias, has_bias = bias_args(w13, w13_bias)
     moe_gate_up_wsrr_kernel[grid](xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
                                   top_k * xp.shape[0], num_sorted, inter, hidden, xp.stride(0), w13.stride(0),
                                   w13.stride(1), w13_scale.stride(0), h.stride(0), top_k, *bias, GATED=gated,
                                   ACTIVATION=ACTIVATION_CODES[activation], ODD_K=_odd_k(hidden),
+                                  PAD_I=inter % BLOCK_K != 0,
                                   SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **has_bias,
                                   **_meta(xp.dtype, tile, tile.gate_up_cols(gated), stages))
 
@@ -442,7 +472,8 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
     moe_down_wsrr_kernel[grid](h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids,
                                num_tokens_post_padded, topk_weights.numel(), num_sorted, hidden, inter, h.stride(0),
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0), *bias,
-                               ODD_K=_odd_k(inter), MASK_N=hidden % tile.down_cols != 0, **has_bias,
+                               ODD_K=_odd_k(inter), MASK_N=hidden % tile.down_cols != 0,
+                               MASK_K=inter % BLOCK_K != 0, **has_bias,
                                **_meta(h.dtype, tile, tile.down_cols, stages))
 
 
@@ -451,33 +482,34 @@ def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y,
     """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over
     the ``aligned`` blocks (``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)`` in blocks of
     ``rows``): ``y [M * top_k, H]`` gets each aligned (token, slot) pair's expert output times its routing
-    weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k, I]`` is
-    the intermediate (K-permuted); ``activation`` one of fused_moe's ACTIVATION_CODES; expert biases
-    optional."""
+    weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k,
+    h_columns(I)]`` is the intermediate (K-permuted); ``activation`` one of fused_moe's ACTIVATION_CODES;
+    expert biases optional."""
     tile = TILES[rows]
     top_k = topk_weights.numel() // x.shape[0]
-    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, tile, stages, activation, w13_bias)
+    invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, w2.shape[2], tile, stages, activation,
+                   w13_bias)
     invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile, stages, w2_bias)
     return y
 
 
 def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256, stages: Optional[int] = None,
                gated: bool = True, odd_k: bool = False, activation: str = "silu", biased: bool = False,
-               mask_n: bool = False) -> bytes:
+               mask_n: bool = False, pad_i: bool = False) -> bytes:
     """The ``"gate_up"`` or ``"down"`` kernel on TILES[rows] (a ring of ``stages``; over an odd number of K
     tiles with ``odd_k``; with expert biases if ``biased``; gate_up with ``activation``, for experts without
-    a gate unless ``gated``; down with its last program's rows past H masked with ``mask_n``) compiled for
-    sm_90 without a GPU: to check offline what ptxas made of the K loop (benchmarks/wgmma_operand_check.py
-    reads its SASS)."""
+    a gate unless ``gated``; down with its last program's rows past H masked with ``mask_n``; for I no
+    multiple of 64 with ``pad_i``) compiled for sm_90 without a GPU: to check offline what ptxas made of the
+    K loop (benchmarks/wgmma_operand_check.py reads its SASS)."""
     tile = TILES[rows]
     own = dict(ODD_K=odd_k, HAS_BIAS=biased)
     if which == "gate_up":
         kernel, block_n = moe_gate_up_wsrr_kernel, tile.gate_up_cols(gated)
-        own.update(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
+        own.update(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], PAD_I=pad_i, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
                    SWIGLU_LIMIT=SWIGLU_OAI_LIMIT)
     else:
         kernel, block_n = moe_down_wsrr_kernel, tile.down_cols
-        own.update(MASK_N=mask_n)
+        own.update(MASK_N=mask_n, MASK_K=pad_i)
     constexprs = dict(_meta(dtype, tile, block_n, stages), **own)
     num_warps, maxnreg = constexprs.pop("num_warps"), constexprs.pop("maxnreg", None)
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[dtype]
