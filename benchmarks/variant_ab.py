@@ -480,6 +480,9 @@ def main() -> None:
     ap.add_argument("--settle-s", type=bench.settle_seconds, default=0.5,
                     help="seconds the GPU idles before each timing, so no value is timed under the power cap the "
                          "one before left (NOTES 142)")
+    ap.add_argument("--warm-s", type=bench.settle_seconds, default=bench.Settings.warm_s,
+                    help="seconds of untimed replays before each timing, as the bench's rows have (NOTES 205-206: "
+                         "int8 decode held that long meets the H200's power cap); 0 times a burst")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds: at least 1")
@@ -533,7 +536,7 @@ def main() -> None:
                     current["value"] = value
                     launches.clear()
                     bench.settle(args.settle_s)
-                    seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2)
+                    seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2, warm_s=args.warm_s)
                     samples[value].append(seconds * 1e6)
                     if gluon_variant:  # a GLUON entry the Gluon kernels cannot take runs Triton's
                         row[f"{args.variant}={value}_ran"] = bool(launches)

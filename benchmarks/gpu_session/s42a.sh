@@ -1,11 +1,17 @@
 #!/bin/bash
 # The next session's first chain (NOTES items 208-209): the register form's and the tail pass's GPU tests, PAD_I's
 # among them (I = 1440, 720, 400, 208: not yet run on a GPU; every other register-form test for the unchanged
-# kernels), then s41b.sh's timing of the int8 prefill heuristic on the register form (item 208's prediction).
-# start.sh s42a.sh, then wait.sh 560 (~6 minutes warm).
+# kernels), s41b.sh's timing of the int8 prefill heuristic on the register form (item 208's prediction), and
+# FP16_DOT at decode with and without untimed replays first (item 210's prediction).
+# start.sh s42a.sh, then wait.sh 560 twice (~9 minutes warm).
 source benchmarks/gpu_session/common.sh "$1"
 step "GPU tests: the register form (PAD_I among them) and the tail pass"
 timeout 240 python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/test_gpu.py -k "wsrr or tail_pass" \
   2>&1 | tail -4
 CHAIN_NESTED=1 bash benchmarks/gpu_session/s41b.sh "$R"
+for warm in 0 0.5; do  # item 210: FP16_DOT at decode in bursts and in the steady state
+  mkdir -p "$R/fp16_dot_$warm"; step "A/B fp16_dot --warm-s $warm"
+  timeout 150 python3 benchmarks/variant_ab.py fp16_dot --out "$R/fp16_dot_$warm" --shapes mixtral-8x7b mixtral-8x22b \
+    --m 1,2,16 --rounds 3 --warm-s $warm 2>&1 | grep -v -i warn
+done
 step "done"; echo CHAIN_DONE
