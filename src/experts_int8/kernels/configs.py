@@ -366,7 +366,7 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
     # int8 prefill on Hopper: the register-form kernels (ops runs the entry's Triton blocks where they do not
     # apply, e.g. routing weights on the input)
     if (weight_dtype == torch.int8 and m * top_k / num_experts >= HEURISTIC_WSRR_ROWS_PER_EXPERT
-            and compute_capability(index)[0] == 9):
+            and torch.version.hip is None and compute_capability(index)[0] == 9):  # (ROCm's MI300 reports 9.4)
         config["WSRR"] = 1
     return config
 

@@ -362,7 +362,7 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
     if pid_m * BLOCK_M >= gl.load(num_tokens_post_padded_ptr):
         return
     expert = gl.load(block_expert_ids_ptr + pid_m).to(gl.int64)
-    if expert < 0:  # an expert on another rank: zeros, as the other kernels write (without a gate: not past I)
+    if expert < 0:  # an expert on another rank: zeros, as the other kernels write (without a gate: not past h's)
         zeros_layout: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         _store_rows(out_ptr, gl.zeros((BLOCK_N, BLOCK_M), dtype=gl.float32, layout=zeros_layout),
                     sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, n_out,
