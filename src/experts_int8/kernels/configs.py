@@ -371,9 +371,9 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
     return config
 
 
-# From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows: every
-# shipped H200 table's entry does there (the Gluon kernels or the 128-row tile won some shapes at 96-128 rows;
-# benchmarks/NOTES.md item 208)
+# From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows: the shipped
+# H200 tables' entries do there but GPT-OSS-120B's (the Gluon kernels; they or the 128-row tile also won some
+# shapes at 96-128 rows; benchmarks/NOTES.md item 208)
 HEURISTIC_WSRR_ROWS_PER_EXPERT = 192
 
 
