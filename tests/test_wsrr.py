@@ -90,6 +90,20 @@ def test_intermediate_padded_to_whole_blocks_and_the_down_loop_counts_the_partia
     assert any(gluon_wsrr.memory_position(j) >= 1440 for j in range(1440))
 
 
+@pytest.mark.parametrize("inter", [1440, 720, 208])
+def test_padded_h_and_zero_weight_bytes_past_i_keep_the_down_product(inter):
+    """PAD_I's index algebra in float64: gate/up writes h's column c from column memory_position(c) wrapped
+    into I, the down kernel pairs h's column c with the weight byte at memory_position(c), and the bytes past
+    I load as zeros; every real column counts once and the padding adds nothing."""
+    hidden = 16
+    pos = torch.tensor([gluon_wsrr.memory_position(c) for c in range(gluon_wsrr.h_columns(inter))])
+    h = torch.randn(inter, dtype=torch.float64)
+    written = h[pos % inter]
+    w2 = torch.randn(hidden, inter, dtype=torch.float64)
+    loaded = torch.cat([w2, torch.zeros(hidden, len(pos) - inter, dtype=torch.float64)], dim=1)
+    torch.testing.assert_close(loaded[:, pos] @ written, w2 @ h)
+
+
 def test_ring_bytes_by_depth():
     """The ring's shared memory grows by one slot of x and int8 weight tiles a stage: five fit the 256-row
     tile in a Hopper block's 227 KB, two programs of the 128-row tile fit an SM's 228 KB up to five (its
