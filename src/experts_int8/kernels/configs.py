@@ -365,7 +365,8 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
     config = fit_shared_memory(config, weight_dtype.itemsize, max_shared_memory(index))
     # int8 prefill on Hopper: the register-form kernels (ops runs the entry's Triton blocks where they do not
     # apply, e.g. routing weights on the input)
-    if (weight_dtype == torch.int8 and m * top_k / num_experts >= HEURISTIC_WSRR_ROWS_PER_EXPERT
+    threshold = HEURISTIC_WSRR_ROWS_PER_EXPERT
+    if (threshold is not None and weight_dtype == torch.int8 and m * top_k / num_experts >= threshold
             and torch.version.hip is None and compute_capability(index)[0] == 9):  # (ROCm's MI300 reports 9.4)
         config["WSRR"] = 1
     return config
@@ -373,8 +374,9 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
 
 # From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows: the shipped
 # H200 tables' entries do there but GPT-OSS-120B's (the Gluon kernels; they or the 128-row tile also won some
-# shapes at 96-128 rows; benchmarks/NOTES.md item 208)
-HEURISTIC_WSRR_ROWS_PER_EXPERT = 192
+# shapes at 96-128 rows; benchmarks/NOTES.md item 208). None (off) until it has been timed against the Triton
+# heuristic on a GPU (benchmarks/gpu_session/s41b.sh); 192 is the value to time.
+HEURISTIC_WSRR_ROWS_PER_EXPERT: Optional[int] = None
 
 
 @functools.lru_cache(maxsize=None)
