@@ -590,14 +590,13 @@ def test_wsrr_kernels_on_other_ring_depths(rows, stages, h, i):
 @pytest.mark.parametrize("rows", [256, 128])
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("h, i", [(2880, 1440), (576, 720), (512, 400), (320, 208)])  # I / 64 = 22.5 .. 3.25
-def test_wsrr_kernels_with_i_no_multiple_of_64(rows, gated, h, i, monkeypatch):
-    """PAD_I: I no multiple of 64 (GPT-OSS at TP=2: H = 2880, I = 1440; at TP=4 I = 720): h padded to whole
+def test_wsrr_kernels_with_i_no_multiple_of_64(rows, gated, h, i):
+    """I no multiple of 64 (GPT-OSS at TP=2: H = 2880, I = 1440; at TP=4 I = 720): h padded to whole
     64-wide blocks, into which the K permutation moves real columns, and the down GEMM's last K tile partial;
     with a gate (GPT-OSS's clamped SwiGLU with biases) and without (ReLU² with biases), one and two row
     blocks an expert; against the float64 oracle and row by row against the Gluon kernels."""
     from experts_int8.kernels import gluon_wsrr
 
-    monkeypatch.setattr(gluon_wsrr, "PAD_I", True)
     ex = layer(h=h, i=i, gated=gated)
     assert gluon_wsrr.supported(torch.empty(1, h, device="cuda", dtype=torch.bfloat16), ex["w13"], ex["w13_scale"],
                                 ex["w2"], False, rows)
@@ -634,17 +633,14 @@ def test_wsrr_kernels_with_absent_experts_and_strided_rows(rows, gated):
     assert_close_rows(out, ref, gluon_out)
 
 
-@pytest.mark.parametrize("case", ["weights_on_input", "h_528", "i_400"])
-def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case, monkeypatch):
-    """Routing weights on the input, H or I (without PAD_I) not a multiple of 64: the entry's Gluon kernels,
-    same answer."""
+@pytest.mark.parametrize("case", ["weights_on_input", "h_528"])
+def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
+    """Routing weights on the input, H not a multiple of 64: the entry's Gluon kernels, same answer."""
     from experts_int8.kernels import gluon_wsrr
     from experts_int8.kernels.configs import override_config
 
-    monkeypatch.setattr(gluon_wsrr, "PAD_I", False)
-
     h = 528 if case == "h_528" else 512
-    ex = layer(h=h, i=400 if case == "i_400" else 384)
+    ex = layer(h=h, i=384)
     x = torch.randn(300, h, device="cuda", dtype=torch.bfloat16)
     w, ids = select_experts(torch.randn(300, 8, device="cuda"), 1 if case == "weights_on_input" else 2)
     kw = dict(topk_weights=w, topk_ids=ids, apply_router_weight_on_input=case == "weights_on_input")
@@ -672,16 +668,15 @@ def test_tail_pass_on_rows_past_whole_blocks(case, weights_on_input, i, monkeypa
     """Experts of 257, 288, 289, 1, 0, 261, 543 and 100 rows: tails of 1, 32, none, 1, none, 5, 31, none
     past blocks of 128 or 256 rows with TAIL_ROWS=32, and all but the empty one with 160 (on a Gluon
     tail entry; with the weights on the input the WSRR entry's fallback has 128-row blocks, which 160
-    does not fit: no tail pass). I = 400 with the register form's PAD_I: its h padded to 448 columns, the
+    does not fit: no tail pass). I = 400 on the register form: its h padded to 448 columns, the
     tail pass writing and reading its rows of the 400-column view. Every row against the oracle and the
     same entry without TAIL_ROWS."""
     from experts_int8 import ops
-    from experts_int8.kernels import gluon_moe, gluon_wsrr
+    from experts_int8.kernels import gluon_moe
     from experts_int8.kernels.configs import override_config, split_config
 
     main, tail_rows, tail_entry = TAIL_CASES[case]
     monkeypatch.setattr(ops, "tail_config", lambda *a: tail_entry)
-    monkeypatch.setattr(gluon_wsrr, "PAD_I", True)
     x, w, ids = routed_by_counts([257, 288, 289, 1, 0, 261, 543, 100], 512)
     ex = layer(h=512, i=i)
     kw = dict(topk_weights=w, topk_ids=ids, apply_router_weight_on_input=weights_on_input)

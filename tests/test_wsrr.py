@@ -80,9 +80,9 @@ def test_not_supported_off_the_gpu():
 
 
 def test_intermediate_padded_to_whole_blocks_and_the_down_loop_counts_the_partial_tile():
-    """PAD_I's host side: h holds I's columns in whole 64-wide blocks (the permutation moves columns within a
-    block), and the down GEMM's K loop counts a partial last tile (GPT-OSS at TP=2: I = 1440, 23 tiles, an odd
-    number; at TP=4: 720, 12)."""
+    """I no multiple of 64, the host side: h holds I's columns in whole 64-wide blocks (the permutation moves
+    columns within a block), and the down GEMM's K loop counts a partial last tile (GPT-OSS at TP=2: I = 1440,
+    23 tiles, an odd number; at TP=4: 720, 12)."""
     assert [gluon_wsrr.h_columns(i) for i in (64, 720, 1440, 2880, 400)] == [64, 768, 1472, 2880, 448]
     assert [gluon_wsrr._odd_k(k) for k in (1440, 720, 2880, 448, 512)] == [True, False, True, True, False]
     # a column of h's padding holds a real column: the down kernel must read the padding (zero weights past I)
@@ -92,9 +92,10 @@ def test_intermediate_padded_to_whole_blocks_and_the_down_loop_counts_the_partia
 
 @pytest.mark.parametrize("inter", [1440, 720, 208])
 def test_padded_h_and_zero_weight_bytes_past_i_keep_the_down_product(inter):
-    """PAD_I's index algebra in float64: gate/up writes h's column c from column memory_position(c) wrapped
-    into I, the down kernel pairs h's column c with the weight byte at memory_position(c), and the bytes past
-    I load as zeros; every real column counts once and the padding adds nothing."""
+    """I no multiple of 64 (the kernels' PAD_I), the index algebra in float64: gate/up writes h's column c from
+    column memory_position(c) wrapped into I, the down kernel pairs h's column c with the weight byte at
+    memory_position(c), and the bytes past I load as zeros; every real column counts once and the padding adds
+    nothing."""
     hidden = 16
     pos = torch.tensor([gluon_wsrr.memory_position(c) for c in range(gluon_wsrr.h_columns(inter))])
     h = torch.randn(inter, dtype=torch.float64)

@@ -123,17 +123,12 @@ def supported(x: torch.Tensor, w13: torch.Tensor, w13_scale, w2: torch.Tensor, m
     """Whether this layer can run here on TILES[rows] with a ring of ``stages`` (the tile's own unless
     given): a layer the Hopper Gluon kernels read (:func:`.gluon_moe.hopper_smem_limit`: experts with a gate
     or without, any activation, expert biases or none) with room for the ring, routing weights on the
-    output, H a multiple of 64 (whole K tiles in gate/up, one more after the pairs where their count is odd)
-    and I one too unless PAD_I (the down GEMM's last K tile partial); a program's columns past I (gate/up)
-    or H (down) are masked."""
+    output, H a multiple of 64 (whole K tiles in gate/up, one more after the pairs where their count is odd);
+    I any size (no multiple of 64: h padded to whole blocks and the down GEMM's last K tile partial,
+    :func:`h_columns`); a program's columns past I (gate/up) or H (down) are masked."""
     smem_limit = hopper_smem_limit(x, w13, w13_scale, w2)
     return (smem_limit is not None and smem_limit >= TILES[rows].smem_bytes(stages) and not mul_routed_weight_first
-            and w2.shape[1] % BLOCK_K == 0 and (PAD_I or w2.shape[2] % BLOCK_K == 0))
-
-
-# I no multiple of 64 (GPT-OSS at TP=2 and 4: I = 1440, 720): h padded to whole 64-wide blocks, the down GEMM's
-# weight bytes past I loaded as zeros. Off until its GPU tests have run (tests/test_gpu.py, NOTES item 209).
-PAD_I = False
+            and w2.shape[1] % BLOCK_K == 0)
 
 
 @gluon.constexpr_function
