@@ -752,18 +752,14 @@ def test_heuristic_decode_config_streams_long_int8_k_tiles():
 
 
 def test_int8_prefill_heuristic_runs_the_register_form_on_hopper(monkeypatch):
-    """device_heuristic (no table): with HEURISTIC_WSRR_ROWS_PER_EXPERT set, int8 weights at that many rows an
-    expert or more on sm_90 take the register-form kernels (WSRR) over the Triton heuristic's blocks, which run
-    where they do not apply; fewer rows, other GPUs and float weights keep the Triton heuristic alone, as does
-    everything while it is None (off until timed on a GPU)."""
+    """device_heuristic (no table): int8 weights at HEURISTIC_WSRR_ROWS_PER_EXPERT rows an expert or more on
+    sm_90 take the register-form kernels (WSRR) over the Triton heuristic's blocks, which run where they do not
+    apply; fewer rows, other GPUs and float weights keep the Triton heuristic alone."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
     monkeypatch.setattr(configs, "max_shared_memory", lambda index: 227 * 1024)
     monkeypatch.setattr(configs, "compute_capability", lambda index: (9, 0))
-    m = 192 * 8 // 2  # 192 rows an expert on E=8, k=2
-    monkeypatch.setattr(configs, "HEURISTIC_WSRR_ROWS_PER_EXPERT", None)
-    assert "WSRR" not in configs.device_heuristic(m, 8, 2, torch.int8, cuda)
-    monkeypatch.setattr(configs, "HEURISTIC_WSRR_ROWS_PER_EXPERT", 192)
+    m = configs.HEURISTIC_WSRR_ROWS_PER_EXPERT * 8 // 2  # that many rows an expert on E=8, k=2
     for major in (8, 9, 10):
         monkeypatch.setattr(configs, "compute_capability", lambda index, major=major: (major, 0))
         cfg = configs.device_heuristic(m, 8, 2, torch.int8, cuda)

@@ -365,18 +365,16 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
     config = fit_shared_memory(config, weight_dtype.itemsize, max_shared_memory(index))
     # int8 prefill on Hopper: the register-form kernels (ops runs the entry's Triton blocks where they do not
     # apply, e.g. routing weights on the input)
-    threshold = HEURISTIC_WSRR_ROWS_PER_EXPERT
-    if (threshold is not None and weight_dtype == torch.int8 and m * top_k / num_experts >= threshold
+    if (weight_dtype == torch.int8 and m * top_k / num_experts >= HEURISTIC_WSRR_ROWS_PER_EXPERT
             and torch.version.hip is None and compute_capability(index)[0] == 9):  # (ROCm's MI300 reports 9.4)
         config["WSRR"] = 1
     return config
 
 
-# From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows: the shipped
-# H200 tables' entries do there but GPT-OSS-120B's (the Gluon kernels; they or the 128-row tile also won some
-# shapes at 96-128 rows; benchmarks/NOTES.md item 208). None (off) until it has been timed against the Triton
-# heuristic on a GPU (benchmarks/gpu_session/s41b.sh); 192 is the value to time.
-HEURISTIC_WSRR_ROWS_PER_EXPERT: Optional[int] = None
+# From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows, as the
+# shipped H200 tables' entries do there: on an H200 it took 0.73-0.84x of the Triton heuristic's time at 256-1024
+# rows an expert, and 1.06x at 96 (benchmarks/NOTES.md item 208, results/s42).
+HEURISTIC_WSRR_ROWS_PER_EXPERT = 192
 
 
 @functools.lru_cache(maxsize=None)
