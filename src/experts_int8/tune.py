@@ -232,8 +232,10 @@ def pdl_variants(best: dict, m: int, top_k: int, pdl_ok: bool) -> list[dict]:
 
 def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
     """At prefill sizes (M >= 128) of int8 weights: the winner with gate_up's dot in fp16 on
-    power-of-two-scaled rows of x (FP16_DOT; 2-3% faster at some H200 rows, none at decode, where its
-    extra launch costs more: benchmarks/NOTES.md items 75-76). Not with the kernels that ignore it."""
+    power-of-two-scaled rows of x (FP16_DOT; 2-3% faster at some H200 rows: benchmarks/NOTES.md items
+    75-76). At decode it ties in the tuner's bursts and wins 1-2% only after half a second at the H200's
+    power cap (item 210), which the search does not wait for: those entries come from variant_ab.py's
+    steady-state A/B. Not with the kernels that ignore it."""
     if dtype != "int8" or m < 128 or any(best.get(key) for key in ("FP16_DOT", "DEQUANT_ONCE")):
         return []
     return [dict(best, FP16_DOT=1)]
