@@ -2,6 +2,7 @@
 # the library on PYTHONPATH, the tables' folder, the log, and a timestamped step header.
 R=$1
 export PYTHONPATH=$PWD/src
+export PYTHONUNBUFFERED=1  # a step cut by its timeout keeps the lines it printed (the 1440 tune lost them all)
 # Every device call copies the working tree over the device's again, tracked tables included, so a
 # chain that outlives its first call must not keep its folds in the tree (NOTES item 137): the shipped
 # tables are copied to a folder of the chain's own that get_config reads first (the user cache), and
