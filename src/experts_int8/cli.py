@@ -210,7 +210,9 @@ Examples:
               help="Configs timed per M (plus the default and GROUP_SIZE_M variants of the winner).")
 @click.option("--reps", type=click.IntRange(1), default=5, show_default=True, help="Timed runs per config (median).")
 @click.option("--budget-s", type=click.FloatRange(0), default=300.0, show_default=True,
-              help="Stop searching after this many seconds in all (0: no limit); the best so far is kept.")
+              help="Search time in all (0: no limit), shared evenly by the M values left; past its share an M "
+                   "still times its current config and one round of variants of its winner, so a tune can run "
+                   "a third or more over (compiles included). The best so far is kept.")
 @click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH).")
 @click.option("--activation", default=None,
               help="The experts' activation each candidate is timed and checked with (silu, gelu, gelu_tanh, "

@@ -625,9 +625,12 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
 
     ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
-    ``get_config``) and returns ``{dtype: path}``. ``budget_s`` (None: unbounded) caps the search
-    time; a search cut short keeps its best config so far and says so in the summary. ``settle_s``: the
-    GPU idles that long after each weight pool's fill, whose power cap would otherwise slow the first M's
+    ``get_config``) and returns ``{dtype: path}``. ``budget_s`` (None: unbounded) bounds the search
+    time: each M gets an even share of what is left, and past its share still times its current config
+    and one round of variants of its winner (:func:`search`), so a tune can run a third or more over
+    (200 s took 270 on GPT-OSS-120B's TP=4 shard, 240 over 330 on TP=2: benchmarks/results/s42); a
+    search cut short keeps its best config so far and says so in the summary. ``settle_s``: the GPU
+    idles that long after each weight pool's fill, whose power cap would otherwise slow the first M's
     first timings (the config serving it now among them; :func:`bench.settle`).
     """
     from . import bench
