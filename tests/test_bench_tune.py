@@ -758,7 +758,6 @@ def test_int8_prefill_heuristic_runs_the_register_form_on_hopper(monkeypatch):
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
     monkeypatch.setattr(configs, "max_shared_memory", lambda index: 227 * 1024)
-    monkeypatch.setattr(configs, "compute_capability", lambda index: (9, 0))
     m = configs.HEURISTIC_WSRR_ROWS_PER_EXPERT * 8 // 2  # that many rows an expert on E=8, k=2
     for major in (8, 9, 10):
         monkeypatch.setattr(configs, "compute_capability", lambda index, major=major: (major, 0))
