@@ -234,8 +234,8 @@ def test_bench_script_parses_options():
         ["--settle-s", "0"])).settle_s == 0
     assert full.warm_s == 0.5 and bench.settings_from_args(bench.build_parser().parse_args(
         ["--warm-s", "0"])).warm_s == 0
-    assert not full.settle_every_row and bench.settings_from_args(bench.build_parser().parse_args(
-        ["--settle-every-row"])).settle_every_row
+    assert full.settle_every_row and not bench.settings_from_args(bench.build_parser().parse_args(
+        ["--no-settle-every-row"])).settle_every_row
     assert full.gated and not bench.settings_from_args(bench.build_parser().parse_args(["--no-gate"])).gated
 
 
@@ -588,9 +588,9 @@ def test_cli_bench_takes_experts_without_a_gate(monkeypatch):
 def test_cli_bench_takes_the_idle_and_warm_up_options(monkeypatch):
     ran = []
     monkeypatch.setattr(bench, "run_benchmark", lambda settings, command: ran.append(settings))
-    assert _run("bench", "--settle-s", "2", "--settle-every-row", "--warm-s", "0").exit_code == 0
+    assert _run("bench", "--settle-s", "2", "--no-settle-every-row", "--warm-s", "0").exit_code == 0
     assert _run("bench").exit_code == 0
-    assert [(s.settle_s, s.settle_every_row, s.warm_s) for s in ran] == [(2, True, 0), (1, False, 0.5)]
+    assert [(s.settle_s, s.settle_every_row, s.warm_s) for s in ran] == [(2, False, 0), (1, True, 0.5)]
 
 
 def test_cli_bench_takes_the_experts_activation_and_biases(monkeypatch):
@@ -752,21 +752,26 @@ def test_heuristic_decode_config_streams_long_int8_k_tiles():
 
 
 def test_int8_prefill_heuristic_runs_the_register_form_on_hopper(monkeypatch):
-    """device_heuristic (no table): int8 weights at HEURISTIC_WSRR_ROWS_PER_EXPERT rows an expert or more on
-    sm_90 take the register-form kernels (WSRR) over the Triton heuristic's blocks, which run where they do not
-    apply; fewer rows, other GPUs and float weights keep the Triton heuristic alone."""
+    """device_heuristic (no table): int8 weights on sm_90 take the register-form kernels (WSRR) over the Triton
+    heuristic's blocks (which run where they do not apply) from HEURISTIC_WSRR_TILES' rows an expert on, on its
+    tile for that many rows; fewer rows, other GPUs and float weights keep the Triton heuristic alone."""
     cuda = torch.device("cuda", 0)
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
     monkeypatch.setattr(configs, "max_shared_memory", lambda index: 227 * 1024)
-    m = configs.HEURISTIC_WSRR_ROWS_PER_EXPERT * 8 // 2  # that many rows an expert on E=8, k=2
+    (big_start, big), (small_start, small) = configs.HEURISTIC_WSRR_TILES
+    assert big == 256 and small == 128 and small_start < big_start
     for major in (8, 9, 10):
         monkeypatch.setattr(configs, "compute_capability", lambda index, major=major: (major, 0))
-        cfg = configs.device_heuristic(m, 8, 2, torch.int8, cuda)
-        assert bool(cfg.get("WSRR")) == (major == 9)
-        assert configs.without(cfg, "WSRR") == configs.heuristic_config(m, 8, 2, torch.int8, "Fake_GPU")
-        assert configs.check_config(cfg) == cfg
+        for rows, tile in ((big_start, 256), (big_start - 1, 128), (small_start, 128)):
+            m = rows * 8 // 2  # that many rows an expert on E=8, k=2
+            cfg = configs.device_heuristic(m, 8, 2, torch.int8, cuda)
+            assert bool(cfg.get("WSRR")) == (major == 9)
+            assert cfg.get("WSRR_ROWS", 256 if cfg.get("WSRR") else None) == (tile if major == 9 else None)
+            assert configs.without(cfg, *configs.WSRR_KEYS) == configs.heuristic_config(m, 8, 2, torch.int8, "Fake_GPU")
+            assert configs.check_config(cfg) == cfg
+            assert "WSRR" not in configs.device_heuristic(m, 8, 2, torch.bfloat16, cuda)
+        m = small_start * 8 // 2
         assert "WSRR" not in configs.device_heuristic(m - 4, 8, 2, torch.int8, cuda)  # one row an expert fewer
-        assert "WSRR" not in configs.device_heuristic(m, 8, 2, torch.bfloat16, cuda)
 
 
 def test_table_key_takes_the_m_below_unless_its_blocks_are_too_short():

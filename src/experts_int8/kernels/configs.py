@@ -365,16 +365,21 @@ def device_heuristic(m: int, num_experts: int, top_k: int, weight_dtype: torch.d
     config = fit_shared_memory(config, weight_dtype.itemsize, max_shared_memory(index))
     # int8 prefill on Hopper: the register-form kernels (ops runs the entry's Triton blocks where they do not
     # apply, e.g. routing weights on the input)
-    if (weight_dtype == torch.int8 and m * top_k / num_experts >= HEURISTIC_WSRR_ROWS_PER_EXPERT
+    rows = m * top_k / num_experts
+    tile = next((tile for start, tile in HEURISTIC_WSRR_TILES if rows >= start), None)
+    if (weight_dtype == torch.int8 and tile is not None
             and torch.version.hip is None and compute_capability(index)[0] == 9):  # (ROCm's MI300 reports 9.4)
         config["WSRR"] = 1
+        if tile != 256:  # (256 is the kernels' default tile, as in the tuner's entries)
+            config["WSRR_ROWS"] = tile
     return config
 
 
-# From this many rows an expert the int8 heuristic runs prefill on the register-form tile of 256 rows, as the
-# shipped H200 tables' entries do there: on an H200 it took 0.73-0.84x of the Triton heuristic's time at 256-1024
-# rows an expert, and 1.06x at 96 (benchmarks/NOTES.md item 208, results/s42).
-HEURISTIC_WSRR_ROWS_PER_EXPERT = 192
+# (rows an expert from, WSRR_ROWS): the int8 heuristic's register-form tile for prefill, as the shipped H200
+# tables' entries have it. On an H200 the 256-row tile took 0.73-0.84x of the Triton heuristic's time at 256-1024
+# rows an expert and 1.06x at 96 (benchmarks/NOTES.md item 208, results/s42); the 128-row tile 0.75-0.98x at
+# 96-160 and 0.98-0.99x at 64 (item 211, results/s43).
+HEURISTIC_WSRR_TILES = ((192, 256), (96, 128))
 
 
 @functools.lru_cache(maxsize=None)
