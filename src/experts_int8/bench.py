@@ -456,7 +456,9 @@ class Settings:
     warmup: int = 2
     pool_gb: float = 4.0
     settle_s: float = 1.0  # idle before each (shape, dtype) section's first row: see settle()
-    settle_every_row: bool = False  # the same idle before every row, so no row inherits its neighbour's state
+    # the same idle before every row, so no row inherits the power state of the rows before it: on an H200 its
+    # decode rows agreed within 1% between rounds, without it up to 7% (benchmarks/NOTES.md item 212)
+    settle_every_row: bool = True
     warm_s: float = 0.5  # untimed replays before each row's timed ones: see time_run()
     use_graph: bool = True
     plot: bool = True
@@ -694,8 +696,10 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
     parser.add_argument("--settle-s", type=settle_seconds, default=1.0,
                         help="seconds the GPU idles before each shape and dtype's rows, so the power cap that "
                              "the rows before left has lifted (default 1)")
-    parser.add_argument("--settle-every-row", action="store_true",
-                        help="idle --settle-s before every row too, not only before each section's first")
+    parser.add_argument("--settle-every-row", action=argparse.BooleanOptionalAction, default=True,
+                        help="idle --settle-s before every row too, not only before each section's first "
+                             "(default; --no-settle-every-row: a shorter run, whose rows inherit their "
+                             "neighbours' power state)")
     parser.add_argument("--warm-s", type=settle_seconds, default=0.5,
                         help="seconds of untimed replays before each row's timed ones, so that every row is timed "
                              "in the clock state its own work sets (default 0.5)")

@@ -152,8 +152,9 @@ Examples:
 @click.option("--settle-s", type=click.FloatRange(0, 60), default=1.0, show_default=True,
               help="Seconds the GPU idles before each shape and dtype's rows, so the power cap the rows before "
                    "left has lifted.")
-@click.option("--settle-every-row", is_flag=True,
-              help="Idle --settle-s before every row too, not only before each section's first.")
+@click.option("--settle-every-row/--no-settle-every-row", default=True, show_default=True,
+              help="Idle --settle-s before every row too, not only before each section's first (without: a "
+                   "shorter run, whose rows inherit their neighbours' power state).")
 @click.option("--warm-s", type=click.FloatRange(0, 60), default=0.5, show_default=True,
               help="Seconds of untimed replays before each row's timed ones, so that every row is timed in the "
                    "clock state its own work sets.")
