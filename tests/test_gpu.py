@@ -651,6 +651,26 @@ def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
         torch.testing.assert_close(out, fused_experts(x, **ex, **kw), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rows", [95, 96, 191, 192, 300])
+def test_int8_heuristic_prefill_takes_its_register_form_tile_on_hopper(rows):
+    """No table (E=8, I=384): int8 prefill at ``rows`` rows an expert runs HEURISTIC_WSRR_TILES' tile for that
+    many (the Triton blocks below its first line), against the float64 oracle."""
+    from experts_int8.kernels import configs, gluon_wsrr
+
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the heuristic's register-form tiles are for Hopper (sm_90)")
+    ex = layer()
+    m = rows * 8 // 2  # E=8, k=2
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    with spy(gluon_wsrr, "expert_outputs") as calls:
+        out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
+    tile = next((tile for start, tile in configs.HEURISTIC_WSRR_TILES if rows >= start), None)
+    assert [call[9] for call in calls] == ([] if tile is None else [tile])
+    ref = oracle(x, ex, w, ids)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 TAIL_SMALL = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
 TAIL_CASES = {  # the main entry, its TAIL_ROWS, the tail pass's entry
     "wsrr256": (dict(WSRR_ENTRY, WSRR_ROWS=256), 32, TAIL_SMALL),
