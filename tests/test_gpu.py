@@ -651,11 +651,11 @@ def test_wsrr_entry_where_it_does_not_apply_runs_the_rest_of_the_entry(case):
         torch.testing.assert_close(out, fused_experts(x, **ex, **kw), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rows", [95, 96, 191, 192, 300])
-def test_int8_heuristic_prefill_takes_its_register_form_tile_on_hopper(rows):
-    """No table (E=8, I=384): int8 prefill at ``rows`` rows an expert runs HEURISTIC_WSRR_TILES' tile for that
-    many (the Triton blocks below its first line), against the float64 oracle."""
-    from experts_int8.kernels import configs, gluon_wsrr
+@pytest.mark.parametrize("rows, tile", [(95, None), (96, 128), (191, 128), (192, 256), (300, 256)])
+def test_int8_heuristic_prefill_takes_its_register_form_tile_on_hopper(rows, tile):
+    """No table (E=8, I=384): int8 prefill at ``rows`` rows an expert runs the register form on
+    HEURISTIC_WSRR_TILES' tile for that many (None: the Triton blocks), against the float64 oracle."""
+    from experts_int8.kernels import gluon_wsrr
 
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the heuristic's register-form tiles are for Hopper (sm_90)")
@@ -665,7 +665,6 @@ def test_int8_heuristic_prefill_takes_its_register_form_tile_on_hopper(rows):
     w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
     with spy(gluon_wsrr, "expert_outputs") as calls:
         out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
-    tile = next((tile for start, tile in configs.HEURISTIC_WSRR_TILES if rows >= start), None)
     assert [call[9] for call in calls] == ([] if tile is None else [tile])
     ref = oracle(x, ex, w, ids)
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
