@@ -530,13 +530,30 @@ def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
     settled = []
     monkeypatch.setattr(bench, "settle", settled.append)
+    lines = []
     paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False,
-                      settle_s=0.5, gated=gated, activation=activation, biases=biases)
+                      settle_s=0.5, gated=gated, activation=activation, biases=biases, log=lines.append)
     table = json.loads(paths["int8"].read_text())
+    winners = [line for line in lines if "int8 M=" in line]
+    assert len(winners) == 2 and "M=1 " in winners[0] and "M=256" in winners[1]
+    assert lines.index(winners[1]) + 1 == lines.index(f"wrote {paths['int8']}")  # the format's lines, then its table
     assert set(table) == {"1", "256"} and settled == [0.5]  # after the pool's fill, before M=1
     assert paths["int8"].name.endswith("int8_w8a16.json" if gated else "int8_w8a16,no_gate.json")
     assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda"), gated) == table["1"]
     configs.load_table.cache_clear()
+
+
+def test_tune_progress_lines_reach_the_log_with_or_without_a_bar():
+    """The tuner's winners are logged while its bar runs (each format's as its table is written), through
+    the bar's write mode so the bar is redrawn under them, not torn."""
+    for enabled in (False, True):
+        lines = []
+        progress = tune._Progress(3, enabled, lines.append)
+        progress.write("  int8 M=1  winner")
+        progress.step("best 1.0 us")
+        progress.write("wrote table.json")
+        progress.close()
+        assert lines[0] == "  int8 M=1  winner" and lines[-1] == "wrote table.json"
 
 
 # --- command line ----------------------------------------------------------------------------------

@@ -549,9 +549,25 @@ class _Progress:
         if self._bar is not None and n:
             self._bar.update(n)
 
+    def write(self, line: str) -> None:
+        """Log a line without tearing the bar (tqdm clears it, then redraws it under the line)."""
+        if self._bar is None:
+            self._log(line)
+        else:
+            with self._bar.external_write_mode():
+                self._log(line)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+def _result_line(dtype: str, m: int, r: SearchResult) -> str:
+    gain = f"{r.default_s / r.best_s:5.2f}x vs current" if r.default_s else "current config failed"
+    skipped = f", skipped {sum(r.skipped.values())} ({dict(r.skipped)})" if r.skipped else ""
+    cut = f", {r.not_tried} not tried (time budget)" if r.not_tried else ""
+    return (f"  {dtype:4s} M={m:<5d} {r.best_s * 1e6:9.1f} us  {gain}  {_short(r.best)}  "
+            f"[{r.timed} timed{skipped}{cut}]")
 
 
 def _smem_limit() -> int:
@@ -674,7 +690,6 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     bar = _Progress(sum(map(len, plan.values())), progress, log)
     slots_left = len(plan)
     paths: dict[str, Path] = {}
-    summary = []
     try:
         for d in dtypes:
             num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9,
@@ -709,23 +724,18 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + pdl_variants(cfg, m, top_k, pdl_ok),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
-                best[m] = result.best
-                summary.append((d, m, result))
+                best[m] = result
             del layers
             torch.cuda.empty_cache()
-            paths[d] = write_table(best, num_experts, inter, gpu, configs.weight_format(DTYPES[d]), out_dir,
-                                   gated=gated)
+            paths[d] = write_table({m: r.best for m, r in best.items()}, num_experts, inter, gpu,
+                                   configs.weight_format(DTYPES[d]), out_dir, gated=gated)
+            # each format's winners as soon as its table is written, so a tune cut short keeps them
+            for m, r in best.items():
+                bar.write(_result_line(d, m, r))
+            bar.write(f"wrote {paths[d]}")
     finally:
         bar.close()
 
-    for d, m, r in summary:
-        gain = f"{r.default_s / r.best_s:5.2f}x vs current" if r.default_s else "current config failed"
-        skipped = f", skipped {sum(r.skipped.values())} ({dict(r.skipped)})" if r.skipped else ""
-        cut = f", {r.not_tried} not tried (time budget)" if r.not_tried else ""
-        log(f"  {d:4s} M={m:<5d} {r.best_s * 1e6:9.1f} us  {gain}  {_short(r.best)}  "
-            f"[{r.timed} timed{skipped}{cut}]")
-    for d, path in paths.items():
-        log(f"wrote {path}")
     if out_dir is not None and Path(out_dir).resolve() != configs.user_config_dir().resolve():
         log(f"note: get_config reads {configs.user_config_dir()} (set EXPERTS_INT8_CACHE to change it), "
             f"not {out_dir}")
