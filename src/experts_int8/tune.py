@@ -643,8 +643,9 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
     ``get_config``) and returns ``{dtype: path}``. ``budget_s`` (None: unbounded) bounds the search
     time: each M gets an even share of what is left, and past its share still times its current config
-    and one round of variants of its winner (:func:`search`), so a tune can run a third or more over
-    (200 s took 270 on GPT-OSS-120B's TP=4 shard, 240 over 330 on TP=2: benchmarks/results/s42); a
+    and one round of variants of its winner (:func:`search`), so a tune runs over, the more so the
+    shorter the budget (200 s took 270 on GPT-OSS-120B's TP=4 shard, 240 over 330 on TP=2:
+    benchmarks/results/s42; 150 s took 290 on deepseek-v2-lite's 28 M and format pairs, results/s44b); a
     search cut short keeps its best config so far and says so in the summary. ``settle_s``: the GPU
     idles that long after each weight pool's fill, whose power cap would otherwise slow the first M's
     first timings (the config serving it now among them; :func:`bench.settle`).
