@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 
@@ -187,6 +188,44 @@ def test_quantize_failure_leaves_nothing(bf16_checkpoint, tmp_path):
     result = invoke("quantize", src, out / "int8", "--device", "cpu", "--no-progress")
     assert_one_line_error(result, key, "NaN")
     assert os.listdir(out) == []  # neither DST nor the temporary folder
+
+
+def test_quantize_failure_removes_the_folders_it_made(bf16_checkpoint, tmp_path):
+    src = tmp_path / "poisoned"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    state = tensors(src)
+    state["model.layers.0.block_sparse_moe.experts.0.w1.weight"][0, 0] = float("inf")
+    save_file(state, str(src / "model.safetensors"), metadata={"format": "pt"})
+    result = invoke("quantize", src, tmp_path / "a" / "b" / "int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code != 0
+    assert sorted(os.listdir(tmp_path)) == ["poisoned"]  # neither DST nor the parents made for it
+
+
+def test_quantize_refuses_a_dst_that_holds_src(bf16_checkpoint, tmp_path):
+    """--overwrite swaps DST out and deletes it: a DST above SRC would take the source (and whatever else it
+    holds) with it, so it is refused before anything is written."""
+    work = tmp_path / "work"
+    shutil.copytree(bf16_checkpoint("mixtral"), work / "src")
+    (work / "notes.txt").write_text("x")
+    before = sorted(os.listdir(work / "src"))
+    for dst in (work, tmp_path):
+        result = invoke("quantize", work / "src", dst, "--no-progress", "--overwrite")
+        assert_one_line_error(result, "holds SRC", "outside")
+    assert sorted(os.listdir(work / "src")) == before and (work / "notes.txt").exists()
+    assert sorted(os.listdir(work)) == ["notes.txt", "src"]
+
+
+def test_quantize_output_takes_the_umask_permissions(bf16_checkpoint, tmp_path):
+    """The checkpoint is written in a private temporary folder (and safetensors writes 0600 files): the
+    result is readable as the umask allows, e.g. by a server running under another account."""
+    old = os.umask(0o022)
+    try:
+        dst = tmp_path / "int8"
+        assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(f.stat().st_mode) for f in dst.iterdir()} == {0o644}
 
 
 def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint, tmp_path):

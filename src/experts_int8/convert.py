@@ -307,6 +307,8 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     dst_dir = Path(dst)
     if dst_dir.resolve() == src_dir.resolve():
         raise ValueError("DST must differ from SRC")
+    if src_dir.resolve().is_relative_to(dst_dir.resolve()):  # replacing DST would delete the source
+        raise ValueError(f"DST {dst} holds SRC {src}: choose a DST outside the source checkpoint's folders")
     if dst_dir.exists() and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
     max_bytes = parse_size(max_shard_size)
@@ -342,9 +344,11 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
 
         parent = dst_dir.resolve().parent
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
+        made = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first: removed on failure
+        tmp = None
         try:
+            parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
             writer = _Writer(tmp, max_bytes)
             snr: dict[str, float] = {}
             from tqdm.auto import tqdm
@@ -370,6 +374,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
             bar.close()
             writer.finish()
             _copy_side_files(src_dir, tmp, config, quant_config)
+            _default_permissions(tmp)
             if dst_dir.exists():  # overwrite: swap in, then remove the old one
                 old = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".old", dir=parent))
                 os.replace(dst_dir, old / "x")
@@ -378,7 +383,13 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
             else:
                 os.replace(tmp, dst_dir)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            for folder in made:
+                try:
+                    folder.rmdir()
+                except OSError:  # not empty (another writer's) or gone
+                    break
             raise
     finally:
         handles.clear()
@@ -557,6 +568,16 @@ def export_compressed_tensors(src, dst, **kwargs) -> ConversionReport:
     experts on load).
     """
     return quantize_checkpoint(src, dst, format="compressed-tensors", **kwargs)
+
+
+def _default_permissions(folder: Path) -> None:
+    """The umask's permissions for ``folder`` and its files: the temporary folder is private (0700) and
+    safetensors writes its files 0600, so a checkpoint served from another account could not read them."""
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for f in folder.iterdir():
+        f.chmod(0o666 & ~umask)
 
 
 def _copy_side_files(src_dir: Path, out_dir: Path, config: dict, quant_config: dict) -> None:
