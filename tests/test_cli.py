@@ -190,6 +190,23 @@ def test_quantize_failure_leaves_nothing(bf16_checkpoint, tmp_path):
     assert os.listdir(out) == []  # neither DST nor the temporary folder
 
 
+def test_demo_failure_leaves_no_kept_checkpoint(tmp_path, monkeypatch):
+    """A demo that fails after saving its bf16 checkpoint removes what it wrote under --keep (and the folders
+    it made for it), so the same --keep works on the next run; an empty --keep folder given stays, empty."""
+    from experts_int8 import run
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(run, "load_model", fail)
+    given = tmp_path / "given"
+    given.mkdir()
+    for keep in (tmp_path / "a" / "kept", given):
+        result = invoke("demo", "--device", "cpu", "--no-progress", "--new-tokens", "2", "--keep", keep)
+        assert_one_line_error(result, "disk full")
+    assert sorted(os.listdir(tmp_path)) == ["given"] and os.listdir(given) == []
+
+
 def test_quantize_failure_removes_the_folders_it_made(bf16_checkpoint, tmp_path):
     src = tmp_path / "poisoned"
     shutil.copytree(bf16_checkpoint("mixtral"), src)

@@ -344,7 +344,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
 
         parent = dst_dir.resolve().parent
-        made = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first: removed on failure
+        made = missing_folders(parent)  # removed on failure
         tmp = None
         try:
             parent.mkdir(parents=True, exist_ok=True)
@@ -385,11 +385,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         except BaseException:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            for folder in made:
-                try:
-                    folder.rmdir()
-                except OSError:  # not empty (another writer's) or gone
-                    break
+            remove_empty(made)
             raise
     finally:
         handles.clear()
@@ -568,6 +564,21 @@ def export_compressed_tensors(src, dst, **kwargs) -> ConversionReport:
     experts on load).
     """
     return quantize_checkpoint(src, dst, format="compressed-tensors", **kwargs)
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet (what ``mkdir(parents=True)`` makes), deepest first."""
+    path = Path(path).resolve()
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: what a failed write made, not what others put there."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty or gone
+            break
 
 
 def _default_permissions(folder: Path) -> None:

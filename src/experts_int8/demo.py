@@ -14,6 +14,7 @@ logits SNR 30.5-41.8 dB with the raw routers, 37.2-40.7 dB with routers x20. The
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -83,17 +84,19 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
              seed: int = 0, progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
     from tqdm.auto import tqdm
 
-    from .convert import format_bytes
+    from .convert import format_bytes, missing_folders, remove_empty
     from .integrations.transformers import ExpertsInt8Config  # noqa: F401 -- registers the quant method
     from .run import check_device, generate, load_model, memory_bytes, quiet_transformers
 
     dev = check_device(device)
     quiet_transformers()
     start = time.perf_counter()
+    made = []  # --keep's folders this run makes, removed if it fails
     if keep is not None:
         keep = Path(keep)
         if keep.exists() and (not keep.is_dir() or any(keep.iterdir())):
             raise FileExistsError(f"--keep {keep}: exists and is not an empty directory")
+        made = missing_folders(keep)
     tmp = None if keep is not None else tempfile.TemporaryDirectory(prefix="experts-int8-demo-")
     root = Path(keep) if keep is not None else Path(tmp.name)
     bf16_dir, int8_dir = root / "bf16", root / "int8"
@@ -144,6 +147,14 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
             generate(m, ids, 2, stop_at_eos=False)  # warm-up (kernels, caches)
             gens[name] = generate(m, ids, new_tokens, stop_at_eos=False)
             bar.update(1)
+    except BaseException:  # nothing half-written is left: a rerun with the same --keep would be refused
+        if tmp is not None:
+            tmp.cleanup()
+        else:
+            for folder in (bf16_dir, int8_dir):
+                shutil.rmtree(folder, ignore_errors=True)
+            remove_empty(made)
+        raise
     finally:
         bar.close()
 
