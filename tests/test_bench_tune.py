@@ -689,6 +689,29 @@ def test_cli_shape_from_model_config(tmp_path, cfg, shape):
     assert cli.shape_from_model_config(str(tmp_path / "config.json")) == shape
 
 
+@pytest.mark.parametrize("text, words", [
+    ("{num_local_experts: 8}", ["is not valid JSON", "config.json"]),
+    ("[8, 4096, 14336, 2]", ["holds a JSON list"]),
+    ('{"num_local_experts": "eight", "hidden_size": 64}', ["num_local_experts is 'eight', not an integer"]),
+    ('{"text_config": {"num_experts": {"a": 1}}}', ["num_experts is {'a': 1}, not an integer"]),
+    ('{"num_local_experts": 0, "hidden_size": 64, "intermediate_size": 64, "num_experts_per_tok": 2}',
+     ["E=0", "not one to tune"]),
+    ('{"num_local_experts": 4, "hidden_size": 64, "intermediate_size": 64, "num_experts_per_tok": 6}',
+     ["k=6", "k <= E"]),
+])
+def test_cli_tune_names_what_is_wrong_with_a_model_config(tmp_path, text, words):
+    (tmp_path / "config.json").write_text(text)
+    r = _run("tune", "--model-config", str(tmp_path))
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert str(tmp_path / "config.json") in r.output and all(w in r.output for w in words), r.output
+
+
+def test_cli_tune_shape_errors_name_the_option():
+    for bad in ("8,4096", "a,b,c,d", "0,64,64,1", "2,64,64,3"):
+        r = _run("tune", "--shape", bad)
+        assert r.exit_code == 2 and "--shape" in r.output, r.output
+
+
 def test_cli_shape_from_every_supported_architecture_config(tmp_path):
     """Each architecture names E, I and k its own way (ERNIE's moe_k, Hunyuan's moe_topk, a vision-language
     model's text_config): the shape read from its config.json is its experts module's and router's."""

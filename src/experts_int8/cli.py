@@ -80,9 +80,10 @@ def parse_shape_option(text: str) -> tuple[int, int, int, int]:
     try:
         e, h, i, k = (int(p) for p in text.replace(":", ",").split(","))
     except ValueError:
-        raise click.BadParameter(f"expected E,H,I,k (four integers, e.g. 8,4096,14336,2), got {text!r}") from None
+        raise click.BadParameter(f"expected E,H,I,k (four integers, e.g. 8,4096,14336,2), got {text!r}",
+                                 param_hint="--shape") from None
     if min(e, h, i, k) < 1 or k > e:
-        raise click.BadParameter(f"E, H, I, k must be positive with k <= E, got {text!r}")
+        raise click.BadParameter(f"E, H, I, k must be positive with k <= E, got {text!r}", param_hint="--shape")
     return e, h, i, k
 
 
@@ -92,24 +93,34 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     if p.is_dir():
         p = p / "config.json"
     with open(p) as f:
-        cfg = json.load(f)
+        try:
+            cfg = json.load(f)
+        except ValueError as exc:
+            raise ValueError(f"{p} is not valid JSON ({exc}); give a Hugging Face config.json") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{p} holds a JSON {type(cfg).__name__}, not a model config's object")
     if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM config inside
         cfg = {**cfg, **cfg["text_config"]}
 
     def first(*keys):
         for key in keys:
             if cfg.get(key) is not None:
-                values = set(cfg[key]) if isinstance(cfg[key], list) else {cfg[key]}  # per layer (Hunyuan)
-                if len(values) != 1:
-                    raise ValueError(f"{p}: {key} differs between layers ({sorted(values)}); tune each layer's "
+                raw = cfg[key] if isinstance(cfg[key], list) else [cfg[key]]  # per layer (Hunyuan)
+                if not raw or not all(isinstance(v, int) and not isinstance(v, bool) for v in raw):
+                    raise ValueError(f"{p}: {key} is {cfg[key]!r}, not an integer (or one per layer)")
+                if len(set(raw)) != 1:
+                    raise ValueError(f"{p}: {key} differs between layers ({sorted(set(raw))}); tune each layer's "
                                      f"shape with --shape E,H,I,k")
-                return int(values.pop())
+                return raw[0]
         raise ValueError(f"{p} is not an MoE model config: none of {', '.join(keys)} is set")
 
     experts = first("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
     hidden = first("moe_latent_size", "hidden_size")  # the experts' width (NemotronH's latent projection)
     inter = first("moe_intermediate_size", "intermediate_size")
     top_k = first("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "moe_k", "moe_topk")
+    if min(experts, hidden, inter, top_k) < 1 or top_k > experts:
+        raise ValueError(f"{p}: the experts' shape E={experts}, H={hidden}, I={inter}, k={top_k} is not one to "
+                         f"tune (all positive, k <= E)")
     return experts, hidden, inter, top_k
 
 
