@@ -585,6 +585,10 @@ def test_cli_errors_are_one_clean_line():
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: unknown shape 'not-a-model'")
     assert "Traceback" not in r.output
+    r = _run("bench", "--shapes", "8,4096,14336,2")  # tune's comma form: bench's commas separate shapes
+    assert r.exit_code == 1 and "unknown shape '8'" in r.output and "8:4096:14336:2" in r.output
+    r = _run("bench", "--shapes", ",")
+    assert r.exit_code == 2 and "no shapes given" in r.output and "--shapes" in r.output
     r = _run("tune", "--shape", "8,64")
     assert r.exit_code == 2 and "E,H,I,k" in r.output
     r = _run("tune")

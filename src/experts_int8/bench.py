@@ -177,7 +177,8 @@ def parse_shape(text: str) -> tuple[str, tuple[int, int, int, int]]:
     try:
         e, h, i, k = (int(p) for p in parts)
     except ValueError:
-        raise ValueError(f"unknown shape {text!r}: use one of {', '.join(SHAPES)} or E:H:I:k") from None
+        raise ValueError(f"unknown shape {text!r}: use one of {', '.join(SHAPES)} or E:H:I:k (colons: commas "
+                         f"separate shapes, e.g. 8:4096:14336:2,qwen3-30b-a3b)") from None
     if min(e, h, i, k) < 1 or k > e:
         raise ValueError(f"shape {text!r}: E, H, I, k must be positive with k <= E")
     return f"E{e}-H{h}-I{i}-k{k}", (e, h, i, k)

@@ -185,7 +185,9 @@ def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, settl
     """
     from . import bench
 
-    names = [s for s in (shapes.split(",") if shapes else bench.SHAPES) if s.strip()]
+    names = [s for s in (shapes.split(",") if shapes is not None else bench.SHAPES) if s.strip()]
+    if not names:
+        raise click.BadParameter("no shapes given", param_hint="--shapes")
     for name in names:
         bench.parse_shape(name)
     kw = dict(shapes=names, ms=bench.parse_int_list([ms]) if ms else list(bench.DEFAULT_MS),
