@@ -51,6 +51,31 @@ def test_cli_help_and_bad_config():
     assert bad.exit_code != 0 and "--parallel tp needs several ranks: launch with torchrun" in bad.output
 
 
+def test_bad_input_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
+    """A model over the device's memory, a config with no MoE experts, a batch size under 1: each one clear
+    error before minutes of building or timing."""
+    from click.testing import CliRunner
+    from transformers import LlamaConfig
+
+    from experts_int8.cli import main
+
+    built = []
+    monkeypatch.setattr(bench_e2e, "measure", lambda *a, **k: built.append(a) or {})
+    monkeypatch.setattr(bench_e2e.os, "sysconf", lambda key: 1024 if key == "SC_PHYS_PAGES" else 4096)  # 4 MiB
+    with pytest.raises(ValueError, match=r"take 87\.0 GiB, more than the 0\.0 GiB of cpu: pass --layers N"):
+        bench_e2e.run("mixtral-8x7b", device="cpu")
+    monkeypatch.undo()
+    monkeypatch.setattr(bench_e2e, "measure", lambda *a, **k: built.append(a) or {})
+    LlamaConfig(**TINY).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ValueError, match="no routed MoE experts: bench-e2e times MoE models"):
+        bench_e2e.run(str(tmp_path / "llama"), device="cpu", batches=(1,), prompt_len=4, new_tokens=2, reps=1)
+    assert built == []  # nothing timed
+    for batch in ("0", "-1", ",", "2,a"):
+        bad = CliRunner().invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--device",
+                                        "cpu", "--batch", batch])
+        assert bad.exit_code == 2 and "--batch" in bad.output, (batch, bad.output)
+
+
 def test_columns_run_in_their_order():
     """int8 quantizes the model in place, so a bf16 column after it would time int8 weights: refused."""
     with pytest.raises(ValueError, match="in that order"):

@@ -70,6 +70,22 @@ def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Option
     return model.eval()
 
 
+def check_fits(name: str, device: str, overrides: Optional[dict] = None) -> None:
+    """Refuse a model whose bf16 weights alone exceed the device's memory (every rank holds the whole model),
+    counted on the meta device, before building it for minutes into an out-of-memory error."""
+    need = sum(p.numel() * 2 for p in random_model(name, "meta", overrides=overrides).parameters())
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        have = torch.cuda.get_device_properties(dev).total_memory
+    elif dev.type == "cpu" and hasattr(os, "sysconf"):
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        return
+    if need > have:
+        raise ValueError(f"{name}'s bf16 weights take {need / 2**30:.1f} GiB, more than the {have / 2**30:.1f} GiB "
+                         f"of {device}: pass --layers N for fewer layers (or a smaller config)")
+
+
 def config_dir(name: str) -> Optional[Path]:
     """The folder holding ``config.json`` when ``name`` is that file or its folder; else None."""
     path = Path(name)
@@ -162,7 +178,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
         parallel: Optional[str] = None) -> dict:
     from transformers import CompileConfig
 
-    from .integrations.transformers import quantize_
+    from .integrations.transformers import find_experts, quantize_
     from .parallel import MODES, parallelize_experts
 
     if decode not in ("generate", "loop"):
@@ -172,7 +188,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     if [c for c in COLUMNS if c in columns] != list(columns) or not columns:
         raise ValueError(f"columns must be a non-empty subset of {COLUMNS} in that order, got {columns!r}")
     if decode == "loop" and cache != "static":
-        raise ValueError("decode='loop' drives a static cache; use cache='static'")
+        raise ValueError("decode 'loop' drives a static cache: use cache 'static' (--cache static)")
     world_size = 1
     if parallel is not None:
         if parallel not in MODES:
@@ -182,7 +198,11 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
         world_size = torch.distributed.get_world_size()
         if torch.distributed.get_rank() != 0:
             log, out = (lambda s: None), None  # rank 0 reports
+    check_fits(config, device, overrides)
     model = random_model(config, device, overrides=overrides)
+    if not find_experts(model):
+        raise ValueError(f"{config} builds a {type(model).__name__} with no routed MoE experts: bench-e2e times "
+                         f"MoE models")
     if parallel is not None:
         with torch.no_grad():  # one model on every rank: rank 0's random weights
             for t in list(model.parameters()) + list(model.buffers()):

@@ -594,10 +594,13 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     if config_name not in CONFIGS and config_dir(config_name) is None:
         raise click.BadParameter(f"choose one of {sorted(CONFIGS)}, or give a model's config.json (or its folder)",
                                  param_hint="--config")
+    from .bench import parse_int_list
+    from .run import check_device
+
     try:
-        sizes = tuple(int(b) for b in batches.split(","))
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {batches!r}", param_hint="--batch")
+        sizes = tuple(parse_int_list([batches], "batch sizes"))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--batch") from None
     chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns else COLUMNS
     if not chosen or set(chosen) - set(COLUMNS):
         raise click.BadParameter(f"choose from {', '.join(COLUMNS)}, got {columns!r}", param_hint="--columns")
@@ -605,9 +608,8 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
                   new_tokens=new_tokens, reps=reps, cache=cache, decode=decode, compile_mode=compile_mode, out=out,
                   log=click.echo, overrides=dict(num_hidden_layers=layers) if layers else None)
     dev = device or _default_device()
+    check_device(dev)
     if parallel:
-        from .run import check_device
-
         ranks = torchrun_ranks("bench-e2e", parallel, check_device(dev))
     else:
         ranks = contextlib.nullcontext(dev)
