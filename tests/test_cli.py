@@ -276,6 +276,42 @@ def test_model_without_experts_gives_one_line(tmp_path):
     assert_one_line_error(invoke("generate", dense, "--prompt", "a"), "no tokenizer")
 
 
+def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
+    """A dense model in generate or eval, a truncated or foreign safetensors shard, an unparsable tokenizer:
+    one line that names the folder or file and what to do, not the library's inner message."""
+    _, keep = demo_run
+    dense = tmp_path / "dense"
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(keep / "bf16" / f, dense / f)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 20)
+    result = invoke("generate", dense, "--prompt", "a", "--device", "cpu")  # (after its "loading ..." line)
+    errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    assert result.exit_code == 1 and "Traceback" not in result.output and len(errors) == 1, result.output
+    assert all(w in errors[0] for w in ("has no routed MoE experts", "LlamaForCausalLM", "--dense-as-experts"))
+    assert_one_line_error(invoke("eval", dense, "--text", text, "--device", "cpu", "--window", "16", "--stride", "8"),
+                          "has no routed MoE experts", "--dense-as-experts")
+
+    broken = tmp_path / "broken"
+    shutil.copytree(keep / "bf16", broken)
+    shard = broken / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])  # truncated
+    for args in (("generate", broken, "--prompt", "a", "--device", "cpu"), ("quantize", broken, tmp_path / "o")):
+        assert_one_line_error(invoke(*args), str(shard), "not a readable safetensors file")
+    assert not (tmp_path / "o").exists()
+    shard.write_bytes(b"not a checkpoint")
+    assert_one_line_error(invoke("generate", broken, "--prompt", "a", "--device", "cpu"), str(shard))
+
+    tok = tmp_path / "tok"
+    shutil.copytree(keep / "bf16", tok)
+    (tok / "tokenizer.json").write_text("{not json")
+    assert_one_line_error(invoke("generate", tok, "--prompt", "a", "--device", "cpu"),
+                          str(tok), "tokenizer files do not load")
+
+
 def test_generate_without_tokenizer(bf16_checkpoint):
     assert_one_line_error(invoke("generate", bf16_checkpoint("mixtral"), "--prompt", "a"), "no tokenizer")
 

@@ -412,7 +412,7 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
     import torch.distributed as dist
 
     from .convert import format_bytes
-    from .run import generate, load_model, peak_memory, quiet_transformers
+    from .run import generate, load_model, load_tokenizer, peak_memory, quiet_transformers
 
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if parallel else (0, 1)
 
@@ -421,9 +421,10 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
             click.echo(*args, **kwargs)
 
     quiet_transformers()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(model)
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    if ids.shape[1] == 0:
+        raise ValueError("the prompt is empty after tokenization")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     what = "int8 checkpoint" if kind == "int8" else "float checkpoint, quantizing on load"
@@ -434,9 +435,6 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
     t0 = time.perf_counter()
     m, _ = load_model(model, device=dev, dtype=dtype, parallel=parallel)
     load_s = time.perf_counter() - t0
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
-    if ids.shape[1] == 0:
-        raise ValueError("the prompt is empty after tokenization")
     g = generate(m, ids, max_new_tokens, progress=not no_progress and rank == 0)
     say(prompt + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
     memory, peak = peak_memory(dev)
@@ -502,7 +500,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     from .convert import read_model_dir
     from .evaluate import compare_models, dense_mlps_as_int8_experts_, routing_quality
     from .run import (DTYPES, auto_model_class, check_device, checkpoint_kind, has_tokenizer, load_model,
-                      quiet_transformers)
+                      load_tokenizer, quiet_transformers)
 
     if stride >= window:
         raise click.BadParameter(f"must be smaller than --window ({window})", param_hint="--stride")
@@ -516,9 +514,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
     dev = check_device(device or _default_device())
     quiet_transformers()
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
+    ids = load_tokenizer(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
     if len(ids) < 2:
         raise ValueError(f"{text_file} gives fewer than 2 tokens")
     float_model = auto_model_class(config).from_pretrained(model, dtype=DTYPES[dtype]).to(dev).eval()

@@ -147,7 +147,16 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{config_file} is not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not a model config's object")
     files = sorted(p.glob("*.safetensors"))
+    for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{f} is not a readable safetensors file ({exc}); download or convert it "
+                             f"again") from None
     return p, config, files
 
 

@@ -69,7 +69,7 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     ``parallel`` (``"tp"`` or ``"ep"``, with torch.distributed initialized): the routed experts split over
     ``group``'s ranks (:mod:`experts_int8.parallel`). An int8 checkpoint is read split, each rank only its
     part of the experts; a float one loads whole on the CPU, is quantized, and then split."""
-    from .integrations.transformers import ExpertsInt8Config, verify_int8_model
+    from .integrations.transformers import ExpertsInt8Config, NoExpertsError, verify_int8_model
     from .parallel import parallelize_experts, split_while_loading
 
     _, config, files = read_model_dir(path)
@@ -91,13 +91,29 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
             pass
     split = split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext()
     with split:
-        model = auto_model_class(config).from_pretrained(str(path), **kwargs)
+        try:
+            model = auto_model_class(config).from_pretrained(str(path), **kwargs)
+        except NoExpertsError:
+            raise ValueError(f"{path} ({', '.join(config.get('architectures') or [config.get('model_type', '?')])}) "
+                             f"has no routed MoE experts: experts-int8 runs MoE models (to measure a dense "
+                             f"model's MLPs as 1-expert int8 layers: experts-int8 eval --dense-as-experts)") from None
     if whole_then_split:
         parallelize_experts(model, parallel, group, dev)
     if move_after:
         model = model.to(dev)
     verify_int8_model(model)
     return model.eval(), kind
+
+
+def load_tokenizer(path):
+    """The tokenizer saved with the model at ``path``; a file that does not parse is named in the error."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path))
+    except (ValueError, OSError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{path}: its tokenizer files do not load ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
 
 
 def memory_bytes(model) -> dict:

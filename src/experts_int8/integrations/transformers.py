@@ -362,6 +362,10 @@ def _check_flags(name: str, module: nn.Module, layout: str) -> None:
                          f"act(gate) * up")
 
 
+class NoExpertsError(ValueError):
+    """The model has no routed-experts modules to quantize."""
+
+
 def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
     """The float experts modules to convert. None: nothing to do (no experts and allowed)."""
     experts = [(n, m) for n, m in find_experts(model) if not isinstance(m, Int8Experts)]
@@ -371,7 +375,7 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
         if config.allow_no_experts:
             logger.warning(msg + "; leaving the model unchanged (allow_no_experts=True)")
             return None
-        raise ValueError(msg + ". Pass ExpertsInt8Config(allow_no_experts=True) to load it unchanged.")
+        raise NoExpertsError(msg + ". Pass ExpertsInt8Config(allow_no_experts=True) to load it unchanged.")
     model_type = _model_type(model)
     if model_type not in ARCHITECTURES:
         # transformers' standard experts modules (@use_experts_implementation) all compute the same thing,
