@@ -257,6 +257,15 @@ def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint
     assert sorted(os.listdir(tmp_path)) == ["int8"]
 
 
+def test_bad_sizes_and_devices_give_one_line(bf16_checkpoint, tmp_path):
+    for size in ("0", "0MB", "lots"):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--max-shard-size", size)
+        assert_one_line_error(result, repr(size))
+    assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--device", "gpu"),
+                          "unknown device 'gpu': use cuda, cuda:N or cpu")
+    assert not (tmp_path / "o").exists()
+
+
 def test_bad_paths_give_one_line(tmp_path):
     missing = tmp_path / "missing"
     assert_one_line_error(invoke("quantize", missing, tmp_path / "o"), "no such file")

@@ -122,7 +122,10 @@ def parse_size(text: str) -> int:
         raise ValueError(f"cannot read the size {text!r} (examples: 5GB, 500MB, 2GiB)")
     base = 1024 if m.group(3) else 1000
     power = " KMGT".index(m.group(2).upper() or " ")
-    return int(float(m.group(1)) * base ** power)
+    size = int(float(m.group(1)) * base ** power)
+    if size < 1:
+        raise ValueError(f"the size {text!r} is not positive (examples: 5GB, 500MB, 2GiB)")
+    return size
 
 
 def format_bytes(n: float) -> str:

@@ -30,8 +30,8 @@ def default_device() -> str:
 def check_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
-    except RuntimeError as e:
-        raise ValueError(f"unknown device {device!r} ({e})") from None
+    except RuntimeError:  # torch's message lists every device type it knows
+        raise ValueError(f"unknown device {device!r}: use cuda, cuda:N or cpu") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
     return dev
