@@ -314,6 +314,13 @@ def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
     shard.write_bytes(b"not a checkpoint")
     assert_one_line_error(invoke("generate", broken, "--prompt", "a", "--device", "cpu"), str(shard))
 
+    mismatch = tmp_path / "mismatch"
+    shutil.copytree(keep / "bf16", mismatch)
+    cfg = json.loads((mismatch / "config.json").read_text())
+    (mismatch / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=cfg["intermediate_size"] * 2)))
+    assert_one_line_error(invoke("eval", mismatch, "--text", text, "--device", "cpu", "--window", "16", "--stride",
+                                 "8"), str(mismatch), "do not fit the model its config.json describes")
+
     tok = tmp_path / "tok"
     shutil.copytree(keep / "bf16", tok)
     (tok / "tokenizer.json").write_text("{not json")

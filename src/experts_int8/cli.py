@@ -499,7 +499,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
 
     from .convert import read_model_dir
     from .evaluate import compare_models, dense_mlps_as_int8_experts_, routing_quality
-    from .run import (DTYPES, auto_model_class, check_device, checkpoint_kind, has_tokenizer, load_model,
+    from .run import (DTYPES, check_device, checkpoint_kind, from_pretrained, has_tokenizer, load_model,
                       load_tokenizer, quiet_transformers)
 
     if stride >= window:
@@ -517,7 +517,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     ids = load_tokenizer(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
     if len(ids) < 2:
         raise ValueError(f"{text_file} gives fewer than 2 tokens")
-    float_model = auto_model_class(config).from_pretrained(model, dtype=DTYPES[dtype]).to(dev).eval()
+    float_model = from_pretrained(config, model, dtype=DTYPES[dtype]).to(dev).eval()
     if dense_as_experts:
         int8_model = copy.deepcopy(float_model)
         count = dense_mlps_as_int8_experts_(int8_model)

@@ -92,7 +92,7 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     split = split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext()
     with split:
         try:
-            model = auto_model_class(config).from_pretrained(str(path), **kwargs)
+            model = from_pretrained(config, path, **kwargs)
         except NoExpertsError:
             raise ValueError(f"{path} ({', '.join(config.get('architectures') or [config.get('model_type', '?')])}) "
                              f"has no routed MoE experts: experts-int8 runs MoE models (to measure a dense "
@@ -103,6 +103,19 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
         model = model.to(dev)
     verify_int8_model(model)
     return model.eval(), kind
+
+
+def from_pretrained(config: dict, path, **kwargs):
+    """``from_pretrained`` of the model class ``config`` names; a load that transformers refuses over its report
+    (logged as a warning, which :func:`quiet_transformers` hides) is said in one line."""
+    try:
+        return auto_model_class(config).from_pretrained(str(path), **kwargs)
+    except RuntimeError as exc:
+        if "above report" not in str(exc):
+            raise
+        raise ValueError(f"{path}: transformers refused its tensors ({str(exc).splitlines()[0]}): some weights' "
+                         f"shapes or dtypes do not fit the model its config.json describes; check that they "
+                         f"belong together") from None
 
 
 def load_tokenizer(path):
