@@ -321,6 +321,9 @@ def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
     assert_one_line_error(invoke("eval", mismatch, "--text", text, "--device", "cpu", "--window", "16", "--stride",
                                  "8"), str(mismatch), "do not fit the model its config.json describes")
 
+    shard.unlink()  # no weights at all: said before anything loads
+    assert_one_line_error(invoke("generate", broken, "--prompt", "a", "--device", "cpu"), "has no *.safetensors")
+
     tok = tmp_path / "tok"
     shutil.copytree(keep / "bf16", tok)
     (tok / "tokenizer.json").write_text("{not json")

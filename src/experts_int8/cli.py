@@ -392,8 +392,10 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
     from .convert import read_model_dir
     from .run import DTYPES, check_device, checkpoint_kind, has_tokenizer
 
-    _, config, _ = read_model_dir(model)
+    _, config, files = read_model_dir(model)
     kind = checkpoint_kind(config)
+    if not files:
+        raise ValueError(f"{model} has no *.safetensors weights")
     if not has_tokenizer(model):
         raise ValueError(f"{model} has no tokenizer (tokenizer.json / tokenizer_config.json); copy the tokenizer "
                          f"files of the original model into it")
