@@ -263,6 +263,9 @@ def test_bad_sizes_and_devices_give_one_line(bf16_checkpoint, tmp_path):
         assert_one_line_error(result, repr(size))
     assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--device", "gpu"),
                           "unknown device 'gpu': use cuda, cuda:N or cpu")
+    for command in (("quantize", bf16_checkpoint("mixtral"), tmp_path / "o"), ("demo",)):
+        result = invoke(*command, "--device", "")
+        assert result.exit_code == 2 and "--device" in result.output and "is empty" in result.output
     assert not (tmp_path / "o").exists()
 
 

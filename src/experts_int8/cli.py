@@ -275,8 +275,14 @@ def _default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _not_empty(ctx, param, value):
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty: give cuda, cuda:N or cpu (or leave the option out)")
+    return value
+
+
 def device_option(fn: Callable) -> Callable:
-    return click.option("--device", default=None, metavar="DEVICE",
+    return click.option("--device", default=None, metavar="DEVICE", callback=_not_empty,
                         help="Where to run: cuda, cuda:1, cpu. Default: cuda if available, else cpu.")(fn)
 
 
