@@ -127,6 +127,26 @@ def test_expert_map_with_absent_experts(backend, dtype, gated):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("m", [3, 40])
+def test_strided_ids_weights_and_map_read_as_their_values(backend, m):
+    """topk_ids, topk_weights and expert_map as views with uniform strides (a column of a wider tensor, which
+    reshape(-1) keeps as a view): the kernels read them by pointer, so they must see the values, not memory."""
+    experts = make_experts(4, 32, 16)
+    x = torch.randn(m, 32, device=DEVICE)
+    w, ids = select_experts(torch.randn(m, 6, device=DEVICE), 2)
+    wide_ids = torch.stack([ids, torch.zeros_like(ids)], -1)[..., 0]
+    wide_w = torch.stack([w, torch.zeros_like(w)], -1)[..., 0]
+    expert_map = torch.tensor([[0, 9], [-1, 9], [1, 9], [2, 9], [-1, 9], [3, 9]], device=DEVICE,
+                              dtype=torch.int32)[:, 0]
+    assert wide_ids.stride() == (4, 2) and expert_map.stride() == (2,)
+    kw = dict(global_num_experts=6, backend=backend)
+    out = fused_experts(x, **experts, topk_weights=wide_w, topk_ids=wide_ids, expert_map=expert_map, **kw)
+    ref = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, expert_map=expert_map.contiguous(), **kw)
+    assert torch.allclose(out, ref, atol=1e-6, rtol=1e-5)
+    assert rel_err(out, oracle(x, experts, w, ids, expert_map=expert_map.contiguous())) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_empty_batch(backend):
     out, _ = check(0, 4, 32, 32, 2, torch.float32, backend)
     assert out.shape == (0, 32)

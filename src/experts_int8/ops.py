@@ -239,6 +239,10 @@ def _fused_experts_triton(
     num_experts, hidden, inter = w2.shape
     if m == 0:
         return x.new_empty((0, hidden))
+    # the align kernels and pair paths read ids and the map by pointer: a strided view (reshape keeps one
+    # whose strides are uniform) would be read as the wrong ids
+    topk_ids = topk_ids.contiguous()
+    expert_map = expert_map.contiguous() if expert_map is not None else None
     gated = is_gated(w13, w2)
     config = _tma_where_it_fits(get_config(m, num_experts, inter, top_k, w13.dtype, x.device, gated), w13, w2)
     if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
