@@ -50,6 +50,24 @@ def test_zero_rows_get_finite_scale_and_zero_q():
     assert (deq[2] == 0).all() and torch.isfinite(deq).all()
 
 
+def test_rows_whose_scale_underflows_are_zero_rows():
+    """max|row| / 127 below float32's smallest subnormal rounds to 0: such a row quantizes as an all-zero row
+    (scale 1, q 0), never 0/0."""
+    w = torch.zeros(2, 4)
+    w[0, 0] = 1e-44
+    w[1] = torch.tensor([1.0, -0.5, 0.25, 0.0])
+    q, scale = quantize_weights(w)
+    assert scale[0] == 1 and (q[0] == 0).all() and torch.isfinite(dequantize_weights(q, scale)).all()
+    assert scale[1] == torch.tensor(1.0) / 127 and q[1].tolist() == [127, -64, 32, 0]
+
+
+def test_float64_values_past_float32_range_are_an_error():
+    w = torch.zeros(2, 3, 4, dtype=torch.float64)
+    w[1, 0, 0] = 1e300
+    with pytest.raises(ValueError, match=r"w2\[expert 1\] has values beyond float32's range"):
+        quantize_weights(w, name="w2")
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_non_finite_weights_are_an_error_naming_the_tensor(bad):
     w = torch.randn(2, 4, 8)

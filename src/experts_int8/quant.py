@@ -31,10 +31,15 @@ def quantize_rows(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, 
     wf = w.to(torch.float32, copy=True)
     lo, hi = torch.aminmax(wf, dim=-1)
     amax = torch.maximum(hi, lo.neg())  # = |w|.amax(-1), exactly, without an |w| temporary
-    # All-zero rows get scale 1 so q = 0 and dequantization stays exact (never 0/0).
+    if not torch.isfinite(amax).all():  # finite in float64, past float32's range
+        raise ValueError(f"{name} has values beyond float32's range (|w| up to {float(w.abs().max()):.3g}); the "
+                         f"fp32 scales cannot hold them. Check the checkpoint this tensor came from.")
     # A tensor divisor: CUDA divides by a Python number through its reciprocal, which rounds some scales
     # one ulp away from the CPU's true division; this way both devices write the same checkpoint.
-    scale = torch.where(amax > 0, amax / torch.full_like(amax, QMAX), torch.ones_like(amax))
+    scale = amax / torch.full_like(amax, QMAX)
+    # All-zero rows (and rows so small that max|row| / 127 underflows to 0) get scale 1, so q = 0 and
+    # dequantization never divides 0 by 0.
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     q = wf.div_(scale.unsqueeze(-1)).round_().clamp_(-QMAX, QMAX).to(torch.int8)
     return q, scale
 
