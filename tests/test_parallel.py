@@ -198,7 +198,7 @@ def _bench_e2e(rank: int, device: torch.device, out_dir: str) -> dict:
                            log=lines.append, parallel="tp",
                            overrides=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                           num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
-    model = built[0]
+    (model,) = [m for m in built if m.device.type != "meta"]  # (check_fits builds one on meta first)
     return dict(rows=[r["column"] for r in result["rows"]], world_size=result["world_size"],
                 parallel=result["parallel"], logged=len(lines),
                 embed=model.get_input_embeddings().weight.double().sum().item(),
