@@ -159,6 +159,9 @@ def test_fused_moe_is_select_then_fused():
     out = fused_moe(x, logits, **experts, top_k=2, scoring="sigmoid", routed_scaling_factor=1.5, backend="torch")
     w, ids = select_experts(logits, 2, scoring="sigmoid", routed_scaling_factor=1.5)
     torch.testing.assert_close(out, fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch"))
+    for cols, kw in ((2, {}), (16, {}), (8, dict(global_num_experts=16)), (4, dict(expert_map=torch.arange(8)))):
+        with pytest.raises(ValueError, match=f"router_logits has {cols} columns but there are"):
+            fused_moe(x, torch.randn(5, cols, device=DEVICE), **experts, top_k=2, backend="torch", **kw)
 
 
 def test_triton_and_torch_backends_agree():

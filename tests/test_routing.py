@@ -25,6 +25,17 @@ def test_sigmoid_scoring_and_scaling():
     torch.testing.assert_close(w, torch.tensor([[2.5 / (1 + math.exp(-2.0))]]))
 
 
+def test_sigmoid_renormalize_stays_finite_when_every_score_underflows():
+    """Logits of -200 give sigmoid scores of 0: the sum gets 1e-20 (as the sigmoid routers of DeepSeek-V3 and
+    GLM-4-MoE add), so the weights are 0, not 0/0; ordinary scores are unmoved by it."""
+    w, _ = select_experts(torch.full((1, 8), -200.0), 2, scoring="sigmoid")
+    assert torch.equal(w, torch.zeros(1, 2))
+    logits = torch.tensor([[0.0, 2.0, -1.0]])
+    w, _ = select_experts(logits, 2, scoring="sigmoid")
+    s = torch.sigmoid(logits)[0, [1, 0]]
+    torch.testing.assert_close(w[0], s / s.sum())
+
+
 def test_grouped_topk_deepseek_v2_uses_group_max():
     # 4 groups of 2 experts. Group maxima: g0=0.9(e1), g1=0.5, g2=0.8, g3=0.85. Keep 2 groups: g0, g3.
     scores = torch.tensor([[0.1, 0.9, 0.5, 0.45, 0.8, 0.0, 0.85, 0.84]])

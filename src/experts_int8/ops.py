@@ -399,6 +399,13 @@ def fused_moe(
     if isinstance(router_logits, torch.Tensor) and isinstance(x, torch.Tensor) and router_logits.dim() == 2 \
             and router_logits.shape[0] != x.shape[0]:
         raise ValueError(f"router_logits has {router_logits.shape[0]} rows but x has {x.shape[0]} tokens")
+    expert_map = kwargs.get("expert_map")
+    experts = kwargs.get("global_num_experts") or (expert_map.numel() if isinstance(expert_map, torch.Tensor)
+                                                   else getattr(w13, "shape", (None,))[0])
+    if isinstance(router_logits, torch.Tensor) and router_logits.dim() == 2 and experts is not None \
+            and router_logits.shape[1] != experts:
+        raise ValueError(f"router_logits has {router_logits.shape[1]} columns but there are {experts} experts "
+                         f"(one logit per expert; global_num_experts or expert_map for experts held elsewhere)")
     topk_weights, topk_ids = select_experts(
         router_logits, top_k, renormalize=renormalize, scoring=scoring, num_expert_group=num_expert_group,
         topk_group=topk_group, correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor,

@@ -84,8 +84,8 @@ def select_experts(
 
     topk_ids = choice.topk(top_k, dim=-1).indices
     topk_weights = scores.gather(1, topk_ids)
-    if renormalize:
-        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    if renormalize:  # sigmoid scores can all underflow to 0: the routers of that kind add 1e-20 (never 0/0)
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0))
     if routed_scaling_factor != 1.0:
         topk_weights = topk_weights * routed_scaling_factor
     return topk_weights, topk_ids.to(torch.int32)
