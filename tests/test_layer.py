@@ -45,3 +45,23 @@ def test_experts_without_a_gate_refuse_what_needs_one():
     with pytest.raises(ValueError, match=r"up_proj must be torch.int8 \(5, 24, 32\)"):
         module.load_quantized(torch.zeros(E, 2 * I, H, dtype=torch.int8), torch.ones(E, 2 * I),
                               module.down_proj, module.down_proj_scale)
+
+
+def test_dtype_casts_keep_the_scales_and_biases_fp32():
+    """model.to(torch.bfloat16) / .half() after quantizing: int8 weights untouched, scales and biases stay
+    fp32 and exact (the output is unchanged), and a meta move still moves them."""
+    w13, w2 = _float_experts(gated=True)
+    module = Int8Experts.from_float(w13, w2, activation="swiglu_oai", gate_up_proj_bias=torch.randn(E, 2 * I),
+                                    down_proj_bias=torch.randn(E, H), backend="torch")
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    x = torch.randn(4, H, dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(4, E), 2)
+    want = module(x, ids, w)
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half(), lambda m: m.to(torch.float64)):
+        cast(module)
+        assert {k: v.dtype for k, v in module.state_dict().items()} == {k: v.dtype for k, v in before.items()}
+        assert all(torch.equal(module.state_dict()[k], v) for k, v in before.items())
+    assert torch.equal(module(x, ids, w), want)
+    assert module.to("meta").down_proj_scale.device.type == "meta"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        Int8Experts(E, H, I, backend="cuda")

@@ -33,7 +33,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from .ops import fused_experts
+from .ops import BACKENDS, fused_experts
 from .quant import quantize_weights
 from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, is_gated
 
@@ -95,6 +95,8 @@ class Int8Experts(nn.Module):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if not gated and activation in GATED_ONLY:
             raise ValueError(f"activation {activation!r} needs gate and up rows; experts without a gate cannot use it")
         self.num_experts = num_experts
@@ -122,6 +124,17 @@ class Int8Experts(nn.Module):
             self.register_buffer("down_proj_bias", torch.empty(e, h, dtype=torch.float32, device=device))
         # Expert parallelism: global expert id -> local index or -1. None: all experts are local.
         self.register_buffer("expert_map", None, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """``.to(dtype)``, ``.half()`` and the like move the fp32 scales and biases but keep them fp32: cast with a
+        bf16 model they would lose precision, and a checkpoint saved from it would not load."""
+        kept = {name: b for name, b in self._buffers.items() if b is not None and b.dtype == torch.float32}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers[name]
+            if after is not None and after.dtype != torch.float32:
+                self._buffers[name] = before.to(after.device)
+        return self
 
     @classmethod
     def from_float(cls, gate_up_proj: torch.Tensor, down_proj: torch.Tensor, *, activation: str = "silu",
