@@ -438,6 +438,27 @@ def test_nan_in_memory_leaves_model_unchanged():
     assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # nothing half-converted
 
 
+def test_bad_biases_and_float64_range_leave_model_unchanged():
+    """NaN in a GPT-OSS expert bias (of the last experts module), float64 weights past float32's range: refused
+    by the check that runs before anything is replaced, naming the tensor and the expert."""
+    model = tiny_model("gpt_oss", dtype=torch.float32)
+    name, last = find_experts(model)[-1]
+    last.down_proj_bias.data[1, 3] = float("nan")
+    with pytest.raises(ValueError, match=rf"{name}\.down_proj_bias\[expert 1\] contains NaN or Inf"):
+        quantize_(model)
+    assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))
+    model = tiny_model("qwen3_moe", dtype=torch.float64)
+    name, last = find_experts(model)[-1]
+    last.down_proj.data[0, 0, 0] = 1e300
+    with pytest.raises(ValueError, match=rf"{name}\.down_proj\[expert 0\] has values beyond float32's range"):
+        quantize_(model)
+    assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))
+    w13, w2 = torch.randn(2, 8, 4), torch.randn(2, 4, 4)
+    with pytest.raises(ValueError, match="gate_up_proj_bias contains NaN or Inf"):
+        Int8Experts.from_float(w13, w2, activation="swiglu_oai", gate_up_proj_bias=torch.full((2, 8), float("nan")),
+                               down_proj_bias=torch.zeros(2, 4))
+
+
 @pytest.mark.parametrize("damage", ["missing", "misshaped"])
 def test_int8_checkpoint_with_bad_scales_names_the_key(damage, int8_models, tmp_path):
     int8_models("mixtral").save_pretrained(tmp_path)

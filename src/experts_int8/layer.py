@@ -173,8 +173,11 @@ class Int8Experts(nn.Module):
         w13 = f"{self.w13_name}_bias"
         for name, t, shape in ((w13, gate_up_proj_bias, (self.num_experts, self.w13_rows)),
                                ("down_proj_bias", down_proj_bias, (self.num_experts, self.hidden_size))):
-            if tuple(t.shape) != shape or not t.is_floating_point():
-                raise ValueError(f"{name} must be a float {shape} tensor, got {t.dtype} {tuple(t.shape)}")
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or not t.is_floating_point():
+                got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"{name} must be a float {shape} tensor, got {got}")
+            if t.device.type != "meta" and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} contains NaN or Inf; the expert biases must be finite")
         setattr(self, w13, gate_up_proj_bias.detach().float())
         self.down_proj_bias = down_proj_bias.detach().float()
 

@@ -739,8 +739,10 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     if todo is None:
         return model
     layout = _layout_of(model)
+    biases = ("gate_up_proj_bias", "down_proj_bias") if layout == "gpt_oss" else ()
+    fp32_max = torch.finfo(torch.float32).max
     for name, module in todo:  # validate everything before changing anything
-        for t in (w13_name(module), "down_proj"):
+        for t in (w13_name(module), "down_proj", *biases):
             w = getattr(module, t)
             if w.device.type == "meta":
                 raise ValueError(f"{name}.{t} is on the meta device; load the weights first")
@@ -749,16 +751,16 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
             for i in range(w.shape[0]):
                 if not bool(torch.isfinite(w[i]).all()):
                     raise ValueError(f"{name}.{t}[expert {i}] contains NaN or Inf; int8 quantization needs "
-                                     f"finite weights (model left unchanged)")
+                                     f"finite weights and biases (model left unchanged)")
+                if w.dtype == torch.float64 and bool(w[i].abs().max() > fp32_max):
+                    raise ValueError(f"{name}.{t}[expert {i}] has values beyond float32's range, which the fp32 "
+                                     f"scales cannot hold (model left unchanged)")
     for name, module in todo:
-        biases = {}
-        if layout == "gpt_oss":
-            biases = {t: to_fused_layout(layout, t, getattr(module, t).data)
-                      for t in ("gate_up_proj_bias", "down_proj_bias")}
+        bias_tensors = {t: to_fused_layout(layout, t, getattr(module, t).data) for t in biases}
         w13 = w13_name(module)
         new = Int8Experts.from_float(to_fused_layout(layout, w13, getattr(module, w13).data),
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
-                                     activation=_activation_of(module, layout), name=name, **biases)
+                                     activation=_activation_of(module, layout), name=name, **bias_tensors)
         model.set_submodule(name, new)
         module._parameters.clear()  # free the float tensors now, even if someone holds the old module
         del module
