@@ -121,3 +121,30 @@ def test_sparsemixer_matches_phimoe(jitter_eps):
     assert (near > 1).any() and (near < logits.shape[1]).all()  # the mask keeps more than one, never all
     with pytest.raises(ValueError, match="picks 2 experts"):
         select_experts(logits, 3, custom_routing_function=sparsemixer(jitter_eps))
+
+
+def test_bad_arguments_are_named():
+    logits = torch.randn(3, 8)
+    for kw, match in ((dict(top_k=True), "top_k must be an int"),
+                      (dict(top_k=2, num_expert_group=0, topk_group=1), "num_expert_group must be a positive int"),
+                      (dict(top_k=2, num_expert_group=4, topk_group=1.5), "topk_group must be a positive int"),
+                      (dict(top_k=2, correction_bias=[0.0] * 8), r"correction_bias must be a tensor of shape \(8,\)")):
+        with pytest.raises(ValueError, match=match):
+            select_experts(logits, **kw)
+    with pytest.raises(TypeError, match="routed_scaling_factor must be a number"):
+        select_experts(logits, 2, routed_scaling_factor="2")
+
+
+def test_custom_routing_function_is_checked_and_exclusive():
+    logits = torch.randn(3, 8)
+
+    def route(router_logits, top_k, renormalize):
+        return select_experts(router_logits, top_k, renormalize=renormalize)
+
+    w, ids = select_experts(logits, 2, custom_routing_function=route, routed_scaling_factor=2.0)
+    want_w, want_ids = select_experts(logits, 2)
+    assert torch.equal(ids, want_ids) and torch.allclose(w, 2 * want_w)
+    with pytest.raises(ValueError, match=r"must return \(weights, ids\) of shape \(3, 2\), got \[\(3, 3\), \(3, 3\)\]"):
+        select_experts(logits, 2, custom_routing_function=lambda r, k, n: route(r, 3, n))
+    with pytest.raises(ValueError, match="do not apply to it"):
+        select_experts(logits, 2, custom_routing_function=route, scoring="sigmoid")

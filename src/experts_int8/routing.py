@@ -19,20 +19,26 @@ import torch
 SCORINGS = ("softmax", "sigmoid")
 
 
-def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias):
+def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias,
+              routed_scaling_factor=1.0):
     if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
         shape = tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor) else type(router_logits).__name__
         raise ValueError(f"router_logits must be a 2-D tensor [M, E], got {shape}")
     if not router_logits.is_floating_point():
         raise TypeError(f"router_logits must be floating point, got {router_logits.dtype}")
     num_experts = router_logits.shape[1]
-    if not isinstance(top_k, int) or not 1 <= top_k <= num_experts:
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
+    if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
+        raise TypeError(f"routed_scaling_factor must be a number, got {routed_scaling_factor!r}")
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     if (num_expert_group is None) != (topk_group is None):
         raise ValueError("num_expert_group and topk_group must be given together (grouped top-k)")
     if num_expert_group is not None:
+        for name, value in (("num_expert_group", num_expert_group), ("topk_group", topk_group)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         if num_experts % num_expert_group:
             raise ValueError(f"E={num_experts} is not divisible by num_expert_group={num_expert_group}")
         if not 1 <= topk_group <= num_expert_group:
@@ -41,8 +47,10 @@ def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, corre
             raise ValueError(
                 f"topk_group={topk_group} groups of {num_experts // num_expert_group} experts cannot hold top_k={top_k}"
             )
-    if correction_bias is not None and tuple(correction_bias.shape) != (num_experts,):
-        raise ValueError(f"correction_bias must have shape ({num_experts},), got {tuple(correction_bias.shape)}")
+    if correction_bias is not None and (not isinstance(correction_bias, torch.Tensor)
+                                        or tuple(correction_bias.shape) != (num_experts,)):
+        got = tuple(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else type(correction_bias).__name__
+        raise ValueError(f"correction_bias must be a tensor of shape ({num_experts},), got {got}")
 
 
 def select_experts(
@@ -62,9 +70,16 @@ def select_experts(
     ``custom_routing_function(router_logits, top_k, renormalize) -> (weights, ids)`` replaces the
     built-in selection; its outputs are cast and the scaling factor still applies.
     """
-    _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias)
+    _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias, routed_scaling_factor)
     if custom_routing_function is not None:
+        if num_expert_group is not None or correction_bias is not None or scoring != "softmax":
+            raise ValueError("custom_routing_function replaces the built-in selection: scoring, grouped top-k and "
+                             "correction_bias do not apply to it")
         weights, ids = custom_routing_function(router_logits, top_k, renormalize)
+        want = (router_logits.shape[0], top_k)
+        if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == want for t in (weights, ids)):
+            shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (weights, ids)]
+            raise ValueError(f"custom_routing_function must return (weights, ids) of shape {want}, got {shapes}")
         return (weights.float() * routed_scaling_factor), ids.to(torch.int32)
 
     logits = router_logits.float()
