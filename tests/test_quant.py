@@ -90,3 +90,18 @@ def test_bad_input_types():
 def test_dequantize_dtype():
     q, s = quantize_weights(torch.randn(3, 5))
     assert dequantize_weights(q, s, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_empty_and_meta_tensors():
+    """No rows or rows of no values quantize to empty q with scale 1 (all-zero rows); meta tensors (shape only)
+    quantize without reading values; dequantization names non-tensors and a non-float target."""
+    for shape in ((3, 0, 4), (3, 4, 0), (0, 4, 4)):
+        q, scale = quantize_weights(torch.randn(shape))
+        assert q.shape == shape and q.dtype == torch.int8 and scale.shape == shape[:-1] and (scale == 1).all()
+    q, scale = quantize_weights(torch.empty(2, 3, 4, device="meta"))
+    assert q.device.type == scale.device.type == "meta" and q.shape == (2, 3, 4) and scale.shape == (2, 3)
+    q, scale = quantize_weights(torch.randn(2, 3))
+    with pytest.raises(TypeError, match="expects tensors"):
+        dequantize_weights(q.tolist(), scale)
+    with pytest.raises(TypeError, match="returns a float dtype"):
+        dequantize_weights(q, scale, torch.int8)

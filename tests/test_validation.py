@@ -72,6 +72,7 @@ CASES = [
     ("ungated bias of 2I rows", lambda: ungated(w13_bias=torch.zeros(E, 2 * I)), ValueError,
      r"w13_bias must have shape \(4, 16\)"),
     ("swiglu_oai without a gate", lambda: ungated(activation="swiglu_oai"), ValueError, "needs gate and up rows"),
+    ("global_num_experts 0", lambda: with_(global_num_experts=0), ValueError, "global_num_experts must be a positive"),
 ]
 
 
@@ -128,3 +129,14 @@ def test_kernel_support_check_traces_without_graph_break(monkeypatch):
 
     assert torch.equal(torch.compile(f, fullgraph=True, backend="eager")(torch.ones(2)), torch.full((2,), 2.0))
     ops._capability_ok.cache_clear()
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_meta_inputs_give_a_meta_output_and_no_hidden_size_gives_an_empty_one(backend):
+    """Meta tensors (shape inference) pass the checks without reading values; H = 0 is an empty [M, 0]."""
+    meta = {k: v.to("meta") for k, v in good().items()}
+    out = fused_experts(**meta, backend=backend)
+    assert out.shape == (M, H) and out.device.type == "meta"
+    w13, w2 = torch.randn(E, 2 * I, 0), torch.randn(E, 0, I)
+    out = fused_experts(torch.randn(M, 0), w13, w2, torch.rand(M, K), torch.randint(0, E, (M, K)), backend=backend)
+    assert out.shape == (M, 0)

@@ -113,6 +113,8 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
     if not topk_weights.is_floating_point():
         raise TypeError(f"topk_weights must be floating point, got {topk_weights.dtype}")
 
+    if global_num_experts is not None and (not isinstance(global_num_experts, int) or global_num_experts < 1):
+        raise ValueError(f"global_num_experts must be a positive int (or None), got {global_num_experts!r}")
     if expert_map is not None:
         _require_tensor("expert_map", expert_map, 1)
         if expert_map.dtype not in (torch.int32, torch.int64):
@@ -140,8 +142,8 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
         t = tensors[name]
         if t is not None and t.numel() and t.stride(-1) != 1:
             raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
-    # Value checks: on CPU only (no device sync) and not while torch.compile traces.
-    if x.device.type != "cuda" and topk_ids.numel() and not torch.compiler.is_compiling():
+    # Value checks: on CPU only (no device sync; meta tensors hold no values) and not while torch.compile traces.
+    if x.device.type not in ("cuda", "meta") and topk_ids.numel() and not torch.compiler.is_compiling():
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= total:
             raise ValueError(f"topk_ids must lie in [0, {total}), got values in [{lo}, {hi}]")
@@ -237,8 +239,8 @@ def _fused_experts_triton(
 ) -> torch.Tensor:
     m, top_k = topk_ids.shape
     num_experts, hidden, inter = w2.shape
-    if m == 0:
-        return x.new_empty((0, hidden))
+    if m == 0 or hidden == 0:
+        return x.new_empty((m, hidden))
     # the align kernels and pair paths read ids and the map by pointer: a strided view (reshape keeps one
     # whose strides are uniform) would be read as the wrong ids
     topk_ids = topk_ids.contiguous()
@@ -366,7 +368,7 @@ def fused_experts(
     """
     _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend, w13_bias, w2_bias, apply_router_weight_on_input)
-    use_triton = backend == "triton" or (
+    use_triton = backend == "triton" or x.device.type == "meta" or (  # (meta: shapes only, from the op's fake)
         backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)
     )
     if not use_triton:

@@ -14,7 +14,7 @@ QMAX = 127
 
 
 def _check_finite(w: torch.Tensor, name: str) -> None:
-    if not torch.isfinite(w).all():
+    if w.device.type != "meta" and not torch.isfinite(w).all():  # (meta tensors hold no values)
         n_nan = int(torch.isnan(w).sum())
         n_inf = int(torch.isinf(w).sum())
         raise ValueError(
@@ -31,7 +31,7 @@ def quantize_rows(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, 
     wf = w.to(torch.float32, copy=True)
     lo, hi = torch.aminmax(wf, dim=-1)
     amax = torch.maximum(hi, lo.neg())  # = |w|.amax(-1), exactly, without an |w| temporary
-    if not torch.isfinite(amax).all():  # finite in float64, past float32's range
+    if amax.device.type != "meta" and not torch.isfinite(amax).all():  # finite in float64, past float32's range
         raise ValueError(f"{name} has values beyond float32's range (|w| up to {float(w.abs().max()):.3g}); the "
                          f"fp32 scales cannot hold them. Check the checkpoint this tensor came from.")
     # A tensor divisor: CUDA divides by a Python number through its reciprocal, which rounds some scales
@@ -58,6 +58,8 @@ def quantize_weights(w: torch.Tensor, *, name: str = "weight") -> tuple[torch.Te
     lead, (n, k) = w.shape[:-2], w.shape[-2:]
     q = torch.empty(w.shape, dtype=torch.int8, device=w.device)
     scale = torch.empty((*lead, n), dtype=torch.float32, device=w.device)
+    if not w.numel():  # no rows, or rows of no values (all-zero rows: scale 1)
+        return q, scale.fill_(1.0)
     w2d, q2d, s2d = w.reshape(-1, n, k), q.view(-1, n, k), scale.view(-1, n)
     for i in range(w2d.shape[0]):
         label = name if w2d.shape[0] == 1 else f"{name}[expert {i}]"
@@ -67,8 +69,12 @@ def quantize_weights(w: torch.Tensor, *, name: str = "weight") -> tuple[torch.Te
 
 def dequantize_weights(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse of :func:`quantize_weights`: ``q [..., N, K]`` int8, ``scale [..., N]`` -> ``w`` in ``dtype``."""
+    if not isinstance(q, torch.Tensor) or not isinstance(scale, torch.Tensor):
+        raise TypeError(f"dequantize_weights expects tensors, got {type(q).__name__} and {type(scale).__name__}")
     if q.dtype != torch.int8:
         raise TypeError(f"dequantize_weights expects int8 weights, got {q.dtype}")
+    if not dtype.is_floating_point:
+        raise TypeError(f"dequantize_weights returns a float dtype, got {dtype}")
     if tuple(scale.shape) != tuple(q.shape[:-1]):
         raise ValueError(f"scale shape {tuple(scale.shape)} does not match weight rows {tuple(q.shape[:-1])}")
     return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
