@@ -3,8 +3,11 @@
 # branch (item 214's FP16_DOT A/B on the tables' decode entries and its fold, then the full bench once). On an
 # H100: the tables item 216 left out, qwen3's bf16 and mixtral-8x7b's both formats (each step's timeout leaves
 # the tuner's overrun room: item 216's qwen3 ran past 330 s on a 150 s budget), then their bench.
-# start.sh s45a.sh, then wait.sh 560 until CHAIN_DONE (~11-14 minutes warm); extract configs.tgz.
+# start.sh s45a.sh, then wait.sh 560 until CHAIN_DONE (~13-17 minutes warm); extract configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
+step "session 44's changes on the GPU (tuner logging, strided ids and map, dtype casts, input checks)"
+timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_fused_experts.py tests/test_layer.py \
+  tests/test_validation.py tests/test_routing.py "tests/test_bench_tune.py::test_tune_runs_on_gpu" 2>&1 | tail -6
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
 else
