@@ -310,6 +310,10 @@ def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):
     x = _inputs(6).cpu()
     with torch.no_grad():
         assert torch.equal(model(x).logits, reloaded(x).logits)
+    from experts_int8.run import load_model  # the CLI's loader honours the checkpoint's modules_to_not_convert
+
+    loaded, kind = load_model(tmp_path)
+    assert kind == "int8" and {n: type(m).__name__ for n, m in find_experts(loaded)} == kinds
 
 
 @pytest.mark.parametrize("arch", ["qwen2_moe", "nemotron_h"])  # (nemotron_h: experts without a gate)
@@ -484,6 +488,55 @@ def test_config_rejects_bad_arguments():
         ExpertsInt8Config(group_size=128)
     cfg = ExpertsInt8Config(modules_to_not_convert=["layers.0."])
     assert ExpertsInt8Config.from_dict(cfg.to_dict()).to_dict() == cfg.to_dict()
+    for method in ("gptq", "bitsandbytes", "fp8"):
+        with pytest.raises(ValueError, match=f"quant_method '{method}' is another method's config"):
+            ExpertsInt8Config.from_dict({"quant_method": method})
+    with pytest.raises(ValueError, match="not a valid pattern"):
+        ExpertsInt8Config(modules_to_not_convert=["layers.(0"])
+
+
+def test_modules_to_not_convert_matches_at_module_boundaries():
+    """As transformers' own quantizers match: "layers.1" names layer 1, not layers 10-19; a fragment may sit
+    anywhere between dots; regular expressions work; a trailing or leading dot is its own boundary."""
+    def skips(pattern, name):
+        return ExpertsInt8Config(modules_to_not_convert=[pattern]).skips(name)
+
+    assert skips("layers.1", "model.layers.1.mlp.experts") and not skips("layers.1", "model.layers.11.mlp.experts")
+    assert skips("layers.0.", "model.layers.0.mlp.experts") and not skips("layers.0.", "model.layers.10.mlp.experts")
+    assert skips("model.layers.3.mlp.experts", "model.layers.3.mlp.experts")
+    assert skips(r"layers\.(0|1)\.", "model.layers.1.mlp.experts") and not skips(r"layers\.(0|1)\.", "model.layers.2.x")
+    assert skips("model.layers.*.mlp.experts", "model.layers.7.mlp.experts")
+    assert not skips("mlp.exp", "model.layers.0.mlp.experts") and not skips("", "model.layers.0.mlp.experts")
+
+
+def test_contradicting_configs_are_refused(checkpoints, tmp_path, caplog):
+    """quantize_ with a config that would leave an already-int8 module float, and an int8 checkpoint whose config
+    says a module it holds int8 tensors for is float: each refused naming the module, not a crash at forward.
+    An entry that names no experts module is warned about."""
+    model = tiny_model("mixtral")
+    quantize_(model)
+    before = model.config.quantization_config.to_dict()
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts is already int8"):
+        quantize_(model, ExpertsInt8Config(modules_to_not_convert=["layers.0."]))
+    assert model.config.quantization_config.to_dict() == before
+    model.save_pretrained(tmp_path / "int8")
+    cfg = json.loads((tmp_path / "int8" / "config.json").read_text())
+    cfg["quantization_config"]["modules_to_not_convert"] = ["layers.0."]
+    (tmp_path / "int8" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.experts is left float .* config does not match"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "int8")
+    with caplog.at_level("WARNING"):
+        AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"),
+                                             quantization_config=ExpertsInt8Config(modules_to_not_convert=["lm_hed"]))
+    assert "['lm_hed'] name no routed experts module" in caplog.text
+
+
+def test_disk_offload_of_experts_is_refused_up_front(checkpoints, tmp_path):
+    device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu",
+                  "model.rotary_emb": "cpu", "lm_head": "cpu"}
+    with pytest.raises(ValueError, match=r"offloads model\.layers\.1\.mlp\.experts to disk"):
+        AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
+                                             device_map=device_map, offload_folder=str(tmp_path / "off"))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -101,7 +101,8 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
         parallelize_experts(model, parallel, group, dev)
     if move_after:
         model = model.to(dev)
-    verify_int8_model(model)
+    qc = getattr(model.config, "quantization_config", None)
+    verify_int8_model(model, qc if isinstance(qc, ExpertsInt8Config) else None)  # (its modules_to_not_convert)
     return model.eval(), kind
 
 

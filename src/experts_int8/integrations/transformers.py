@@ -2,7 +2,9 @@
 
     model = AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(), ...)
     model.save_pretrained(out)                        # int8 experts + fp32 scales + quantization_config
-    model = AutoModelForCausalLM.from_pretrained(out) # reloads int8 directly (after `import experts_int8`)
+    model = AutoModelForCausalLM.from_pretrained(out) # reloads int8 directly, once this module is imported
+                                                      # (`from experts_int8 import ExpertsInt8Config` does;
+                                                      # a bare `import experts_int8` does not)
     quantize_(model)                                  # a model already in memory
 
 How it plugs in (transformers' own mechanisms, no per-model patches):
@@ -276,8 +278,10 @@ class ExpertsInt8Config(QuantizationConfigMixin):
     """W8A16 for the routed experts of an MoE model: per-expert, per-output-row symmetric int8.
 
     Args:
-        modules_to_not_convert: module names (or name fragments, e.g. ``"layers.0."``) whose experts
-            stay in the checkpoint dtype. Non-expert modules are never converted anyway.
+        modules_to_not_convert: module names, name fragments at module boundaries (``"layers.1"`` names
+            ``model.layers.1.mlp.experts``, not ``layers.11``) or regular expressions thereof
+            (``"layers[.](0|1)[.]"``) whose experts stay in the checkpoint dtype. Non-expert modules are never
+            converted anyway; an entry that names no experts module is warned about.
         allow_no_experts: when the model has no MoE experts, warn and leave it unchanged instead of
             raising.
     """
@@ -292,11 +296,19 @@ class ExpertsInt8Config(QuantizationConfigMixin):
                     isinstance(m, str) for m in modules_to_not_convert):
                 raise TypeError(f"modules_to_not_convert must be a list of str, got {modules_to_not_convert!r}")
             modules_to_not_convert = list(modules_to_not_convert)
+            for m in modules_to_not_convert:
+                try:
+                    re.compile(m)
+                except re.error as exc:
+                    raise ValueError(f"modules_to_not_convert entry {m!r} is not a valid pattern ({exc})") from None
         self.modules_to_not_convert = modules_to_not_convert
         if not isinstance(allow_no_experts, bool):
             raise TypeError(f"allow_no_experts must be a bool, got {allow_no_experts!r}")
         self.allow_no_experts = allow_no_experts
-        kwargs.pop("quant_method", None)
+        method = kwargs.pop("quant_method", QUANT_METHOD)
+        if method != QUANT_METHOD:
+            raise ValueError(f"quant_method {method!r} is another method's config; ExpertsInt8Config is "
+                             f"{QUANT_METHOD!r}")
         for key, expected in (("bits", 8), ("scheme", "symmetric_per_row")):
             if key in kwargs and kwargs.pop(key) != expected:
                 raise ValueError(f"ExpertsInt8Config only supports {key}={expected!r}")
@@ -304,7 +316,14 @@ class ExpertsInt8Config(QuantizationConfigMixin):
             raise TypeError(f"ExpertsInt8Config got unexpected arguments: {sorted(kwargs)}")
 
     def skips(self, module_name: str) -> bool:
-        return any(m and (module_name == m or m in module_name) for m in (self.modules_to_not_convert or ()))
+        return any(_names(m, module_name) for m in (self.modules_to_not_convert or ()))
+
+
+def _names(pattern: str, module_name: str) -> bool:
+    """Whether ``pattern`` (a name, a fragment or a regex) occurs in ``module_name`` at module boundaries: it starts
+    the name or follows a dot (or starts with one), and ends it or is followed by a dot (or ends with one)."""
+    return bool(pattern) and re.search(rf"(?:^|(?<=\.)|(?=\.))(?:{pattern})(?:(?<=\.)|(?=\.|$))",
+                                       module_name) is not None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -385,6 +404,11 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
             raise ValueError(f"experts_int8 does not support model_type {model_type!r}: {custom[0]} is not a "
                              f"transformers standard experts module; supported: {sorted(ARCHITECTURES)}. Adding one "
                              f"is a row in experts_int8.integrations.transformers.ARCHITECTURES.")
+    names = [name for name, _ in find_experts(model)]
+    unused = [m for m in config.modules_to_not_convert or () if not any(_names(m, name) for name in names)]
+    if unused:
+        logger.warning(f"experts_int8: modules_to_not_convert {unused} name no routed experts module (e.g. "
+                       f"{names[0]}); they change nothing")
     layout = _layout_of(model)
     todo = []
     for name, module in experts:
@@ -448,18 +472,22 @@ def _drop_expert_converters(model: nn.Module) -> None:
 # --------------------------------------------------------------------------------------------------
 # Quantization during loading
 # --------------------------------------------------------------------------------------------------
+def _placed(device_map, name: str):
+    """The device map's entry for ``name``: a dict's longest matching prefix, else the map itself."""
+    if not isinstance(device_map, dict):
+        return device_map
+    best, best_len = None, -1
+    for prefix, dev in device_map.items():
+        if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
+            best, best_len = dev, len(prefix)
+    return best
+
+
 def _device_for(device_map, name: str) -> Optional[torch.device]:
     """Where transformers will place ``name`` (None: leave the tensor where it is)."""
+    device_map = _placed(device_map, name)
     if device_map is None:
         return None
-    if isinstance(device_map, dict):
-        best, best_len = None, -1
-        for prefix, dev in device_map.items():
-            if (prefix == "" or name == prefix or name.startswith(prefix + ".")) and len(prefix) > best_len:
-                best, best_len = dev, len(prefix)
-        device_map = best
-        if device_map is None:
-            return None
     if isinstance(device_map, int):
         return torch.device("cuda", device_map)
     if isinstance(device_map, str) and device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
@@ -593,6 +621,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         todo = _plan(model, self.quantization_config)
         if todo is None:
             return model
+        on_disk = [name for name, _ in todo if _placed(self._device_map, name) == "disk"]
+        if on_disk:
+            raise ValueError(f"the device map offloads {on_disk[0]} to disk, which experts_int8 does not support: "
+                             f"give the routed experts a GPU or the CPU (for device_map='auto', raise max_memory)")
         self._layout = _layout_of(model)
         biased = self._layout == "gpt_oss"
         self._loading = loading_split()
@@ -694,6 +726,10 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
     for name, module in find_experts(model):
         if not isinstance(module, Int8Experts):
             if config is not None and config.skips(name):
+                if not module.down_proj.is_floating_point():  # int8 tensors loaded into a float module
+                    raise ValueError(f"{name} is left float by modules_to_not_convert, but the checkpoint holds "
+                                     f"{module.down_proj.dtype} weights for it: its config does not match its "
+                                     f"tensors")
                 continue
             raise ValueError(f"routed experts {name} ({type(module).__name__}) were left in "
                              f"{module.down_proj.dtype}; expected int8")
@@ -735,6 +771,10 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     config = config if config is not None else ExpertsInt8Config()
     if not isinstance(config, ExpertsInt8Config):
         raise TypeError(f"config must be an ExpertsInt8Config, got {type(config).__name__}")
+    converted = [name for name, m in find_experts(model) if isinstance(m, Int8Experts) and config.skips(name)]
+    if converted:
+        raise ValueError(f"{converted[0]} is already int8, but this config's modules_to_not_convert names it: a "
+                         f"model saved with it would not load; leave it out of modules_to_not_convert")
     todo = _plan(model, config)
     if todo is None:
         return model
