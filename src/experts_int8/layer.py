@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from .ops import BACKENDS, fused_experts
-from .quant import quantize_weights
+from .quant import check_weights, quantize_weights
 from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, is_gated
 
 def detect_activation(act_fn) -> str:
@@ -176,8 +176,7 @@ class Int8Experts(nn.Module):
             if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or not t.is_floating_point():
                 got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
                 raise ValueError(f"{name} must be a float {shape} tensor, got {got}")
-            if t.device.type != "meta" and not bool(torch.isfinite(t).all()):
-                raise ValueError(f"{name} contains NaN or Inf; the expert biases must be finite")
+            check_weights(t, name)
         setattr(self, w13, gate_up_proj_bias.detach().float())
         self.down_proj_bias = down_proj_bias.detach().float()
 

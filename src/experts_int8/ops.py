@@ -45,6 +45,11 @@ def _require_tensor(name: str, t, ndim: int) -> None:
         raise ValueError(f"{name} must be {ndim}-D, got shape {_shape(t)}")
 
 
+def _global_experts(num_experts: int, expert_map, global_num_experts) -> int:
+    """How many experts the router chooses among: the map's length, else global_num_experts, else the E given."""
+    return expert_map.numel() if expert_map is not None else (global_num_experts or num_experts)
+
+
 def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend, w13_bias=None, w2_bias=None,
               apply_router_weight_on_input=False) -> None:
@@ -123,7 +128,7 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
             raise ValueError(
                 f"expert_map has {expert_map.numel()} entries but global_num_experts={global_num_experts}"
             )
-    total = expert_map.numel() if expert_map is not None else (global_num_experts or num_experts)
+    total = _global_experts(num_experts, expert_map, global_num_experts)
     if expert_map is None and total != num_experts:
         raise ValueError(
             f"global_num_experts={total} differs from the {num_experts} experts given; pass expert_map to say "
@@ -402,12 +407,12 @@ def fused_moe(
             and router_logits.shape[0] != x.shape[0]:
         raise ValueError(f"router_logits has {router_logits.shape[0]} rows but x has {x.shape[0]} tokens")
     expert_map = kwargs.get("expert_map")
-    experts = kwargs.get("global_num_experts") or (expert_map.numel() if isinstance(expert_map, torch.Tensor)
-                                                   else getattr(w13, "shape", (None,))[0])
-    if isinstance(router_logits, torch.Tensor) and router_logits.dim() == 2 and experts is not None \
-            and router_logits.shape[1] != experts:
-        raise ValueError(f"router_logits has {router_logits.shape[1]} columns but there are {experts} experts "
-                         f"(one logit per expert; global_num_experts or expert_map for experts held elsewhere)")
+    if isinstance(router_logits, torch.Tensor) and router_logits.dim() == 2 and isinstance(w13, torch.Tensor) \
+            and w13.dim() == 3 and (expert_map is None or isinstance(expert_map, torch.Tensor)):
+        experts = _global_experts(w13.shape[0], expert_map, kwargs.get("global_num_experts"))
+        if router_logits.shape[1] != experts:
+            raise ValueError(f"router_logits has {router_logits.shape[1]} columns but there are {experts} experts "
+                             f"(one logit per expert; global_num_experts or expert_map for experts held elsewhere)")
     topk_weights, topk_ids = select_experts(
         router_logits, top_k, renormalize=renormalize, scoring=scoring, num_expert_group=num_expert_group,
         topk_group=topk_group, correction_bias=correction_bias, routed_scaling_factor=routed_scaling_factor,

@@ -13,27 +13,28 @@ import torch
 QMAX = 127
 
 
-def _check_finite(w: torch.Tensor, name: str) -> None:
-    if w.device.type != "meta" and not torch.isfinite(w).all():  # (meta tensors hold no values)
-        n_nan = int(torch.isnan(w).sum())
-        n_inf = int(torch.isinf(w).sum())
-        raise ValueError(
-            f"{name} contains {n_nan} NaN and {n_inf} Inf values; int8 quantization needs finite "
-            f"weights. Check the checkpoint this tensor came from."
-        )
+def check_weights(w: torch.Tensor, name: str) -> None:
+    """What int8 experts cannot hold, refused naming ``name``: NaN or Inf, and float64 values past float32's
+    range (the scales are fp32). Meta tensors hold no values to check."""
+    if w.device.type == "meta":
+        return
+    if not torch.isfinite(w).all():
+        n_nan, n_inf = int(torch.isnan(w).sum()), int(torch.isinf(w).sum())
+        raise ValueError(f"{name} contains NaN or Inf ({n_nan} NaN, {n_inf} Inf values); int8 experts need finite "
+                         f"weights and biases. Check the checkpoint this tensor came from.")
+    if w.dtype == torch.float64 and w.abs().max() > torch.finfo(torch.float32).max:
+        raise ValueError(f"{name} has values beyond float32's range (|w| up to {float(w.abs().max()):.3g}); the "
+                         f"fp32 scales cannot hold them. Check the checkpoint this tensor came from.")
 
 
 def quantize_rows(w: torch.Tensor, name: str = "weight") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize one ``[N, K]`` matrix (any float dtype) row by row."""
-    _check_finite(w, name)
+    check_weights(w, name)
     # One fp32 working copy, updated in place: besides ``w`` only that copy and ``q`` exist at once
     # (this runs on the GPU while a checkpoint loads, where it is the loader's peak).
     wf = w.to(torch.float32, copy=True)
     lo, hi = torch.aminmax(wf, dim=-1)
     amax = torch.maximum(hi, lo.neg())  # = |w|.amax(-1), exactly, without an |w| temporary
-    if amax.device.type != "meta" and not torch.isfinite(amax).all():  # finite in float64, past float32's range
-        raise ValueError(f"{name} has values beyond float32's range (|w| up to {float(w.abs().max()):.3g}); the "
-                         f"fp32 scales cannot hold them. Check the checkpoint this tensor came from.")
     # A tensor divisor: CUDA divides by a Python number through its reciprocal, which rounds some scales
     # one ulp away from the CPU's true division; this way both devices write the same checkpoint.
     scale = amax / torch.full_like(amax, QMAX)

@@ -697,7 +697,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                                gated=gated)
             layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device, gated, biases)
             bench.settle(settle_s)
-            best: dict[int, dict] = {}
+            results: dict[int, SearchResult] = {}
             for m in ms:
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
@@ -725,13 +725,13 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                 + pdl_variants(cfg, m, top_k, pdl_ok),
                                 on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
                 bar.advance(result.not_tried)
-                best[m] = result
+                results[m] = result
             del layers
             torch.cuda.empty_cache()
-            paths[d] = write_table({m: r.best for m, r in best.items()}, num_experts, inter, gpu,
+            paths[d] = write_table({m: r.best for m, r in results.items()}, num_experts, inter, gpu,
                                    configs.weight_format(DTYPES[d]), out_dir, gated=gated)
             # each format's winners as soon as its table is written, so a tune cut short keeps them
-            for m, r in best.items():
+            for m, r in results.items():
                 bar.write(_result_line(d, m, r))
             bar.write(f"wrote {paths[d]}")
     finally:

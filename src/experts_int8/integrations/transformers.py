@@ -62,7 +62,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 from ..checkpoint import check_int8_checkpoint, read_headers, to_fused_layout
 from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
 from ..parallel import PendingShard, fill_pending_shards, loading_split
-from ..quant import quantize_rows
+from ..quant import check_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..routing import select_experts, sparsemixer
 
@@ -780,7 +780,6 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
         return model
     layout = _layout_of(model)
     biases = ("gate_up_proj_bias", "down_proj_bias") if layout == "gpt_oss" else ()
-    fp32_max = torch.finfo(torch.float32).max
     for name, module in todo:  # validate everything before changing anything
         for t in (w13_name(module), "down_proj", *biases):
             w = getattr(module, t)
@@ -789,12 +788,10 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
             if not w.is_floating_point():
                 raise TypeError(f"{name}.{t}: expected float weights, got {w.dtype}")
             for i in range(w.shape[0]):
-                if not bool(torch.isfinite(w[i]).all()):
-                    raise ValueError(f"{name}.{t}[expert {i}] contains NaN or Inf; int8 quantization needs "
-                                     f"finite weights and biases (model left unchanged)")
-                if w.dtype == torch.float64 and bool(w[i].abs().max() > fp32_max):
-                    raise ValueError(f"{name}.{t}[expert {i}] has values beyond float32's range, which the fp32 "
-                                     f"scales cannot hold (model left unchanged)")
+                try:
+                    check_weights(w[i], f"{name}.{t}[expert {i}]")
+                except ValueError as exc:
+                    raise ValueError(f"{exc} (model left unchanged)") from None
     for name, module in todo:
         bias_tensors = {t: to_fused_layout(layout, t, getattr(module, t).data) for t in biases}
         w13 = w13_name(module)
