@@ -18,6 +18,7 @@ def check_weights(w: torch.Tensor, name: str) -> None:
     range (the scales are fp32). Meta tensors hold no values to check."""
     if w.device.type == "meta":
         return
+    w = w.detach()  # (a trainable Parameter's values, read as plain numbers)
     if not torch.isfinite(w).all():
         n_nan, n_inf = int(torch.isnan(w).sum()), int(torch.isinf(w).sum())
         raise ValueError(f"{name} contains NaN or Inf ({n_nan} NaN, {n_inf} Inf values); int8 experts need finite "
