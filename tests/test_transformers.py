@@ -11,6 +11,8 @@ import glob
 import json
 import logging
 import os
+import subprocess
+import sys
 import weakref
 
 import pytest
@@ -294,6 +296,27 @@ def test_quantize_in_memory_saves_and_reloads(tmp_path):
     x = _inputs(5).cpu()
     with torch.no_grad():
         assert torch.equal(model(x).logits, reloaded(x).logits)
+
+
+def test_bare_import_is_enough_to_reload_an_int8_checkpoint(tmp_path):
+    # transformers skips an unknown quant_method with only a warning and loads the int8 tensors as float
+    # weights, so `import experts_int8` alone must register it (a fresh interpreter: this one has it already).
+    model = tiny_model("olmoe", dtype=torch.bfloat16)
+    quantize_(model)
+    model.save_pretrained(tmp_path / "int8")
+    x = _inputs(7).cpu()
+    torch.save(x, tmp_path / "x.pt")
+    script = (
+        "import sys, torch, experts_int8\n"
+        "from transformers import AutoModelForCausalLM\n"
+        "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
+        "with torch.no_grad():\n"
+        "    torch.save(m(torch.load(sys.argv[2])).logits, sys.argv[3])\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "int8"), str(tmp_path / "x.pt"),
+                    str(tmp_path / "logits.pt")], check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, torch.load(tmp_path / "logits.pt"))
 
 
 def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):

@@ -7,9 +7,29 @@ from .routing import select_experts
 
 __version__ = "0.1.0"
 
-# The transformers integration imports transformers: loaded on first use. Touching any of these names
-# also registers quant_method "experts_int8" with transformers (needed to reload int8 checkpoints).
 _TRANSFORMERS_EXPORTS = ("ExpertsInt8Config", "ExpertsInt8HfQuantizer", "quantize_")
+
+
+def _register_with_transformers() -> None:
+    """Register quant_method "experts_int8" with transformers when it is installed.
+
+    transformers has no plugin hook for quantizers, and a checkpoint whose quant_method it does not know
+    loads with only a warning: the int8 expert tensors become float weights of the wrong scale. So a bare
+    ``import experts_int8`` must be enough to reload an int8 checkpoint; it costs about a second of import.
+    A transformers the integration cannot use is left alone here: naming ExpertsInt8Config says why.
+    """
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return
+    try:
+        importlib.import_module(".integrations.transformers", __name__)
+    except ImportError:
+        pass
+
+
+_register_with_transformers()
 
 
 def __getattr__(name):

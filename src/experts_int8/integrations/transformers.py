@@ -2,9 +2,7 @@
 
     model = AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(), ...)
     model.save_pretrained(out)                        # int8 experts + fp32 scales + quantization_config
-    model = AutoModelForCausalLM.from_pretrained(out) # reloads int8 directly, once this module is imported
-                                                      # (`from experts_int8 import ExpertsInt8Config` does;
-                                                      # a bare `import experts_int8` does not)
+    model = AutoModelForCausalLM.from_pretrained(out) # reloads int8 directly once experts_int8 is imported
     quantize_(model)                                  # a model already in memory
 
 How it plugs in (transformers' own mechanisms, no per-model patches):
