@@ -25,16 +25,19 @@ from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts  # noqa: E402
 from experts_int8.evaluate import routing_quality  # noqa: E402
+from experts_int8.checkpoint import from_fused_layout  # noqa: E402
 from experts_int8.integrations.transformers import (  # noqa: E402
     ARCHITECTURES,
     _arch,
+    _layout_of,
     find_experts,
     routing_options,
     to_fused_layout,
     verify_int8_model,
 )
 from experts_int8.layer import w13_name  # noqa: E402
-from experts_int8.quant import quantize_weights  # noqa: E402
+from experts_int8.parallel import ParallelExperts  # noqa: E402
+from experts_int8.quant import dequantize_weights, quantize_weights  # noqa: E402
 
 from models import ARCH_NAMES, COMMON, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
 
@@ -276,7 +279,7 @@ def test_quantize_in_memory_matches_loading_and_frees(arch, checkpoints, int8_mo
     old = [m for _, m in find_experts(model)]
     w13 = to_fused_layout(_arch(model).layout, w13_name(old[0]), _w13(old[0]).detach().clone())
     quantize_(model)
-    assert all(len(list(m.parameters())) == 0 for m in old)  # the bf16 tensors were released
+    assert all(p.device.type == "meta" for m in old for p in m.parameters())  # the bf16 tensors were released
     loaded = int8_models(arch)
     for (_, a), (_, b) in zip(find_experts(model), find_experts(loaded)):
         assert torch.equal(_w13(a), _w13(b)) and torch.equal(_w13(a, "_scale"), _w13(b, "_scale"))
@@ -317,6 +320,76 @@ def test_bare_import_is_enough_to_reload_an_int8_checkpoint(tmp_path):
                     str(tmp_path / "logits.pt")], check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     with torch.no_grad():
         assert torch.equal(model(x).logits, torch.load(tmp_path / "logits.pt"))
+
+
+@pytest.mark.parametrize("layout", ["fused", "transposed", "gpt_oss"])
+def test_from_fused_layout_inverts_to_fused_layout(layout):
+    e, h, i = 3, 8, 6
+    shapes = {"fused": {"gate_up_proj": (e, 2 * i, h), "down_proj": (e, h, i)},
+              "transposed": {"gate_up_proj": (e, h, 2 * i), "down_proj": (e, i, h)},
+              "gpt_oss": {"gate_up_proj": (e, h, 2 * i), "down_proj": (e, i, h)}}[layout]
+    shapes |= {"gate_up_proj_bias": (e, 2 * i), "down_proj_bias": (e, h)}
+    for tensor, shape in shapes.items():
+        w = torch.randn(shape)
+        ours = to_fused_layout(layout, tensor, w)
+        assert tuple(ours.shape[-2:]) == {"gate_up_proj": (2 * i, h), "down_proj": (h, i)}.get(tensor, ours.shape[-2:])
+        assert torch.equal(from_fused_layout(layout, tensor, ours), w)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss", "nemotron_h"])  # per-expert keys; interleaved + biases; no gate
+def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_path):
+    float_model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), quantization_config=ExpertsInt8Config(),
+                                                 dtype=torch.bfloat16)
+    x = _inputs(8).cpu()
+    with torch.no_grad():
+        int8_logits = model(x).logits
+    layout = _layout_of(model)
+    expected = {}  # q * scale of every int8 tensor, in the checkpoint's layout
+    for name, m in find_experts(model):
+        w13 = m.w13_name
+        assert all(p.device.type == "meta" for p in m._float_module.parameters())  # no float memory held
+        expected[name] = {w13: dequantize_weights(_w13(m), _w13(m, "_scale"), torch.bfloat16),
+                          "down_proj": dequantize_weights(m.down_proj, m.down_proj_scale, torch.bfloat16)}
+        if m.has_bias:
+            expected[name] |= {f"{w13}_bias": _w13(m, "_bias").bfloat16(), "down_proj_bias": m.down_proj_bias.bfloat16()}
+        expected[name] = {t: from_fused_layout(layout, t, v) for t, v in expected[name].items()}
+
+    model.dequantize()
+    assert not model.is_quantized and getattr(model.config, "quantization_config", None) is None
+    floats = dict(find_experts(float_model))
+    for name, m in find_experts(model):
+        assert type(m) is type(floats[name])
+        params = dict(m.named_parameters())
+        assert params.keys() == expected[name].keys()
+        for t, p in params.items():
+            assert torch.equal(p, expected[name][t]) and p.dtype == torch.bfloat16
+            assert p.requires_grad == dict(floats[name].named_parameters())[t].requires_grad
+    with torch.no_grad():
+        logits = model(x).logits
+    # The same weights through transformers' float experts instead of the int8 kernel: bf16 rounding apart.
+    assert torch.allclose(logits.float(), int8_logits.float(), atol=0.05, rtol=0.02)
+
+    model.save_pretrained(tmp_path)  # the float checkpoint's own keys again, and no quantization_config
+    assert {k: dt for k, (dt, _) in _headers(tmp_path).items()} == {
+        k: dt for k, (dt, _) in _headers(checkpoints(arch)).items()}
+    assert "quantization_config" not in json.load(open(tmp_path / "config.json"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(reloaded(x).logits, logits)
+
+
+def test_dequantize_refuses_what_it_cannot_rebuild():
+    model = quantize_(tiny_model("olmoe", dtype=torch.bfloat16))
+    name, m = find_experts(model)[0]
+    model.set_submodule(name, ParallelExperts(m, "ep"))
+    with pytest.raises(ValueError, match="split across ranks.*dequantize before splitting"):
+        model.dequantize()
+    hand_made = Int8Experts.from_float(dequantize_weights(_w13(m), _w13(m, "_scale")),
+                                       dequantize_weights(m.down_proj, m.down_proj_scale))
+    model.set_submodule(name, hand_made)
+    with pytest.raises(ValueError, match=f"{name} was not made by experts_int8's transformers integration"):
+        model.dequantize()
 
 
 def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):

@@ -85,4 +85,21 @@ def to_fused_layout(layout: str, tensor: str, w: torch.Tensor) -> torch.Tensor:
     raise ValueError(f"unknown experts tensor {tensor!r}")
 
 
-__all__ = ["CheckpointKeys", "check_int8_checkpoint", "read_headers", "to_fused_layout"]
+def from_fused_layout(layout: str, tensor: str, w: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`to_fused_layout`: one experts tensor from our layout back to ``layout``'s."""
+    if layout == "fused" or tensor == "down_proj_bias":
+        return w
+    if layout == "transposed":
+        return w if tensor.endswith("_bias") else w.transpose(-1, -2)
+    if layout != "gpt_oss":
+        raise ValueError(f"unknown experts layout {layout!r}")
+    if tensor in ("gate_up_proj", "gate_up_proj_bias"):  # gate rows then up rows -> interleaved columns
+        cols = w.transpose(-1, -2) if tensor == "gate_up_proj" else w
+        half = cols.shape[-1] // 2
+        return torch.stack([cols[..., :half], cols[..., half:]], dim=-1).flatten(-2)
+    if tensor == "down_proj":
+        return w.transpose(-1, -2)
+    raise ValueError(f"unknown experts tensor {tensor!r}")
+
+
+__all__ = ["CheckpointKeys", "check_int8_checkpoint", "from_fused_layout", "read_headers", "to_fused_layout"]

@@ -4,6 +4,7 @@
     model.save_pretrained(out)                        # int8 experts + fp32 scales + quantization_config
     model = AutoModelForCausalLM.from_pretrained(out) # reloads int8 directly once experts_int8 is imported
     quantize_(model)                                  # a model already in memory
+    model.dequantize()                                # back to the model's own float experts (q * scale)
 
 How it plugs in (transformers' own mechanisms, no per-model patches):
   * :class:`ExpertsInt8Config` / :class:`ExpertsInt8HfQuantizer` are registered under the quant method
@@ -24,6 +25,9 @@ How it plugs in (transformers' own mechanisms, no per-model patches):
     (``...experts.gate_up_proj``, ``...experts.gate_up_proj_scale``, ...), so reloading is a plain
     key match that needs no conversion and no re-quantization: the experts' converters (merges,
     transposes, renames of whole tensors) are dropped on save and on an int8 load alike.
+  * Each :class:`Int8Experts` keeps the float module it replaced on the meta device (no memory), so
+    ``model.dequantize()`` rebuilds the model's own class, in the checkpoint's layout: saved, it writes the
+    float checkpoint's keys again.
   * ``experts_implementation="experts_int8"`` is also registered in transformers' ``ExpertsInterface``:
     it runs any (float) experts module through our fused kernel.
 
@@ -57,10 +61,10 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..checkpoint import check_int8_checkpoint, read_headers, to_fused_layout
+from ..checkpoint import check_int8_checkpoint, from_fused_layout, read_headers, to_fused_layout
 from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
-from ..parallel import PendingShard, fill_pending_shards, loading_split
-from ..quant import check_weights, quantize_rows
+from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
+from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..routing import select_experts, sparsemixer
 
@@ -648,6 +652,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                 for t, value in new.state_dict().items():
                     expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}[value.dtype],
                                                tuple(value.shape))
+            _keep_float_module(new, module)
             if self._loading is not None:  # this rank's part is read after loading (fill_pending_shards)
                 model.set_submodule(name, PendingShard(new))
                 model._keys_to_ignore_on_load_unexpected = (
@@ -700,6 +705,19 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                                  f"tensors, e.g. {missing[:3]}; they would be left uninitialized")
         verify_int8_model(model, self.quantization_config)
         _drop_expert_converters(model)
+        return model
+
+    def _dequantize(self, model, dtype=None):
+        """``model.dequantize()``: each int8 experts module becomes the model's own float one again, holding
+        q * scale in ``dtype`` (transformers passes the config's), in the checkpoint's layout."""
+        if any(isinstance(m, (ParallelExperts, PendingShard)) for m in model.modules()):
+            raise ValueError("the experts are split across ranks (parallelize_experts / split_while_loading): a "
+                             "rank's part cannot become the model's float module; dequantize before splitting")
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        layout = _layout_of(model)
+        for name, module in find_experts(model):
+            if isinstance(module, Int8Experts):
+                model.set_submodule(name, _to_float(name, module, layout, dtype))
         return model
 
     def is_serializable(self, safe_serialization=None):
@@ -757,6 +775,40 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
 
 
 # --------------------------------------------------------------------------------------------------
+# The float module behind each int8 one (model.dequantize())
+# --------------------------------------------------------------------------------------------------
+def _keep_float_module(new: Int8Experts, float_module: nn.Module) -> None:
+    """Give ``new`` the float experts module it replaces, moved to the meta device (no memory), so that
+    ``model.dequantize()`` can rebuild the model's own class. Set past nn.Module's registry: not a
+    submodule, so it is never saved, moved or listed."""
+    object.__setattr__(new, "_float_module", float_module.to("meta"))
+
+
+def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch.dtype]) -> nn.Module:
+    float_module = module.__dict__.get("_float_module")
+    if float_module is None:
+        raise ValueError(f"{name} was not made by experts_int8's transformers integration (from_pretrained or "
+                         f"quantize_): there is no float module to rebuild; load the float checkpoint instead")
+    wanted = dict(float_module.named_parameters())
+    dtype = dtype or next(iter(wanted.values())).dtype
+    w13 = module.w13_name
+    tensors = {w13: dequantize_weights(getattr(module, w13), getattr(module, f"{w13}_scale"), dtype),
+               "down_proj": dequantize_weights(module.down_proj, module.down_proj_scale, dtype)}
+    if module.has_bias:
+        tensors[f"{w13}_bias"] = getattr(module, f"{w13}_bias").to(dtype)
+        tensors["down_proj_bias"] = module.down_proj_bias.to(dtype)
+    tensors = {t: from_fused_layout(layout, t, v).contiguous() for t, v in tensors.items()}
+    shapes = {t: tuple(v.shape) for t, v in tensors.items()}
+    if shapes != {t: tuple(p.shape) for t, p in wanted.items()} or dict(float_module.named_buffers()):
+        raise ValueError(f"{name}: its int8 tensors {shapes} do not fill its float module "
+                         f"({type(float_module).__name__}: {[(t, tuple(p.shape)) for t, p in wanted.items()]})")
+    for t, value in tensors.items():
+        setattr(float_module, t, nn.Parameter(value, requires_grad=wanted[t].requires_grad))
+    del module.__dict__["_float_module"]
+    return float_module
+
+
+# --------------------------------------------------------------------------------------------------
 # quantize_: a model already in memory
 # --------------------------------------------------------------------------------------------------
 def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> nn.Module:
@@ -797,7 +849,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
                                      activation=_activation_of(module, layout), name=name, **bias_tensors)
         model.set_submodule(name, new)
-        module._parameters.clear()  # free the float tensors now, even if someone holds the old module
+        _keep_float_module(new, module)  # (to the meta device: its float tensors are freed now)
         del module
     config_obj = model.config
     config_obj.quantization_config = config
