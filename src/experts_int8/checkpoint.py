@@ -57,7 +57,13 @@ def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[in
     for name, (dtype, shape) in sorted(expected.items()):
         key = keys.find(name)
         if key is None:
-            problems.append(f"{name}: not found in the checkpoint (expected {dtype} {list(shape)})")
+            # Name it as the file would: a sibling tensor of the same module shows its on-disk prefix.
+            prefix, _, tensor = name.rpartition(".")
+            siblings = (keys.find(other) for other in expected if other.rpartition(".")[0] == prefix)
+            sibling = next((k for k in siblings if k is not None), None)
+            on_disk = f"{sibling.rpartition('.')[0]}.{tensor}" if sibling else name
+            model_name = f" (the model's {name})" if on_disk != name else ""
+            problems.append(f"{on_disk}{model_name}: not found in the checkpoint (expected {dtype} {list(shape)})")
             continue
         got_dtype, got_shape = headers[key]
         if got_dtype != dtype or tuple(got_shape) != tuple(shape):
