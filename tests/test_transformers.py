@@ -341,8 +341,8 @@ def test_from_fused_layout_inverts_to_fused_layout(layout):
 def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_path):
     float_model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), dtype=torch.bfloat16)
     model = AutoModelForCausalLM.from_pretrained(checkpoints(arch), quantization_config=ExpertsInt8Config(),
-                                                 dtype=torch.bfloat16)
-    x = _inputs(8).cpu()
+                                                 dtype=torch.bfloat16, **ON_DEVICE)
+    x = _inputs(8)
     with torch.no_grad():
         int8_logits = model(x).logits
     layout = _layout_of(model)
@@ -375,7 +375,7 @@ def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_p
     assert {k: dt for k, (dt, _) in _headers(tmp_path).items()} == {
         k: dt for k, (dt, _) in _headers(checkpoints(arch)).items()}
     assert "quantization_config" not in json.load(open(tmp_path / "config.json"))
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, **ON_DEVICE)
     with torch.no_grad():
         assert torch.equal(reloaded(x).logits, logits)
 
