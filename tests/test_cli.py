@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from experts_int8 import ExpertsInt8Config  # noqa: E402
+from experts_int8 import run as run_module  # noqa: E402
 from experts_int8.cli import main  # noqa: E402
 
 from models import ARCH_NAMES, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
@@ -304,8 +306,12 @@ def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
     errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert result.exit_code == 1 and "Traceback" not in result.output and len(errors) == 1, result.output
     assert all(w in errors[0] for w in ("has no routed MoE experts", "LlamaForCausalLM", "--dense-as-experts"))
-    assert_one_line_error(invoke("eval", dense, "--text", text, "--device", "cpu", "--window", "16", "--stride", "8"),
-                          "has no routed MoE experts", "--dense-as-experts")
+    loads, load = [], run_module.from_pretrained  # eval refuses it before loading the float model
+    with mock.patch("experts_int8.run.from_pretrained",
+                    side_effect=lambda config, path, **kw: loads.append(kw) or load(config, path, **kw)):
+        assert_one_line_error(invoke("eval", dense, "--text", text, "--device", "cpu", "--window", "16", "--stride",
+                                     "8"), "has no routed MoE experts", "--dense-as-experts")
+    assert [("quantization_config" in kw) for kw in loads] == [True]
 
     broken = tmp_path / "broken"
     shutil.copytree(keep / "bf16", broken)

@@ -323,7 +323,7 @@ Examples:
   experts-int8 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-int8 --device cuda --max-shard-size 2GB
   experts-int8 quantize ./Mixtral-8x7B ./Mixtral-8x7B-w8a16 --format compressed-tensors   # vllm serve DST
 \b
-Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8.integrations.transformers`, or
+Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
   experts-int8 generate DST --prompt "Hello"
 """)
 @click.argument("src", type=click.Path())
@@ -525,13 +525,15 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     ids = load_tokenizer(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
     if len(ids) < 2:
         raise ValueError(f"{text_file} gives fewer than 2 tokens")
-    float_model = from_pretrained(config, model, dtype=DTYPES[dtype]).to(dev).eval()
     if dense_as_experts:
+        float_model = from_pretrained(config, model, dtype=DTYPES[dtype]).to(dev).eval()
         int8_model = copy.deepcopy(float_model)
         count = dense_mlps_as_int8_experts_(int8_model)
         what = f"{count} dense MLPs as 1-expert int8 layers"
     else:
+        # The int8 model first: a model without routed experts is refused before any weight is read.
         int8_model, _ = load_model(model, device=dev, dtype=DTYPES[dtype])
+        float_model = from_pretrained(config, model, dtype=DTYPES[dtype]).to(dev).eval()
         what = "routed experts int8"
     window = min(window, len(ids))  # a short text fits one window
     r = compare_models(float_model, int8_model, ids, window=window, stride=min(stride, window - 1))
