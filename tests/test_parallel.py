@@ -89,9 +89,12 @@ def test_shard_errors(args, error, match):
         shard_experts(module, *args)
 
 
-def test_shard_of_a_shard_and_no_process_group():
-    with pytest.raises(ValueError, match="already a shard"):
-        shard_experts(shard_experts(experts(), "ep", 0, 2), "ep", 0, 2)
+@pytest.mark.parametrize("first", ["tp", "ep"])
+@pytest.mark.parametrize("second", ["tp", "ep"])
+def test_shard_of_a_shard_and_no_process_group(first, second):
+    # A tp shard has no expert_map: split again it gave wrong sums without a word.
+    with pytest.raises(ValueError, match=f"already rank 1's {first} part of a split over 2 ranks; split whole"):
+        shard_experts(shard_experts(experts(), first, 1, 2), second, 0, 2)
     with pytest.raises(RuntimeError, match="init_process_group"):
         parallelize_experts(experts())
 
@@ -254,8 +257,42 @@ def test_split_while_loading_errors(tmp_path):
             AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config())
         with pytest.raises(ValueError, match="mode must be one of"), split_while_loading("pp"):
             pass
+        with pytest.raises(TypeError, match="group must be a torch.distributed ProcessGroup"), \
+                split_while_loading("tp", group=[0]):
+            pass
+        # Without ExpertsInt8Config a float checkpoint loads past our quantizer, whole on every rank.
+        with pytest.raises(ValueError, match="split_while_loading split no experts"), split_while_loading("tp"):
+            AutoModelForCausalLM.from_pretrained(tmp_path)
+        quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
+        with split_while_loading("tp"):
+            model = AutoModelForCausalLM.from_pretrained(tmp_path / "int8")
+        # Split again, it summed wrong parts; saved, it wrote rank 0's slice as the checkpoint.
+        with pytest.raises(ValueError, match=r"experts\.local is already rank 0's tp part of a split over 1 ranks"):
+            parallelize_experts(model, "ep")
+        for split_model in (model, parallelize_experts(quantize_(tiny_model("mixtral")), "tp")):
+            with pytest.raises(ValueError, match=r"experts hold only rank 0's tp part .* Save the model before"):
+                split_model.save_pretrained(tmp_path / "partial")
+            assert not (tmp_path / "partial").exists()  # nothing written
+        with pytest.raises(ValueError, match=r"experts hold only rank 0's ep part .* Save the model before"):
+            parallelize_experts(quantize_(tiny_model("mixtral")), "ep").state_dict()  # outside save_pretrained too
     finally:
         dist.destroy_process_group()
+
+
+def _outside_the_group(rank: int, device: torch.device, out_dir: str) -> dict:
+    group = dist.new_group([1])  # (every rank makes it; only rank 1 is in it)
+    model = quantize_(tiny_model("mixtral", seed=0))
+    try:
+        parallelize_experts(model, "tp", group)
+        return {"error": None, "parts": sum(isinstance(m, ParallelExperts) for m in model.modules())}
+    except ValueError as e:
+        return {"error": str(e), "parts": 0}
+
+
+def test_a_rank_outside_the_group_is_told_so(tmp_path):
+    outside, inside = _run_ranks(_outside_the_group, 2, tmp_path)
+    assert outside["error"].startswith("parallelize_experts: this process (global rank 0) is not in the group given")
+    assert inside["error"] is None and inside["parts"] == tiny_model("mixtral").config.num_hidden_layers
 
 
 def test_split_while_loading_alone_registers_the_quantizer(tmp_path):

@@ -124,6 +124,7 @@ class Int8Experts(nn.Module):
             self.register_buffer("down_proj_bias", torch.empty(e, h, dtype=torch.float32, device=device))
         # Expert parallelism: global expert id -> local index or -1. None: all experts are local.
         self.register_buffer("expert_map", None, persistent=False)
+        self.part_of = None  # a split's shard: the parallel.Split it is this rank's part of
 
     def _apply(self, fn, recurse=True):
         """``.to(dtype)``, ``.half()`` and the like move the fp32 scales and biases but keep them fp32: cast with a

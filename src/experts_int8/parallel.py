@@ -68,6 +68,9 @@ class Split:
                 and 0 <= self.rank < self.world_size):
             raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank!r}, world_size={self.world_size!r}")
 
+    def __str__(self) -> str:
+        return f"rank {self.rank}'s {self.mode} part of a split over {self.world_size} ranks"
+
     def bounds(self, num_experts: int, intermediate_size: int) -> tuple[int, int]:
         """``[lo, hi)`` of this rank's columns of I (tp) or experts (ep)."""
         parts = intermediate_size if self.mode == "tp" else num_experts
@@ -108,6 +111,7 @@ class Split:
         with torch.device("meta"):
             shard = Int8Experts(local_e, h, local_i, activation=like.activation, bias=like.has_bias,
                                 gated=like.has_gate, global_num_experts=e, backend=like.backend)
+        shard.part_of = self
         shard.load_quantized(*parts[:4])
         if like.has_bias:
             shard.load_biases(*parts[4:])
@@ -126,8 +130,9 @@ def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
         raise TypeError(f"shard_experts takes an Int8Experts module (quantize the model first), got "
                         f"{type(module).__name__}")
     split = Split(mode, rank, world_size)
-    if module.expert_map is not None:
-        raise ValueError("this experts module is already a shard (it has an expert_map)")
+    if module.part_of is not None or module.expert_map is not None:
+        raise ValueError(f"this experts module is already {module.part_of or 'a shard (it has an expert_map)'}; "
+                         f"split whole experts once")
     device = torch.device(device) if device is not None else module.down_proj.device
     return split.shard(module, lambda t: getattr(module, t), device)
 
@@ -139,6 +144,7 @@ class ParallelExperts(nn.Module):
     def __init__(self, local: Int8Experts, mode: str, group: Optional[dist.ProcessGroup] = None):
         super().__init__()
         self.local, self.mode, self.group = local, mode, group
+        self.register_state_dict_pre_hook(_refuse_saving_a_part)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         out = self.local(hidden_states, top_k_index, top_k_weights)
@@ -149,16 +155,47 @@ class ParallelExperts(nn.Module):
         return f"mode={self.mode}, world_size={dist.get_world_size(self.group)}"
 
 
+def _refuse_saving_a_part(module: "ParallelExperts", prefix: str, keep_vars: bool) -> None:
+    # A rank's part saved as the module would make a checkpoint that holds one slice of every experts tensor
+    # (save_pretrained writes rank 0's alone) and then fails to load as incomplete.
+    raise ValueError(f"{prefix.rstrip('.') or 'these experts'} hold only {module.local.part_of} (parallel.py): a "
+                     f"checkpoint of it would lack the other ranks' parts. Save the model before splitting it")
+
+
 def _require_dist(what: str) -> None:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{what} needs torch.distributed initialized on every rank first "
                            f"(dist.init_process_group, e.g. under torchrun)")
 
 
+def _split_over(group: Optional[dist.ProcessGroup], mode: str, what: str) -> "Split":
+    """This process's Split over ``group`` (default: the whole world); a process outside it is refused."""
+    _require_dist(what)
+    # (dist.new_group gives a process outside the group a marker in place of a ProcessGroup)
+    outside = group is dist.GroupMember.NON_GROUP_MEMBER
+    if group is not None and not outside and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{what}: group must be a torch.distributed ProcessGroup (dist.new_group) or None for "
+                        f"the whole world, got {type(group).__name__}")
+    if outside or dist.get_rank(group) < 0:
+        raise ValueError(f"{what}: this process (global rank {dist.get_rank()}) is not in the group given; call it "
+                         f"on the group's ranks only")
+    return Split(mode, dist.get_rank(group), dist.get_world_size(group))
+
+
 # --------------------------------------------------------------------------------------------------
 # Loading an int8 checkpoint split: each rank reads only its part of the experts from the files
 # --------------------------------------------------------------------------------------------------
-_LOADING: ContextVar[Optional[tuple]] = ContextVar("experts_int8_split_while_loading", default=None)
+@dataclass
+class Loading:
+    """What :func:`split_while_loading` asks of the loads inside it, and how many experts modules they split."""
+
+    split: Split
+    group: Optional[dist.ProcessGroup]
+    device: Optional[torch.device]
+    parts: int = 0
+
+
+_LOADING: ContextVar[Optional[Loading]] = ContextVar("experts_int8_split_while_loading", default=None)
 
 
 @contextmanager
@@ -167,20 +204,25 @@ def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = N
     """Inside this context, ``from_pretrained`` of an experts_int8 (int8) checkpoint gives this rank only its
     part of every experts module (``mode`` over ``group``), read from the safetensors files slice by slice
     onto ``device`` (default: where transformers places the module) and wrapped in :class:`ParallelExperts`.
-    No rank ever holds the whole experts. A float checkpoint raises here: quantize it once
-    (``experts-int8 quantize``), or load it whole and call :func:`parallelize_experts`."""
-    _require_dist("split_while_loading")
+    No rank ever holds the whole experts. A float checkpoint raises here, and so does a context that split
+    nothing: quantize the checkpoint once (``experts-int8 quantize``), or load it whole and call
+    :func:`parallelize_experts`."""
     from .integrations import transformers as _  # noqa: F401  -- registers quant_method "experts_int8"
 
-    token = _LOADING.set((Split(mode, dist.get_rank(group), dist.get_world_size(group)), group, device))
+    loading = Loading(_split_over(group, mode, "split_while_loading"), group, device)
+    token = _LOADING.set(loading)
     try:
         yield
     finally:
         _LOADING.reset(token)
+    if loading.parts == 0:  # (a float checkpoint without ExpertsInt8Config loads whole, past our quantizer)
+        raise ValueError("split_while_loading split no experts: what loaded inside it was not an experts_int8 (int8) "
+                         "checkpoint of a MoE model, so every rank holds it whole. Quantize the checkpoint once "
+                         "(experts-int8 quantize), or load it whole and call parallelize_experts")
 
 
-def loading_split() -> Optional[tuple]:
-    """``(split, group, device)`` inside :func:`split_while_loading`, else None (for the quantizer)."""
+def loading_split() -> Optional[Loading]:
+    """The :class:`Loading` of the :func:`split_while_loading` around this call, else None (for the quantizer)."""
     return _LOADING.get()
 
 
@@ -226,8 +268,7 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     :class:`Int8Experts`, its wrapped part). Call it on every
     rank with the same model (same weights), after ``dist.init_process_group``. The result is for inference:
     save a checkpoint before splitting (each rank holds only its part)."""
-    _require_dist("parallelize_experts")
-    split = Split(mode, dist.get_rank(group), dist.get_world_size(group))  # checks mode before any work
+    split = _split_over(group, mode, "parallelize_experts")  # checks mode and group before any work
 
     def part(module: Int8Experts) -> ParallelExperts:
         return ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
@@ -238,10 +279,15 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     if not targets:
         raise ValueError(f"{type(model).__name__} has no Int8Experts modules: quantize it first "
                          f"(ExpertsInt8Config when loading, or quantize_)")
+    split_already = [(name, m.part_of) for name, m in targets if m.part_of is not None]
+    if split_already:
+        raise ValueError(f"{split_already[0][0]} is already {split_already[0][1]}: split the whole model once")
     for name, module in targets:
         model.set_submodule(name, part(module))
+    if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained asks it before writing anything
+        model.hf_quantizer.split = split
     return model
 
 
-__all__ = ["MODES", "ParallelExperts", "PendingShard", "Split", "fill_pending_shards", "loading_split",
+__all__ = ["MODES", "Loading", "ParallelExperts", "PendingShard", "Split", "fill_pending_shards", "loading_split",
            "parallelize_experts", "shard_experts", "split_while_loading"]

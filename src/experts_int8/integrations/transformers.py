@@ -587,7 +587,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         self._quantized: set[str] = set()
         self._targets: set[str] = set()  # full names of the int8 weights (and expert biases) to fill
         self._layout = "fused"  # the architecture's experts layout in the checkpoint (Arch.layout)
-        self._loading = None  # (split, group, device) under parallel.split_while_loading
+        self._loading = None  # the parallel.Loading of a split_while_loading around this load
+        self.split = None  # the parallel.Split the model's experts are parts of, once split
         self._files: list = []
 
     @property
@@ -693,11 +694,13 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         if self._errors:
             raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
         if self._loading is not None:
-            split, group, device = self._loading
+            loading = self._loading
+            self.split = loading.split
             if not self._files:
                 raise ValueError("split_while_loading: transformers gave no checkpoint files to read the experts from")
-            fill_pending_shards(model, self._files, split, group,
-                                lambda name: device or _device_for(self._device_map, name) or torch.device("cpu"))
+            loading.parts += fill_pending_shards(
+                model, self._files, loading.split, loading.group,
+                lambda name: loading.device or _device_for(self._device_map, name) or torch.device("cpu"))
         if not self.pre_quantized:
             missing = sorted(self._targets - self._quantized)
             if missing:
@@ -721,6 +724,11 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return model
 
     def is_serializable(self, safe_serialization=None):
+        # save_pretrained asks this before it writes anything: a split model is refused here with nothing
+        # written (its state_dict would refuse too, after config.json; see parallel.ParallelExperts)
+        if self.split is not None:
+            raise ValueError(f"this model's experts hold only {self.split}: a checkpoint of it would lack the "
+                             f"other ranks' parts. Save the model before splitting it")
         return True
 
     @property
