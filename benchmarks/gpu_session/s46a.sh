@@ -6,9 +6,9 @@
 # tables (item 217 shipped the last of them), then GPT-OSS-20B's H100 tables (E=32, N=2880).
 # start.sh s46a.sh, then wait.sh 560 until CHAIN_DONE (~12-16 minutes warm); extract configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
-step "session 45's changes on the GPU (registration on import, dequantize, missing-key message)"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_transformers.py \
-  -k "bare_import or dequantize or fused_layout or bad_scales or quantize_in_memory" 2>&1 | tail -4
+step "session 45's changes on the GPU (registration on import, dequantize, missing-key message, split checks)"
+timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_parallel.py tests/test_transformers.py \
+  -k "parallel or bare_import or dequantize or fused_layout or bad_scales or quantize_in_memory" 2>&1 | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
 else
