@@ -161,6 +161,32 @@ def test_quantize_matches_on_the_fly_quantization(bf16_checkpoint, tmp_path, arc
         assert torch.equal(reloaded(ids).logits, fly(ids).logits)
 
 
+def test_quantize_reads_the_files_the_index_names(tmp_path):
+    """A file beside the index that it does not name (a consolidated.safetensors from another release) is not
+    the model's: transformers ignores it, and so must the converter (its keys overwrote the model's on reload).
+    A file the index names but the folder lacks is refused (it converted, and reloaded with random weights)."""
+    model = tiny_model("qwen3_moe", dtype=torch.bfloat16)
+    src = tmp_path / "src"
+    model.save_pretrained(src, max_shard_size="60KB")
+    assert (src / "model.safetensors.index.json").is_file()
+    stray = {k.removeprefix("model."): torch.randn_like(v.float()).to(v.dtype) for k, v in model.state_dict().items()}
+    save_file(stray, str(src / "consolidated.safetensors"), metadata={"format": "pt"})
+    result = invoke("quantize", src, tmp_path / "int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    fly = AutoModelForCausalLM.from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "int8", dtype=torch.bfloat16)
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, fly(ids).logits)
+
+    shards = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    gone = sorted(set(shards.values()))[-1]
+    os.remove(src / gone)
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"),
+                          f"model.safetensors.index.json names {gone}, missing from", "download the checkpoint again")
+    assert not (tmp_path / "o").exists()
+
+
 def test_quantize_refuses_transposed_fused_experts_with_the_way_that_works(tmp_path):
     """Fused experts stored [E, H, 2I] / [E, I, H] (as Qwen3-VL's releases): transformers transposes them
     while loading; the streaming converter refuses them and says so."""

@@ -40,7 +40,10 @@ from experts_int8.quant import dequantize_weights  # noqa: E402
 from models import ARCH_NAMES, tiny_model  # noqa: E402
 
 SUFFIXES = ("weight_packed", "weight_scale", "weight_shape")
-CASES = [(a, "per-expert") for a in ARCH_NAMES if a not in EXPORT_UNSUPPORTED] + [("mixtral", "fused")]
+# Fused sources: the export writes the per-expert names transformers merges for the architecture (w1/w3/w2 for the
+# Mixtral family, gate_proj/... for most others, up_proj/down_proj without a gate)
+FUSED_CASES = [(a, "fused") for a in ("mixtral", "phimoe", "lfm2_moe", "qwen3_moe", "nemotron_h")]
+CASES = [(a, "per-expert") for a in ARCH_NAMES if a not in EXPORT_UNSUPPORTED] + FUSED_CASES
 
 
 def tensors(path) -> dict:
@@ -160,7 +163,7 @@ def test_library_decompresses_our_int8_bit_exactly(converted, arch, layout):
 
 
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`")  # we do pass dequantize=True on purpose
-@pytest.mark.parametrize("arch,layout", [c for c in CASES if c[1] == "per-expert"])
+@pytest.mark.parametrize("arch,layout", CASES)
 def test_transformers_loads_the_export(converted, arch, layout):
     if arch == "phimoe" and Version(transformers.__version__) < Version("5.24"):
         pytest.skip("transformers 5.17 quantizes PhiMoE's router, an nn.Linear named block_sparse_moe.gate in the "
@@ -224,6 +227,17 @@ def test_scales_cast_to_the_model_dtype_lose_little(converted):
     assert worst <= 2 ** -8  # round-to-nearest into bf16 (8 significant bits): unit roundoff 2^-8
     # The extra error is a per-row gain change, far below the int8 rounding itself (~40 dB).
     assert snr_db(torch.cat([b.flatten() for b in bf16]), torch.cat([f.flatten() for f in fp32])) > 50
+
+
+def test_fused_experts_of_an_architecture_read_fused_only_are_refused(tmp_path):
+    """Qwen3-VL-MoE's checkpoints hold the experts fused and transformers merges no per-expert keys for it: an
+    export under per-expert names loaded with its experts missing (random) and only a load report."""
+    src = tmp_path / "src"
+    tiny_model("qwen3_vl_moe", dtype=torch.bfloat16).save_pretrained(src)
+    with pytest.raises(ValueError, match="holds its experts fused, and transformers reads this architecture's "
+                                         "experts fused only.*--format native"):
+        export_compressed_tensors(src, tmp_path / "ct", progress=False)
+    assert not (tmp_path / "ct").exists()
 
 
 def test_python_entry_and_unknown_format(tmp_path, converted):

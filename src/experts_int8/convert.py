@@ -69,8 +69,8 @@ QUANT_CONFIG = {"quant_method": "experts_int8", "bits": 8, "scheme": "symmetric_
                 "modules_to_not_convert": None, "allow_no_experts": False}
 INDEX_NAME = "model.safetensors.index.json"
 FORMATS = ("native", "compressed-tensors")
-# Per-expert projection names for experts stored fused in the source (gate, up, down): vLLM's names.
-FUSED_EXPORT_NAMES = {"mixtral": ("w1", "w3", "w2")}
+# Per-expert projection names (gate, up, down) for experts stored fused in the source, without transformers to
+# say which names its loader merges (see _loader_expert_names)
 DEFAULT_EXPORT_NAMES = ("gate_proj", "up_proj", "down_proj")
 # Per-expert projection names -> role in the fused layout.
 ROLES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "down", "down_proj": "down"}
@@ -136,6 +136,26 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def _weight_files(p: Path) -> list[Path]:
+    """The safetensors files transformers loads from ``p``: those its index names (each must be there), else
+    model.safetensors, else every *.safetensors. Another file beside an index (a consolidated.safetensors from
+    another release) is not the model's: read, its keys would overwrite the model's."""
+    index = p / INDEX_NAME
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): "
+                             f"{type(e).__name__}: {e}") from None
+        missing = [n for n in names if not (p / n).is_file()]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise ValueError(f"{index} names {missing[0]}{more}, missing from {p}; download the checkpoint again")
+        return [p / n for n in names]
+    single = p / "model.safetensors"
+    return [single] if single.is_file() else sorted(p.glob("*.safetensors"))
+
+
 def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
     """Check ``path`` is a Hugging Face model directory; returns (dir, config dict, safetensors files)."""
     p = Path(path)
@@ -152,7 +172,7 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
         raise ValueError(f"{config_file} is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not a model config's object")
-    files = sorted(p.glob("*.safetensors"))
+    files = _weight_files(p)
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
         try:
             with safe_open(str(f), framework="pt"):
@@ -350,7 +370,12 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         if format == "native":
             quant_config, emit = dict(QUANT_CONFIG), _quantize_group
         else:
-            names = FUSED_EXPORT_NAMES.get(_model_type(config), DEFAULT_EXPORT_NAMES)
+            names = _loader_expert_names(config)
+            if names is None and any(not g.per_expert for g in groups.values()):
+                raise ValueError(f"{src} ({_model_type(config)}) holds its experts fused, and transformers reads this "
+                                 f"architecture's experts fused only: a compressed-tensors export (one Linear per "
+                                 f"expert projection) would load with its experts missing. Write the native int8 "
+                                 f"format instead (--format native)")
             quant_config = compressed_tensors_config(_ignored_modules(headers, groups))
             emit = lambda *a: _compressed_tensors_group(*a, fused_names=names)  # noqa: E731
         in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
@@ -440,6 +465,37 @@ def _experts_renames(config: dict) -> list:
                 if FUSED.match("model." + target):  # a whole experts tensor, not a module's rename
                     renames.append((re.compile(source), target))
     return renames
+
+
+def _loader_expert_names(config: dict) -> Optional[tuple[str, str, str]]:
+    """(gate, up, down): the per-expert projection names transformers merges into this architecture's experts
+    (Mixtral's w1, w3, w2; most others' gate_proj, up_proj, down_proj), read from its conversion mapping (the
+    model's and its text model's); None where it merges none: its checkpoints hold the experts fused, and
+    per-expert names would not load."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+    except ImportError:
+        return DEFAULT_EXPORT_NAMES
+    names = {}
+    for model_type in sorted({config.get("model_type"), _model_type(config)} - {None}):
+        for conversion in get_checkpoint_conversion_mapping(model_type) or []:
+            if not isinstance(conversion, WeightConverter):
+                continue
+            found = [re.search(r"experts\.\*\.(\w+)\.weight$", pattern.replace("\\", ""))
+                     for pattern in conversion.source_patterns]
+            if not found or not all(found):
+                continue
+            projections, target = [m.group(1) for m in found], conversion.target_patterns[0]
+            if target.endswith("gate_up_proj") and len(projections) == 2:
+                names["gate"], names["up"] = projections
+            elif target.endswith("up_proj") and len(projections) == 1:  # experts without a gate
+                names["up"] = projections[0]
+            elif target.endswith("down_proj") and len(projections) == 1:
+                names["down"] = projections[0]
+    if "up" not in names or "down" not in names:
+        return None
+    return names.get("gate", DEFAULT_EXPORT_NAMES[0]), names["up"], names["down"]
 
 
 def _architectures() -> Optional[dict]:
