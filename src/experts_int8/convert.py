@@ -3,7 +3,9 @@
     report = quantize_checkpoint("Mixtral-8x7B", "Mixtral-8x7B-int8")
 
 The result is the same on-disk format that ``save_pretrained`` writes for a model loaded with
-``ExpertsInt8Config`` (so ``from_pretrained(dst)`` reloads it without re-quantizing):
+``ExpertsInt8Config`` (so ``from_pretrained(dst)`` reloads it without re-quantizing), and the same int8 values
+when that load keeps the checkpoint's dtype (the converter quantizes the stored weights; a load in a narrower
+dtype quantizes them after rounding, which moves a few values by one step):
 
   * every routed-experts block becomes four tensors under the checkpoint's own prefix
     (``<prefix>.experts.gate_up_proj`` int8 ``[E, 2I, H]`` gate rows then up rows,
@@ -26,8 +28,9 @@ fused tensor it becomes.
 
 ``format="compressed-tensors"`` (:func:`export_compressed_tensors`) writes the same int8 values and
 scales in the compressed-tensors "pack-quantized" W8A16 layout that vLLM loads, one Linear per
-expert projection under the checkpoint's own per-expert names (fused sources get
-``<prefix>.experts.{e}.{w1|w3|w2}`` for Mixtral, ``gate_proj|up_proj|down_proj`` otherwise):
+expert projection under the checkpoint's own per-expert names (fused sources get the names transformers
+merges for the architecture, ``<prefix>.experts.{e}.{w1|w3|w2}`` for the Mixtral family,
+``gate_proj|up_proj|down_proj`` for most others; an architecture whose experts it reads fused only is refused):
 
   * ``<proj>.weight_packed`` int32 ``[N, ceil(K / 4)]``: four values per word, value ``q + 128``
     (unsigned byte) of element ``4j + b`` in bits ``8b .. 8b + 7`` of word ``j``, zero padding;
