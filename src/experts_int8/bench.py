@@ -168,6 +168,12 @@ def form_label(gated: bool, activation: str, biases: bool) -> str:
     return ", ".join(parts + (["biases"] if biases else []))
 
 
+def is_valid_shape(num_experts: int, hidden: int, inter: int, top_k: int) -> bool:
+    """E, H, I and k all positive, with k <= E (a token picks k different experts): the one rule for every
+    shape given to bench and tune, whichever way it came."""
+    return min(num_experts, hidden, inter, top_k) >= 1 and top_k <= num_experts
+
+
 def parse_shape(text: str) -> tuple[str, tuple[int, int, int, int]]:
     """A named shape from SHAPES or ``E:H:I:k`` (e.g. ``8:256:512:2``) -> (name, (E, H, I, k))."""
     text = text.strip()
@@ -179,7 +185,7 @@ def parse_shape(text: str) -> tuple[str, tuple[int, int, int, int]]:
     except ValueError:
         raise ValueError(f"unknown shape {text!r}: use one of {', '.join(SHAPES)} or E:H:I:k (colons: commas "
                          f"separate shapes, e.g. 8:4096:14336:2,qwen3-30b-a3b)") from None
-    if min(e, h, i, k) < 1 or k > e:
+    if not is_valid_shape(e, h, i, k):
         raise ValueError(f"shape {text!r}: E, H, I, k must be positive with k <= E")
     return f"E{e}-H{h}-I{i}-k{k}", (e, h, i, k)
 

@@ -82,7 +82,9 @@ def parse_shape_option(text: str) -> tuple[int, int, int, int]:
     except ValueError:
         raise click.BadParameter(f"expected E,H,I,k (four integers, e.g. 8,4096,14336,2), got {text!r}",
                                  param_hint="--shape") from None
-    if min(e, h, i, k) < 1 or k > e:
+    from .bench import is_valid_shape
+
+    if not is_valid_shape(e, h, i, k):
         raise click.BadParameter(f"E, H, I, k must be positive with k <= E, got {text!r}", param_hint="--shape")
     return e, h, i, k
 
@@ -118,7 +120,9 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     hidden = first("moe_latent_size", "hidden_size")  # the experts' width (NemotronH's latent projection)
     inter = first("moe_intermediate_size", "intermediate_size")
     top_k = first("num_experts_per_tok", "num_experts_per_token", "moe_top_k", "top_k", "moe_k", "moe_topk")
-    if min(experts, hidden, inter, top_k) < 1 or top_k > experts:
+    from .bench import is_valid_shape
+
+    if not is_valid_shape(experts, hidden, inter, top_k):
         raise ValueError(f"{p}: the experts' shape E={experts}, H={hidden}, I={inter}, k={top_k} is not one to "
                          f"tune (all positive, k <= E)")
     return experts, hidden, inter, top_k

@@ -661,7 +661,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     for d in dtypes:
         if d not in DTYPES:
             raise ValueError(f"unknown dtype {d!r}: use {' and/or '.join(DTYPES)}")
-    if min(num_experts, hidden, inter, top_k) < 1 or top_k > num_experts:
+    if not bench.is_valid_shape(num_experts, hidden, inter, top_k):
         raise ValueError(f"bad shape E={num_experts}, H={hidden}, I={inter}, k={top_k}: positive, with k <= E")
     ms = sorted(set(int(m) for m in ms))
     if not ms or ms[0] < 1:
