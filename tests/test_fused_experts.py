@@ -1115,3 +1115,40 @@ def test_gated_table_entries_serve_experts_without_a_gate(extra, monkeypatch):
     monkeypatch.setattr(ops, "get_config", lambda *args, **kw: dict(entry))
     check(3, 4, 67, 48, 2, torch.float16, "triton", gated=False, activation="relu2")
     check(5, 4, 64, 48, 2, torch.float32, "triton", gated=False)
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("on_input", [False, True])
+def test_gradients_match_the_reference_path(quantized, gated, on_input):
+    """Adapters trained around frozen int8 experts need the gradient through them (and the router's): the
+    kernel's op gives the reference path's, for x, the routing weights, float weights and expert biases."""
+    torch.manual_seed(0)
+    m, e, h, i, k = 7, 5, 32, 16, 2
+    experts = make_experts(e, h, i, quantized, torch.float32, gated)
+    x = torch.randn(m, h, device=DEVICE)
+    topk_weights, ids = select_experts(torch.randn(m, e + 1, device=DEVICE), k)
+    topk_weights = topk_weights * (0.25 + torch.rand_like(topk_weights))
+    expert_map = torch.tensor([0, 1, -1, 2, 3, 4], dtype=torch.int32, device=DEVICE)  # one expert held elsewhere
+    rows = (2 if gated else 1) * i
+    biases = {} if on_input else dict(w13_bias=torch.randn(e, rows, device=DEVICE),  # (biases: on the output)
+                                      w2_bias=torch.randn(e, h, device=DEVICE))
+    probe = torch.randn(m, h, device=DEVICE)
+
+    def grads(backend):
+        leaves = {"x": x, "topk_weights": topk_weights, **biases}
+        if not quantized:
+            leaves |= {"w13": experts["w13"], "w2": experts["w2"]}
+        leaves = {n: t.clone().requires_grad_() for n, t in leaves.items()}
+        args = {**experts, **biases, **leaves}
+        out = fused_experts(args.pop("x"), args.pop("w13"), args.pop("w2"), topk_ids=ids, expert_map=expert_map,
+                            apply_router_weight_on_input=on_input, backend=backend, **args)
+        assert out.requires_grad
+        (out * probe).sum().backward()
+        return {n: t.grad for n, t in leaves.items()}
+
+    ours, reference_grads = grads("triton"), grads("torch")
+    assert ours.keys() == reference_grads.keys()
+    for name, g in ours.items():
+        assert g is not None and g.abs().sum() > 0, name
+        assert torch.allclose(g, reference_grads[name], rtol=1e-5, atol=1e-6), name

@@ -302,6 +302,25 @@ def test_quantize_in_memory_saves_and_reloads(tmp_path):
         assert torch.equal(model(x).logits, reloaded(x).logits)
 
 
+def test_adapters_train_through_the_int8_experts():
+    """The gradient of a layer before the experts (an adapter's place) through the kernel's op equals the
+    reference path's; transformers is told the model trains (with adapters: its experts stay frozen)."""
+    grads = {}
+    for backend in ("triton", "torch"):
+        model = quantize_(tiny_model("olmoe", dtype=torch.float32))
+        assert model.hf_quantizer.is_trainable
+        for _, m in find_experts(model):
+            m.backend = backend
+        model.requires_grad_(False)
+        first = model.model.layers[0].self_attn.q_proj.weight
+        first.requires_grad_(True)
+        loss = model(_inputs(9).cpu(), labels=_inputs(9).cpu()).loss
+        loss.backward()
+        grads[backend] = first.grad
+    assert grads["triton"].abs().sum() > 0
+    assert torch.allclose(grads["triton"], grads["torch"], rtol=1e-4, atol=1e-6)
+
+
 def test_bare_import_is_enough_to_reload_an_int8_checkpoint(tmp_path):
     # transformers skips an unknown quant_method with only a warning and loads the int8 tensors as float
     # weights, so `import experts_int8` alone must register it (a fresh interpreter: this one has it already).

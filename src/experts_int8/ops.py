@@ -340,6 +340,37 @@ def _(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply
     return x.new_empty((x.shape[0], w2.shape[1]))
 
 
+# The op's float tensor inputs that can carry a gradient (by position): x, w13, w2, topk_weights, w13_scale,
+# w2_scale, w13_bias, w2_bias. int8 weights and the ids never do.
+_DIFFERENTIABLE = (0, 1, 2, 3, 5, 6, 10, 11)
+
+
+def _save_for_backward(ctx, inputs, output):
+    ctx.save_for_backward(*(t if isinstance(t, torch.Tensor) else None for t in inputs))
+    ctx.options = inputs[7:9]  # activation, apply_router_weight_on_input
+    # (by position here: ctx.needs_input_grad leaves out the inputs given as None)
+    ctx.wanted = [i for i in _DIFFERENTIABLE if isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad]
+
+
+def _backward(ctx, grad):
+    """Gradients through the experts, for adapters trained around frozen int8 experts (and the router's
+    weights): the reference path's, recomputed one expert at a time. Correct, not fast: the forward stays the
+    kernel's."""
+    saved, wanted = list(ctx.saved_tensors), ctx.wanted
+    with torch.enable_grad():
+        for i in wanted:
+            saved[i] = saved[i].detach().requires_grad_(True)
+        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, _, _, expert_map, w13_bias, w2_bias = saved
+        out = reference.fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
+                                      activation=ctx.options[0], apply_router_weight_on_input=ctx.options[1],
+                                      expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias)
+        grads = dict(zip(wanted, torch.autograd.grad(out, [saved[i] for i in wanted], grad, allow_unused=True)))
+    return tuple(grads.get(i) for i in range(12))
+
+
+_fused_experts_triton.register_autograd(_backward, setup_context=_save_for_backward)
+
+
 def fused_experts(
     x: torch.Tensor,
     w13: torch.Tensor,

@@ -733,7 +733,9 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
 
     @property
     def is_trainable(self) -> bool:
-        return False
+        # Adapters (PEFT's LoRA on attention, say) train around the frozen int8 experts: the gradient flows
+        # through them (ops' backward). transformers' Trainer still refuses a quantized model without adapters.
+        return True
 
     @property
     def is_compileable(self) -> bool:
