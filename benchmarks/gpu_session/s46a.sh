@@ -1,6 +1,7 @@
 #!/bin/bash
 # The next session's first chain (NOTES "Next GPU session (after the forty-fifth)"). First, on either card, the
-# tests session 45's changes touched (bare-import registration, model.dequantize(), the missing-key message),
+# tests session 45's changes touched (bare-import registration, model.dequantize(), gradients through the op,
+# the split and converter fixes),
 # under device_map="cuda". On an H200: s44b.sh's H200 branch (item 214's FP16_DOT A/B on the tables' decode
 # entries and its fold, then the full bench once). On an H100: the full bench of the five shapes on the H100
 # tables (item 217 shipped the last of them), then GPT-OSS-20B's H100 tables (E=32, N=2880).
@@ -8,7 +9,8 @@
 source benchmarks/gpu_session/common.sh "$1"
 step "session 45's changes on the GPU (registration on import, dequantize, missing-key message, split checks)"
 timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_parallel.py tests/test_transformers.py \
-  -k "parallel or bare_import or dequantize or fused_layout or bad_scales or quantize_in_memory" 2>&1 | tail -4
+  tests/test_fused_experts.py tests/test_export.py tests/test_cli.py -k "parallel or bare_import or dequantize or \
+  fused_layout or bad_scales or quantize_in_memory or gradients or adapters or index_names or fused" 2>&1 | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
 else
