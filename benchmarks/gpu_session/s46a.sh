@@ -8,7 +8,7 @@
 # start.sh s46a.sh, then wait.sh 560 until CHAIN_DONE (~12-16 minutes warm); extract configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
 step "session 45's changes on the GPU (registration on import, dequantize, missing-key message, split checks)"
-timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE tests/test_parallel.py tests/test_transformers.py \
+timeout 360 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_parallel.py tests/test_transformers.py \
   tests/test_fused_experts.py tests/test_export.py tests/test_cli.py -k "parallel or bare_import or dequantize or \
   fused_layout or bad_scales or quantize_in_memory or gradients or adapters or index_names or fused" 2>&1 | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
