@@ -345,6 +345,49 @@ def _(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply
 _DIFFERENTIABLE = (0, 1, 2, 3, 5, 6, 10, 11)
 
 
+@torch.library.custom_op("experts_int8::fused_experts_backward", mutates_args=())
+def _fused_experts_backward(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: Optional[torch.Tensor],
+    w2_scale: Optional[torch.Tensor],
+    activation: str,
+    apply_router_weight_on_input: bool,
+    expert_map: Optional[torch.Tensor],
+    w13_bias: Optional[torch.Tensor],
+    w2_bias: Optional[torch.Tensor],
+    wanted: list[int],
+) -> list[torch.Tensor]:
+    """The gradients of fused_experts' inputs at positions ``wanted`` (of _DIFFERENTIABLE): the reference path's,
+    recomputed one expert at a time. Correct, not fast. An op of its own, so that torch.compile sees one call
+    (the reference path's per-expert loop depends on the routing's values)."""
+    inputs = [x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
+              expert_map, w13_bias, w2_bias]
+
+    def forward(*differentiated):
+        a = list(inputs)
+        for i, t in zip(wanted, differentiated):
+            a[i] = t
+        return reference.fused_experts(a[0], a[1], a[2], a[3], a[4], w13_scale=a[5], w2_scale=a[6], activation=a[7],
+                                       apply_router_weight_on_input=a[8], expert_map=a[9], w13_bias=a[10],
+                                       w2_bias=a[11])
+
+    # (torch.func: autograd does not record inside an op's implementation; its transforms do)
+    _, vjp = torch.func.vjp(forward, *(inputs[i] for i in wanted))
+    return list(vjp(grad))
+
+
+@_fused_experts_backward.register_fake
+def _(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
+      expert_map, w13_bias, w2_bias, wanted):
+    inputs = [x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, None, None, expert_map, w13_bias, w2_bias]
+    return [torch.empty_like(inputs[i]) for i in wanted]
+
+
 def _save_for_backward(ctx, inputs, output):
     ctx.save_for_backward(*(t if isinstance(t, torch.Tensor) else None for t in inputs))
     ctx.options = inputs[7:9]  # activation, apply_router_weight_on_input
@@ -354,18 +397,12 @@ def _save_for_backward(ctx, inputs, output):
 
 def _backward(ctx, grad):
     """Gradients through the experts, for adapters trained around frozen int8 experts (and the router's
-    weights): the reference path's, recomputed one expert at a time. Correct, not fast: the forward stays the
-    kernel's."""
-    saved, wanted = list(ctx.saved_tensors), ctx.wanted
-    with torch.enable_grad():
-        for i in wanted:
-            saved[i] = saved[i].detach().requires_grad_(True)
-        x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, _, _, expert_map, w13_bias, w2_bias = saved
-        out = reference.fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
-                                      activation=ctx.options[0], apply_router_weight_on_input=ctx.options[1],
-                                      expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias)
-        grads = dict(zip(wanted, torch.autograd.grad(out, [saved[i] for i in wanted], grad, allow_unused=True)))
-    return tuple(grads.get(i) for i in range(12))
+    weights); the forward stays the kernel's."""
+    x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, _, _, expert_map, w13_bias, w2_bias = ctx.saved_tensors
+    grads = _fused_experts_backward(grad.contiguous(), x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
+                                    *ctx.options, expert_map, w13_bias, w2_bias, ctx.wanted)
+    by_position = dict(zip(ctx.wanted, grads))
+    return tuple(by_position.get(i) for i in range(12))
 
 
 _fused_experts_triton.register_autograd(_backward, setup_context=_save_for_backward)
