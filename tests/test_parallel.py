@@ -80,7 +80,8 @@ def test_tp_shard_of_experts_without_a_gate_keeps_its_up_rows():
     (("tp", 0, 2), TypeError, "Int8Experts"),
     (("pp", 0, 2), ValueError, "mode must be one of"),
     (("ep", 2, 2), ValueError, "0 <= rank < world_size"),
-    (("ep", 0, 7), ValueError, "cannot split 6 experts over 7 ranks; use fewer ranks or mode='tp'"),
+    (("ep", 0, 7), ValueError, r"cannot split 6 experts over 7 ranks; use fewer ranks or mode 'tp' \(--parallel tp\)"),
+    (("tp", True, 2), ValueError, "0 <= rank < world_size"),
     (("tp", 0, 25), ValueError, "cannot split 24 columns of I over 25 ranks"),
 ])
 def test_shard_errors(args, error, match):

@@ -64,8 +64,8 @@ class Split:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not (isinstance(self.world_size, int) and self.world_size >= 1 and isinstance(self.rank, int)
-                and 0 <= self.rank < self.world_size):
+        ints = all(isinstance(n, int) and not isinstance(n, bool) for n in (self.rank, self.world_size))
+        if not (ints and self.world_size >= 1 and 0 <= self.rank < self.world_size):
             raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank!r}, world_size={self.world_size!r}")
 
     def __str__(self) -> str:
@@ -75,7 +75,7 @@ class Split:
         """``[lo, hi)`` of this rank's columns of I (tp) or experts (ep)."""
         parts = intermediate_size if self.mode == "tp" else num_experts
         if self.world_size > parts:
-            what, hint = ("columns of I", "") if self.mode == "tp" else ("experts", " or mode='tp'")
+            what, hint = ("columns of I", "") if self.mode == "tp" else ("experts", " or mode 'tp' (--parallel tp)")
             raise ValueError(f"cannot split {parts} {what} over {self.world_size} ranks; use fewer ranks{hint}")
         return _split(parts, self.world_size, self.rank)
 
