@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import importlib.util
 import json
 import logging
 import os
@@ -375,8 +376,16 @@ def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_p
             expected[name] |= {f"{w13}_bias": _w13(m, "_bias").bfloat16(), "down_proj_bias": m.down_proj_bias.bfloat16()}
         expected[name] = {t: from_fused_layout(layout, t, v) for t, v in expected[name].items()}
 
+    hooked = None
+    if importlib.util.find_spec("accelerate"):  # a placement hook moves with the module it placed
+        from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+        hooked = find_experts(model)[0][0]
+        add_hook_to_module(model.get_submodule(hooked), AlignDevicesHook(execution_device=x.device))
     model.dequantize()
     assert not model.is_quantized and getattr(model.config, "quantization_config", None) is None
+    if hooked:
+        assert isinstance(model.get_submodule(hooked)._hf_hook, AlignDevicesHook)
     floats = dict(find_experts(float_model))
     for name, m in find_experts(model):
         assert type(m) is type(floats[name])
@@ -407,6 +416,13 @@ def test_dequantize_refuses_what_it_cannot_rebuild():
         model.dequantize()
     hand_made = Int8Experts.from_float(dequantize_weights(_w13(m), _w13(m, "_scale")),
                                        dequantize_weights(m.down_proj, m.down_proj_scale))
+    if importlib.util.find_spec("accelerate"):
+        from accelerate.hooks import AlignDevicesHook, add_hook_to_module
+
+        model.set_submodule(name, m)
+        add_hook_to_module(m, AlignDevicesHook(execution_device="cpu", offload=True, weights_map={}))
+        with pytest.raises(ValueError, match=f"{name} is offloaded by accelerate"):
+            model.dequantize()
     model.set_submodule(name, hand_made)
     with pytest.raises(ValueError, match=f"{name} was not made by experts_int8's transformers integration"):
         model.dequantize()

@@ -799,6 +799,10 @@ def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch
     if float_module is None:
         raise ValueError(f"{name} was not made by experts_int8's transformers integration (from_pretrained or "
                          f"quantize_): there is no float module to rebuild; load the float checkpoint instead")
+    hook = getattr(module, "_hf_hook", None)  # accelerate's placement hook (device_map="auto" and the like)
+    if hook is not None and (getattr(hook, "offload", False) or getattr(hook, "weights_map", None) is not None):
+        raise ValueError(f"{name} is offloaded by accelerate (its weights come from an int8 weights map at each "
+                         f"forward), which dequantize cannot rewrite: load the model onto devices that hold it")
     wanted = dict(float_module.named_parameters())
     dtype = dtype or next(iter(wanted.values())).dtype
     w13 = module.w13_name
@@ -814,6 +818,10 @@ def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch
                          f"({type(float_module).__name__}: {[(t, tuple(p.shape)) for t, p in wanted.items()]})")
     for t, value in tensors.items():
         setattr(float_module, t, nn.Parameter(value, requires_grad=wanted[t].requires_grad))
+    if hook is not None:  # the float module runs where the int8 one did
+        from accelerate.hooks import add_hook_to_module
+
+        add_hook_to_module(float_module, hook)
     del module.__dict__["_float_module"]
     return float_module
 
