@@ -1152,3 +1152,26 @@ def test_gradients_match_the_reference_path(quantized, gated, on_input):
     for name, g in ours.items():
         assert g is not None and g.abs().sum() > 0, name
         assert torch.allclose(g, reference_grads[name], rtol=1e-5, atol=1e-6), name
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_autocast_leaves_the_precision_alone(backend):
+    """The kernel's op keeps its own precision under autocast; the torch path (which also gives the op's
+    gradients) must too, or Trainer(bf16=True) would compute different losses on the two paths."""
+    torch.manual_seed(0)
+    experts = make_experts(4, 32, 16)
+    x = torch.randn(6, 32, device=DEVICE, requires_grad=True)
+    w, ids = select_experts(torch.randn(6, 4, device=DEVICE), 2)
+    plain = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend=backend)
+    (grad_plain,) = torch.autograd.grad(plain.square().sum(), x)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        cast = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend=backend)
+        loss = cast.square().sum()
+    (grad_cast,) = torch.autograd.grad(loss, x)  # (backward outside autocast, as torch advises)
+    assert cast.dtype == torch.float32 and torch.equal(cast, plain)
+    assert torch.equal(grad_cast, grad_plain)
+    if backend == "triton":  # the op's own backward keeps its precision even when called inside autocast
+        with torch.autocast(DEVICE, dtype=torch.bfloat16):
+            cast = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend=backend)
+            (grad_inside,) = torch.autograd.grad(cast.square().sum(), x)
+        assert torch.equal(grad_inside, grad_plain)

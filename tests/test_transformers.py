@@ -408,6 +408,33 @@ def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_p
         assert torch.equal(reloaded(x).logits, logits)
 
 
+@pytest.mark.parametrize("first,now", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
+def test_dequantize_follows_the_models_dtype_now(first, now):
+    # transformers passes config.dtype, which model.to() does not update: bf16 experts in an fp32 model before
+    model = quantize_(tiny_model("olmoe", dtype=first)).to(now)
+    int8 = {name: (_w13(m), _w13(m, "_scale"), m.down_proj, m.down_proj_scale) for name, m in find_experts(model)}
+    model.dequantize()
+    for name, m in find_experts(model):
+        q13, s13, q2, s2 = int8[name]
+        assert m.gate_up_proj.dtype == now and torch.equal(m.gate_up_proj, dequantize_weights(q13, s13, now))
+        assert torch.equal(m.down_proj, dequantize_weights(q2, s2, now))
+
+
+def test_adapters_on_the_int8_weights_themselves_are_refused():
+    """A parametrization of an int8 tensor (peft's LoRA with target_parameters) casts its factors to int8:
+    they round away and take no gradient, so the adapter would silently train nothing."""
+    model = quantize_(tiny_model("olmoe", dtype=torch.float32))
+    name, experts = find_experts(model)[0]
+
+    class AddZero(torch.nn.Module):
+        def forward(self, w):
+            return w
+
+    torch.nn.utils.parametrize.register_parametrization(experts, "gate_up_proj", AddZero(), unsafe=True)
+    with pytest.raises(ValueError, match="int8 experts' weights are parametrized .*dequantize\\(\\) the model first"):
+        model(_inputs(10).cpu())
+
+
 def test_dequantize_refuses_what_it_cannot_rebuild():
     model = quantize_(tiny_model("olmoe", dtype=torch.bfloat16))
     name, m = find_experts(model)[0]

@@ -32,6 +32,7 @@ from typing import Optional
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .ops import BACKENDS, fused_experts
 from .quant import check_weights, quantize_weights
@@ -224,6 +225,12 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
     ``experts_implementation="experts_int8"``.
     """
     name = w13_name(module)
+    if parametrize.is_parametrized(module) and getattr(module, name).dtype == torch.int8:
+        # e.g. peft's LoRA on the experts' own tensors (target_parameters): its factors cast to int8 round to
+        # integers and carry no gradient, so the adapter would silently train nothing
+        raise ValueError(f"the int8 experts' weights are parametrized ({', '.join(module.parametrizations)}), e.g. "
+                         f"by a LoRA adapter on them: int8 weights take none. Put adapters on other layers (attention, "
+                         f"dense MLPs), or dequantize() the model first")
     w13, w2 = getattr(module, name), module.down_proj
     s13 = getattr(module, f"{name}_scale", None) if w13.dtype == torch.int8 else None
     s2 = getattr(module, "down_proj_scale", None) if w2.dtype == torch.int8 else None

@@ -376,9 +376,11 @@ def _fused_experts_backward(
                                        apply_router_weight_on_input=a[8], expert_map=a[9], w13_bias=a[10],
                                        w2_bias=a[11])
 
-    # (torch.func: autograd does not record inside an op's implementation; its transforms do)
-    _, vjp = torch.func.vjp(forward, *(inputs[i] for i in wanted))
-    return list(vjp(grad))
+    # (torch.func: autograd does not record inside an op's implementation; its transforms do. Its backward keeps
+    # fp32 products under autocast, as the forward does.)
+    with torch.autocast(x.device.type, enabled=False):
+        _, vjp = torch.func.vjp(forward, *(inputs[i] for i in wanted))
+        return list(vjp(grad))
 
 
 @_fused_experts_backward.register_fake

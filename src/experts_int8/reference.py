@@ -90,6 +90,15 @@ def fused_experts(
     ``expert_map[global_id]`` is the local index of that expert or -1 (expert lives elsewhere:
     the slot contributes 0). Inputs are assumed valid; :mod:`experts_int8.ops` validates.
     """
+    # Its products accumulate in fp32 (fp64 for fp64 x) as the kernel's do, autocast or not: under autocast the
+    # kernel's op keeps its own precision, and this path (which also gives the op's gradients) must match it.
+    with torch.autocast(x.device.type, enabled=False):
+        return _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+                              apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
+
+
+def _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
+                   expert_map, w13_bias, w2_bias) -> torch.Tensor:
     m, k = topk_ids.shape
     gated = is_gated(w13, w2)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32

@@ -710,6 +710,13 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         _drop_expert_converters(model)
         return model
 
+    def dequantize(self, model, dtype=None):
+        # transformers' default is model.config.dtype, which model.to(dtype) leaves as it was: the experts come
+        # back in the dtype the rest of the model has now
+        if dtype is None:
+            dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        return super().dequantize(model, dtype=dtype)
+
     def _dequantize(self, model, dtype=None):
         """``model.dequantize()``: each int8 experts module becomes the model's own float one again, holding
         q * scale in ``dtype`` (transformers passes the config's), in the checkpoint's layout."""
