@@ -715,15 +715,15 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         # back in the dtype the rest of the model has now
         if dtype is None:
             dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         return super().dequantize(model, dtype=dtype)
 
     def _dequantize(self, model, dtype=None):
         """``model.dequantize()``: each int8 experts module becomes the model's own float one again, holding
-        q * scale in ``dtype`` (transformers passes the config's), in the checkpoint's layout."""
+        q * scale in ``dtype`` (see ``dequantize``), in the checkpoint's layout."""
         if any(isinstance(m, (ParallelExperts, PendingShard)) for m in model.modules()):
             raise ValueError("the experts are split across ranks (parallelize_experts / split_while_loading): a "
                              "rank's part cannot become the model's float module; dequantize before splitting")
-        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         layout = _layout_of(model)
         for name, module in find_experts(model):
             if isinstance(module, Int8Experts):
