@@ -280,6 +280,28 @@ def test_split_while_loading_errors(tmp_path):
         dist.destroy_process_group()
 
 
+def _auto_over_two_gpus(rank: int, device: torch.device, out_dir: str) -> dict:
+    """device_map="auto" inside split_while_loading, as if two GPUs were visible to each rank."""
+    from transformers import AutoModelForCausalLM
+
+    from experts_int8.parallel import split_while_loading
+
+    torch.cuda.device_count = lambda: 2  # (this rank's process only)
+    try:
+        with split_while_loading("tp"):
+            AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "int8"), device_map="auto")
+        return {"error": None}
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def test_split_while_loading_refuses_one_device_map_for_every_rank(tmp_path):
+    quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
+    for rank in _run_ranks(_auto_over_two_gpus, 2, tmp_path):
+        assert rank["error"].startswith("split_while_loading over 2 ranks: device_map='auto' spreads each rank's "
+                                        "model over all 2 visible GPUs. Give each rank its own")
+
+
 def _outside_the_group(rank: int, device: torch.device, out_dir: str) -> dict:
     group = dist.new_group([1])  # (every rank makes it; only rank 1 is in it)
     model = quantize_(tiny_model("mixtral", seed=0))

@@ -474,6 +474,9 @@ def _drop_expert_converters(model: nn.Module) -> None:
 # --------------------------------------------------------------------------------------------------
 # Quantization during loading
 # --------------------------------------------------------------------------------------------------
+_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # device_map values accelerate resolves
+
+
 def _placed(device_map, name: str):
     """The device map's entry for ``name``: a dict's longest matching prefix, else the map itself."""
     if not isinstance(device_map, dict):
@@ -492,7 +495,7 @@ def _device_for(device_map, name: str) -> Optional[torch.device]:
         return None
     if isinstance(device_map, int):
         return torch.device("cuda", device_map)
-    if isinstance(device_map, str) and device_map in ("auto", "balanced", "balanced_low_0", "sequential"):
+    if isinstance(device_map, str) and device_map in _STRATEGIES:
         return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if isinstance(device_map, str) and device_map == "disk":
         return torch.device("cpu")
@@ -613,6 +616,14 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
 
     def validate_environment(self, *args, **kwargs):
         self._device_map = kwargs.get("device_map", self._device_map)
+        loading = loading_split()
+        if (loading is not None and loading.device is None and loading.split.world_size > 1
+                and self._device_map in _STRATEGIES and torch.cuda.device_count() > 1):
+            # every rank would place its model over the same GPUs (its parts of the experts included)
+            raise ValueError(f"split_while_loading over {loading.split.world_size} ranks: device_map="
+                             f"{self._device_map!r} spreads each rank's model over all {torch.cuda.device_count()} "
+                             f"visible GPUs. Give each rank its own: device_map=f'cuda:{{rank}}', or "
+                             f"split_while_loading(device=...)")
 
     def update_device_map(self, device_map):
         self._device_map = device_map
