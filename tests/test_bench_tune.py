@@ -6,6 +6,8 @@ Everything here runs on CPU (Triton's interpreter for the one kernel run); the e
 
 import json
 import math
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -409,6 +411,43 @@ def test_tune_search_refines_a_winning_variant_once_more():
     assert len(timed) == 3
 
 
+def test_tune_search_announces_its_refine_rounds():
+    """The progress bar's total counted the first candidates only, and ran to 45/34: each round now says how
+    many variants it adds (a variant given twice, or timed before, is not counted)."""
+    def refine(best):
+        return [dict(best, GROUP_SIZE_M=8), dict(best, GROUP_SIZE_M=8), dict(best, PDL=2), dict(PINNED)]
+
+    steps, more = [], []
+    tune.search([PINNED], lambda cfg, best: 10.0 - 3 * (cfg["GROUP_SIZE_M"] == 8), refine=refine,
+                on_step=steps.append, on_more=more.append)
+    assert more == [2, 1] and len(steps) == 1 + sum(more)  # round 2 refines GROUP_SIZE_M=8: only its PDL=2 is new
+    bar = tune._Progress(1, enabled=True, log=print)
+    bar.extend(2)
+    assert bar._total == 3 and (bar._bar is None or bar._bar.total == 3)
+    bar.close()
+
+
+def test_tune_and_bench_refuse_an_output_folder_they_cannot_write_before_any_gpu_work(tmp_path, monkeypatch):
+    """A file (or a read-only folder) given as the output folder failed only when the results were written,
+    after minutes of GPU time; nothing is created on the way."""
+    from experts_int8 import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"the tables' folder .*/file/sub: .*/file is a file, not a folder"):
+        tune.tune(8, 64, 64, 2, ms=[1], out_dir=tmp_path / "file" / "sub")
+    settings = bench.Settings(shapes=["8:64:64:2"], ms=[1], dtypes=["int8"], out_dir=str(tmp_path / "file"))
+    with pytest.raises(ValueError, match=r"the output folder .*/file: .*/file is a file, not a folder"):
+        bench.run_benchmark(settings)
+    if os.geteuid() != 0:  # (root writes anywhere)
+        (tmp_path / "ro").mkdir(mode=0o555)
+        with pytest.raises(ValueError, match=r"/ro is not writable; choose another folder"):
+            bench.check_writable_dir(tmp_path / "ro" / "a" / "b", "the output folder")
+    bench.check_writable_dir(tmp_path / "new" / "sub", "the output folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["ro"] if os.geteuid() != 0 else [])
+
+
 def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():
     clock = iter(range(100)).__next__
     r = tune.search([dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)], lambda cfg, best: 1.0,
@@ -428,27 +467,98 @@ def test_tune_search_stops_on_cuda_faults():
 
 def test_tune_table_is_written_merged_and_read_back(tmp_path, monkeypatch):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
-    monkeypatch.setattr(configs, "device_name", lambda device=None: "NVIDIA_H200")
-    configs.load_table.cache_clear()
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")  # no shipped table
+    monkeypatch.setattr(configs, "max_shared_memory", lambda index: 228 * 1024)  # the heuristic's fit, no GPU
+    monkeypatch.setattr(configs, "compute_capability", lambda index: (9, 0))
+    configs.clear_table_cache()
     small = dict(PINNED, BLOCK_SIZE_M=16)
     big = dict(PINNED, BLOCK_SIZE_M=128, num_warps=8)
-    path = tune.write_table({1: small, 1024: big}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
-    assert path == tmp_path / "configs" / "E=8,N=14336,device=NVIDIA_H200,dtype=int8_w8a16.json"
+    path = tune.write_table({1: small, 1024: big}, 8, 14336, "Fake_GPU", "int8_w8a16")
+    assert path == tmp_path / "configs" / "E=8,N=14336,device=Fake_GPU,dtype=int8_w8a16.json"
     assert list(json.loads(path.read_text())) == ["1", "1024"]
     try:
         assert configs.get_config(3, 8, 14336, 2, torch.int8) == small  # the tuned M below
         assert configs.get_config(8192, 8, 14336, 2, torch.int8) == big
-        assert configs.get_config(3, 8, 14336, 2, torch.bfloat16) != small  # other dtype: no table
+        assert configs.get_config(3, 8, 14336, 2, torch.bfloat16, torch.device("cuda", 0)) != small  # no table
         mid = dict(PINNED, BLOCK_SIZE_M=64)
-        tune.write_table({256: mid, 1: big}, 8, 14336, "NVIDIA_H200", "int8_w8a16")  # merge, clears the cache
+        tune.write_table({256: mid, 1: big}, 8, 14336, "Fake_GPU", "int8_w8a16")  # merge, clears the cache
         assert list(json.loads(path.read_text())) == ["1", "256", "1024"]
         assert configs.get_config(256, 8, 14336, 2, torch.int8) == mid
         assert configs.get_config(300, 8, 14336, 2, torch.int8) == mid  # a prefill config keeps its M
         assert configs.get_config(1, 8, 14336, 2, torch.int8) == big
         with pytest.raises(ValueError, match="power of two"):
-            tune.write_table({1: dict(PINNED, BLOCK_SIZE_N=48)}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
+            tune.write_table({1: dict(PINNED, BLOCK_SIZE_N=48)}, 8, 14336, "Fake_GPU", "int8_w8a16")
     finally:
-        configs.load_table.cache_clear()
+        configs.clear_table_cache()
+
+
+def test_a_tune_of_some_token_counts_keeps_the_shipped_entries_of_the_others(tmp_path, monkeypatch):
+    """The user's table overrides the package's per M: a tune of M=1 and 16 alone took the shipped table's place
+    whole, and its decode entry then served every prefill M."""
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "NVIDIA_H200")
+    configs.clear_table_cache()
+    name = configs.table_name(8, 14336, "NVIDIA_H200", "int8_w8a16")
+    shipped = configs.read_table(configs.PACKAGE_DIR / name)
+    assert {1, 16, 4096} <= set(shipped)
+    mine = dict(PINNED, BLOCK_SIZE_M=16)
+    try:
+        tune.write_table({1: mine, 16: mine}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
+        assert configs.get_config(1, 8, 14336, 2, torch.int8) == mine
+        assert configs.get_config(16, 8, 14336, 2, torch.int8) == mine
+        for m in (256, 4096):
+            assert configs.get_config(m, 8, 14336, 2, torch.int8) == shipped[m]
+    finally:
+        configs.clear_table_cache()
+
+
+@pytest.mark.parametrize("text, says", [
+    ("", "not a readable JSON table"), ('{"1": {"BLOCK_SIZE_M": 16', "not a readable JSON table"),
+    ("[]", "a table maps token counts to configs"), ("{}", "a table maps token counts to configs"),
+    ('{"abc": {}}', "'abc' is not a token count"), ('{"0": {}}', "'0' is not a token count"),
+    ('{"016": {}}', "'016' is not a token count"), ('{"4": {"BLOCK_SIZE_M": 3}}', "M=4: a MoE config needs"),
+])
+def test_a_broken_cached_table_is_named_and_ignored_and_a_tune_replaces_it(text, says, tmp_path, monkeypatch,
+                                                                          caplog):
+    """A cached table that does not read made every MoE layer raise (a bare JSON error naming no file), and
+    stopped the tune that would rewrite it; its invalid entries were merged back into the new table."""
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "NVIDIA_H200")
+    configs.clear_table_cache()
+    name = configs.table_name(8, 14336, "NVIDIA_H200", "int8_w8a16")
+    path = tmp_path / "configs" / name
+    path.parent.mkdir()
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(f"{path}") + ".*" + re.escape(says)):
+        configs.read_table(path)
+    try:
+        with caplog.at_level("WARNING"):
+            assert configs.get_config(1, 8, 14336, 2, torch.int8) == configs.read_table(configs.PACKAGE_DIR / name)[1]
+        assert f"ignoring {path}" in caplog.text and "delete it or run `experts-int8 tune` again" in caplog.text
+        mine = dict(PINNED, BLOCK_SIZE_M=16)
+        tune.write_table({2: mine}, 8, 14336, "NVIDIA_H200", "int8_w8a16")
+        assert configs.read_table(path) == {2: mine}
+        assert not [p for p in path.parent.iterdir() if p != path]  # no temporary file left
+        assert configs.get_config(2, 8, 14336, 2, torch.int8) == mine
+    finally:
+        configs.clear_table_cache()
+
+
+def test_device_names_become_file_names(monkeypatch):
+    for name, want in (("NVIDIA H200", "NVIDIA_H200"), ("NVIDIA H100 80GB HBM3", "NVIDIA_H100_80GB_HBM3"),
+                       ("NVIDIA A100-SXM4-80GB", "NVIDIA_A100-SXM4-80GB"),
+                       ("AMD Instinct MI300X/VF", "AMD_Instinct_MI300X_VF")):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index, name=name: name)
+        assert configs._cuda_name.__wrapped__(0) == want
+
+
+def test_table_entries_need_a_launchable_warp_count():
+    for bad in (3, 48, 64):
+        with pytest.raises(ValueError, match="num_warps'] must be a power of two up to 32"):
+            configs.check_config(dict(PINNED, num_warps=bad))
+        with pytest.raises(ValueError, match="num_warps'] must be a power of two up to 32"):
+            configs.check_config(dict(PINNED, down={"num_warps": bad}))
+    assert configs.check_config(dict(PINNED, num_warps=16, down={"num_warps": 2}))["num_warps"] == 16
 
 
 def test_experts_without_a_gate_have_tables_of_their_own(tmp_path, monkeypatch):
@@ -469,7 +579,7 @@ def test_experts_without_a_gate_have_tables_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")  # no shipped table
     monkeypatch.setattr(configs, "max_shared_memory", lambda index: 228 * 1024)  # the heuristic's fit, no GPU
     monkeypatch.setattr(configs, "compute_capability", lambda index: (9, 0))
-    configs.load_table.cache_clear()
+    configs.clear_table_cache()
     gated, ungated = dict(PINNED, BLOCK_SIZE_M=128, num_warps=8), dict(PINNED, BLOCK_SIZE_N=256, num_warps=8)
     cuda = torch.device("cuda", 0)
     try:
@@ -482,7 +592,7 @@ def test_experts_without_a_gate_have_tables_of_their_own(tmp_path, monkeypatch):
         assert configs.get_config(1024, 8, 1856, 2, torch.int8, cuda, gated=False) == ungated
         assert configs.tail_config(gated, 8, 1856, 2, torch.int8, cuda, gated=False) == ungated  # 64 pairs an expert
     finally:
-        configs.load_table.cache_clear()
+        configs.clear_table_cache()
 
 
 def test_config_source_names_the_tuned_m_that_serves_a_row(tmp_path, monkeypatch):
@@ -491,7 +601,7 @@ def test_config_source_names_the_tuned_m_that_serves_a_row(tmp_path, monkeypatch
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")  # no shipped table
     monkeypatch.setattr(configs, "max_shared_memory", lambda index: 228 * 1024)  # the heuristic's fit, no GPU
-    configs.load_table.cache_clear()
+    configs.clear_table_cache()
     small, big = dict(PINNED, BLOCK_SIZE_M=16), dict(PINNED, BLOCK_SIZE_M=128, num_warps=8)
     tune.write_table({1: small, 1024: big}, 8, 14336, "Fake_GPU", "int8_w8a16")
     try:
@@ -506,7 +616,7 @@ def test_config_source_names_the_tuned_m_that_serves_a_row(tmp_path, monkeypatch
             key = int(configs.config_source(m, 8, 14336, 2, torch.int8).split("=")[1])
             assert configs.get_config(m, 8, 14336, 2, torch.int8) == {1: small, 1024: big}[key]
     finally:
-        configs.load_table.cache_clear()
+        configs.clear_table_cache()
 
 
 def test_tune_refuses_without_gpu():
@@ -540,7 +650,7 @@ def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
     assert set(table) == {"1", "256"} and settled == [0.5]  # after the pool's fill, before M=1
     assert paths["int8"].name.endswith("int8_w8a16.json" if gated else "int8_w8a16,no_gate.json")
     assert configs.get_config(1, 8, 256, 2, torch.int8, torch.device("cuda"), gated) == table["1"]
-    configs.load_table.cache_clear()
+    configs.clear_table_cache()
 
 
 def test_tune_progress_lines_reach_the_log_with_or_without_a_bar():
@@ -1189,7 +1299,7 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     tables.mkdir(parents=True)
     (tables / name).write_text(json.dumps({"1024": base, "2048": base, "4096": base}))
     monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
-    configs.load_table.cache_clear()
+    configs.clear_table_cache()
     row = dict(shape="mixtral-8x7b", dtype="int8")
     ab = dict(variant="gluon", values=[0, 2, 3], rows=[
         dict(row, M=1024, **{"gluon=0_us": 100.0, "gluon=2_us": 90.0, "gluon=2_ran": True, "gluon=3_us": 95.0,
@@ -1209,7 +1319,7 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
         runpy.run_path(script, run_name="__main__")
     # an A/B of rounds: a median 10% faster whose slowest round overlaps the baseline's fastest is noise
     (tables / name).write_text(json.dumps({"1024": base, "2048": base, "4096": base}))
-    configs.load_table.cache_clear()
+    configs.clear_table_cache()
     rounds = dict(variant="gluon", values=[0, 2], rows=[
         dict(row, M=1024, **{"gluon=0_us": 100.0, "gluon=0_us_rounds": [100.0, 96.0, 104.0], "gluon=2_us": 90.0,
                              "gluon=2_us_rounds": [90.0, 88.0, 97.0], "gluon=2_ran": True}),
@@ -1219,7 +1329,7 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     runpy.run_path(script, run_name="__main__")
     got = json.loads((tables / name).read_text())
     assert got["1024"] == base and got["2048"] == dict(base, num_stages=3, GLUON=1)
-    configs.load_table.cache_clear()
+    configs.clear_table_cache()
 
 
 @pytest.mark.parametrize("programs,block", [(1, 64), (3, 64), (7, 128), (64, 64)])

@@ -486,6 +486,7 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
         raise RuntimeError("TRITON_INTERPRET=1 is set, so Triton would not compile for the GPU; unset it")
     from .kernels.configs import config_source, get_config
 
+    check_writable_dir(settings.out_dir, "the output folder")
     shapes = [parse_shape(s) for s in settings.shapes]
     dtypes = parse_dtypes(settings.dtypes)
     check_form(settings.gated, settings.activation)
@@ -609,6 +610,18 @@ def result_stem(result: dict) -> str:
     gpu = str(result.get("gpu", "gpu")).replace(" ", "_").replace("/", "_")
     stamp = result.get("time_utc", "").replace(":", "").replace("-", "").replace("+0000", "Z")
     return f"bench_kernel_{gpu}_{stamp}"
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before any GPU time is spent, an output folder that cannot be made or written to (creating
+    nothing: the nearest folder that exists must be one, and writable)."""
+    existing = Path(path).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path}: {existing} is a file, not a folder; choose another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path}: {existing} is not writable; choose another folder")
 
 
 def write_results(result: dict, out_dir: str | os.PathLike, *, plot: bool = True) -> list[Path]:

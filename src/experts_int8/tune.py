@@ -31,9 +31,11 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import logging
 import math
 import os
 import random
+import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -42,6 +44,8 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .kernels import configs, fused_moe
+
+logger = logging.getLogger(__name__)
 
 BLOCK_M = (16, 32, 64, 128)
 BLOCK_N = (32, 64, 128, 256)
@@ -429,6 +433,10 @@ class SearchResult:
         self.first_error: Optional[str] = None
 
 
+class NothingRan(RuntimeError):
+    """Every candidate config of one M failed (the tuner keeps the other token counts' results)."""
+
+
 def _is_fatal(exc: BaseException) -> bool:
     """A CUDA fault poisons the context: stop instead of skipping every later candidate."""
     return type(exc).__name__ == "AcceleratorError" or "CUDA error" in str(exc)
@@ -437,7 +445,8 @@ def _is_fatal(exc: BaseException) -> bool:
 def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], *,
            refine: Optional[Callable[[dict], list[dict]]] = None, refine_rounds: int = 2,
            deadline: float = math.inf, clock: Callable[[], float] = time.perf_counter,
-           on_step: Optional[Callable[[SearchResult], None]] = None) -> SearchResult:
+           on_step: Optional[Callable[[SearchResult], None]] = None,
+           on_more: Optional[Callable[[int], None]] = None) -> SearchResult:
     """Time candidates with ``measure(cfg, best_so_far_s) -> seconds`` and keep the fastest.
 
     The first candidate is taken to be the default config and is always timed. A candidate whose
@@ -446,7 +455,8 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
     ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well; while a
     variant wins, its own variants are timed too, up to ``refine_rounds`` rounds while the deadline
     allows, so two changes that each help (a down split and a PDL form, say) can meet in one entry. No
-    config is timed twice.
+    config is timed twice. ``on_step(result)`` follows every timing; ``on_more(n)`` announces the ``n``
+    variants a round adds (a progress bar's total counts them too).
     """
     result = SearchResult()
     seen: set[str] = set()  # the configs attempted, as canonical JSON
@@ -480,11 +490,14 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
         if result.best is None or result.best is refined or (round_ > 0 and clock() > deadline):
             break  # nothing ran, the last round's variants did not beat what they refined, or time is up
         refined = result.best
-        for cfg in refine(refined):
-            if canonical(cfg) not in seen:
-                attempt(cfg, False)
+        variants = {canonical(cfg): cfg for cfg in refine(refined)}  # (two variants may be the same config)
+        variants = [cfg for key, cfg in variants.items() if key not in seen]
+        if on_more is not None:
+            on_more(len(variants))
+        for cfg in variants:
+            attempt(cfg, False)
     if result.best is None:
-        raise RuntimeError(f"all {len(candidates)} candidate configs failed; the first error was {result.first_error}")
+        raise NothingRan(f"all {len(candidates)} candidate configs failed; the first error was {result.first_error}")
     return result
 
 
@@ -500,17 +513,25 @@ def write_table(best: dict[int, dict], num_experts: int, inter: int, device: str
     table: dict[int, dict] = {}
     if merge and path.is_file():
         try:
-            with open(path) as f:
-                table = {int(k): v for k, v in json.load(f).items()}
-        except (ValueError, OSError):
-            table = {}  # unreadable: replaced below
+            table = configs.read_table(path)
+        except ValueError as e:
+            logger.warning("experts_int8: replacing %s", e)
     table.update({int(m): configs.check_config(cfg) for m, cfg in best.items()})
-    tmp = path.with_suffix(".json.tmp")
-    with open(tmp, "w") as f:
-        json.dump({str(m): table[m] for m in sorted(table)}, f, indent=4)
-        f.write("\n")
-    os.replace(tmp, path)
-    configs.load_table.cache_clear()
+    # a temporary file of its own in the same folder (two tunes at once must not share one), synced before it
+    # replaces the table, so a crash leaves the old table or the new one, never an empty file
+    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({str(m): table[m] for m in sorted(table)}, f, indent=4)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # (mkstemp's 0600 would hide a shared cache's table from other users)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    configs.clear_table_cache()
     return path
 
 
@@ -542,6 +563,13 @@ class _Progress:
         elif self._enabled and self._done >= self._next * self._total:
             self._log(f"  {self._done}/{self._total} configs timed ({self._desc}, {postfix})")
             self._next += 0.1
+
+    def extend(self, n: int) -> None:
+        """``n`` more steps than the total said (a search's refine rounds)."""
+        self._total += n
+        if self._bar is not None and n:
+            self._bar.total += n
+            self._bar.refresh()
 
     def advance(self, n: int) -> None:
         """Count ``n`` steps that will not run (a search cut short), without logging them."""
@@ -669,6 +697,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
 
+    bench.check_writable_dir(out_dir if out_dir is not None else configs.user_config_dir(), "the tables' folder")
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = configs.device_name(device)
     smem = _smem_limit()
@@ -691,6 +720,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     bar = _Progress(sum(map(len, plan.values())), progress, log)
     slots_left = len(plan)
     paths: dict[str, Path] = {}
+    failed: list[str] = []
     try:
         for d in dtypes:
             num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9,
@@ -708,26 +738,36 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                     left = budget_s - (time.perf_counter() - started)
                     deadline = time.perf_counter() + max(0.0, left) / slots_left
                 slots_left -= 1
-                result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation), deadline=deadline,
-                                refine=lambda cfg: group_variants(cfg, m, num_experts, top_k)
-                                + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
-                                + down_tile_variants(cfg)
-                                + down_pipeline_variants(cfg, DTYPES[d].itemsize, smem)
-                                + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
-                                + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
-                                + sum_last_variants(cfg, m, num_experts, top_k)
-                                + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
-                                + fp16_dot_variants(cfg, m, d)
-                                + gluon_variants(cfg, m, top_k, d, gluon_ok, smem, gated)
-                                + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
-                                + tail_variants(cfg, m, top_k)
-                                + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg)
-                                + pdl_variants(cfg, m, top_k, pdl_ok),
-                                on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best else "none yet"))
+                def variants(cfg, m=m, d=d):
+                    return (group_variants(cfg, m, num_experts, top_k)
+                            + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
+                            + down_tile_variants(cfg) + down_pipeline_variants(cfg, DTYPES[d].itemsize, smem)
+                            + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
+                            + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
+                            + sum_last_variants(cfg, m, num_experts, top_k)
+                            + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
+                            + fp16_dot_variants(cfg, m, d)
+                            + gluon_variants(cfg, m, top_k, d, gluon_ok, smem, gated)
+                            + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
+                            + tail_variants(cfg, m, top_k)
+                            + wave_variants(cfg, m, top_k, inter, num_sms) + late_epilogue_variants(cfg)
+                            + pdl_variants(cfg, m, top_k, pdl_ok))
+
+                try:
+                    result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation),
+                                    deadline=deadline, refine=variants, on_more=bar.extend,
+                                    on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best
+                                                               else "none yet"))
+                except NothingRan as e:  # the other token counts' results still make a table
+                    failed.append(f"{d} M={m}: {e}")
+                    bar.write(f"  {d:4s} M={m:<5d} failed: {e}")
+                    continue
                 bar.advance(result.not_tried)
                 results[m] = result
             del layers
             torch.cuda.empty_cache()
+            if not results:
+                continue
             paths[d] = write_table({m: r.best for m, r in results.items()}, num_experts, inter, gpu,
                                    configs.weight_format(DTYPES[d]), out_dir, gated=gated)
             # each format's winners as soon as its table is written, so a tune cut short keeps them
@@ -741,6 +781,9 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
         log(f"note: get_config reads {configs.user_config_dir()} (set EXPERTS_INT8_CACHE to change it), "
             f"not {out_dir}")
     log(f"tuning took {time.perf_counter() - started:.0f} s")
+    if failed:
+        raise RuntimeError(f"no candidate config ran at {len(failed)} of the {len(plan)} token counts and formats "
+                           f"(their tables keep the entries they had): " + "; ".join(failed))
     return paths
 
 

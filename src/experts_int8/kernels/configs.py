@@ -6,8 +6,8 @@ with spaces as underscores and ``dtype`` the *weight* format (``int8_w8a16`` or 
 ``fp32``). Experts without a gate (w13 ``[E, I, H]``: ``act(up)``) have tables of their own, the name
 ending ``,no_gate.json``: their best blocks differ (one weight tile a K step) and gated ones may not even
 fit them. Each maps a token count M (as a string) to a config; :func:`table_key` picks the entry.
-Tables are searched in the user's tuning cache first (written by ``experts-int8 tune``), then in the
-package.
+A table in the user's tuning cache (written by ``experts-int8 tune``) overrides the package's entries for
+the token counts it holds; a cached table that does not read is ignored with a warning naming it.
 
 ``with override_config(cfg):`` forces one config for every ``get_config`` call in the block (the
 tuner times candidates this way; tests use it to pin block sizes).
@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -146,6 +147,9 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
         if key in out and (out[key] < 16 or out[key] & (out[key] - 1)):
             raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {out[key]}")
+    if "num_warps" in out and (out["num_warps"] > 32 or out["num_warps"] & (out["num_warps"] - 1)):
+        # (Triton refuses other counts at every launch; its interpreter ignores them, so CPU tests would not see it)
+        raise ValueError(f"config['num_warps'] must be a power of two up to 32, got {out['num_warps']}")
     return out
 
 
@@ -209,7 +213,8 @@ def _index(device: Optional[torch.device]) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _cuda_name(index: int) -> str:
-    return torch.cuda.get_device_name(index).replace(" ", "_")
+    # spaces (and anything else a file name cannot hold, e.g. "/") as underscores
+    return re.sub(r"[^\w.-]", "_", torch.cuda.get_device_name(index))
 
 
 def table_name(num_experts: int, inter: int, device: str, fmt: str, gated: bool = True) -> str:
@@ -217,22 +222,56 @@ def table_name(num_experts: int, inter: int, device: str, fmt: str, gated: bool 
 
 
 def read_table(path: os.PathLike) -> dict[int, dict]:
-    """A table file's validated entries by M."""
-    with open(path) as f:
-        return {int(m): check_config(cfg) for m, cfg in json.load(f).items()}
+    """A table file's validated entries by M; ValueError naming the file (and the entry) when it is not one."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:  # (JSONDecodeError is a ValueError)
+        raise ValueError(f"{path}: not a readable JSON table ({e})") from e
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{path}: a table maps token counts to configs, got {json.dumps(raw)[:80]}")
+    table = {}
+    for key, config in raw.items():
+        try:
+            m = int(key)
+            if m < 1 or str(m) != key:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"{path}: {key!r} is not a token count (a positive integer)") from None
+        try:
+            table[m] = check_config(config)
+        except ValueError as e:
+            raise ValueError(f"{path}, M={m}: {e}") from None
+    return table
+
+
+def load_table(num_experts: int, inter: int, device: str, fmt: str, gated: bool = True) -> Optional[dict[int, dict]]:
+    """The tuned table of a shape on ``device``: the package's entries, each M the user's cache also holds
+    taken from there (a tune of a few token counts keeps the package's other entries). None: neither has one."""
+    return _load_table(table_name(num_experts, inter, device, fmt, gated), user_config_dir(), device != "cpu")
 
 
 @functools.lru_cache(maxsize=None)
-def load_table(num_experts: int, inter: int, device: str, fmt: str, gated: bool = True) -> Optional[dict[int, dict]]:
-    name = table_name(num_experts, inter, device, fmt, gated)
-    for folder in (user_config_dir(), PACKAGE_DIR):
-        path = folder / name
-        if path.is_file():
-            logger.info("experts_int8: using tuned MoE configs %s", path)
-            return read_table(path)
-    if device != "cpu":
+def _load_table(name: str, user_dir: Path, warn: bool) -> Optional[dict[int, dict]]:
+    shipped, user = PACKAGE_DIR / name, user_dir / name
+    table = read_table(shipped) if shipped.is_file() else None
+    if user.is_file():
+        try:
+            table = {**(table or {}), **read_table(user)}
+            logger.info("experts_int8: using tuned MoE configs %s%s", user,
+                        f" (other token counts: {shipped})" if shipped.is_file() else "")
+        except ValueError as e:  # a broken cache must not stop every MoE layer (nor the tune that rewrites it)
+            logger.warning("experts_int8: ignoring %s; delete it or run `experts-int8 tune` again", e)
+    elif table is not None:
+        logger.info("experts_int8: using tuned MoE configs %s", shipped)
+    if table is None and warn:
         logger.warning("experts_int8: no tuned MoE configs for %s; using heuristic block sizes", name)
-    return None
+    return table
+
+
+def clear_table_cache() -> None:
+    """Forget the tables read so far (the tuner calls it after writing one)."""
+    _load_table.cache_clear()
 
 
 def pipeline_smem_bytes(config: dict, weight_bytes: int, act_bytes: int = 2, weight_tiles: int = 2) -> int:
