@@ -49,6 +49,22 @@ def test_cli_help_and_bad_config():
     bad = runner.invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--device", "cpu",
                                "--parallel", "tp"])
     assert bad.exit_code != 0 and "--parallel tp needs several ranks: launch with torchrun" in bad.output
+    bad = runner.invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--columns", ""])
+    assert bad.exit_code != 0 and "--columns" in bad.output  # (an empty list ran all three)
+
+
+def test_an_output_folder_it_cannot_write_is_refused_before_the_runs(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from experts_int8.cli import main
+
+    ran = []
+    monkeypatch.setattr(bench_e2e, "run", lambda *a, **k: ran.append(a))
+    (tmp_path / "afile").write_text("")
+    bad = CliRunner().invoke(main, ["bench-e2e", "--config", "mixtral-8x7b", "--random-weights", "--device", "cpu",
+                                    "--out", str(tmp_path / "afile" / "sub")])
+    assert bad.exit_code == 1 and "--out" in bad.output and "afile is a file, not a folder" in bad.output
+    assert not ran
 
 
 def test_bad_input_is_refused_before_the_model_is_built(tmp_path, monkeypatch):

@@ -103,6 +103,24 @@ def test_generate_int8_and_float_checkpoints(demo_run):
     assert texts[0].startswith("The assert") and texts[0] == texts[1]
 
 
+def test_generate_is_greedy_whatever_the_checkpoints_generation_config_says():
+    """transformers fills what a generate call leaves unset from the checkpoint's generation_config.json: a
+    shipped repetition_penalty or no_repeat_ngram_size changed the tokens of what was reported as greedy."""
+    model = tiny_model("mixtral", dtype=torch.float32).eval()
+    ids = torch.tensor([[3, 7, 7, 1]])
+    want = ids
+    with torch.no_grad():
+        for _ in range(24):
+            want = torch.cat([want, model(want).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert want.unique().numel() < want.numel()  # repeats, which the processors below would forbid
+    model.generation_config.repetition_penalty = 5.0
+    model.generation_config.no_repeat_ngram_size = 1
+    shipped = model.generation_config
+    got = run_module.generate(model, ids, 24, stop_at_eos=False)
+    assert torch.equal(got.ids, want) and got.new_tokens == 24
+    assert model.generation_config is shipped  # (put back)
+
+
 def test_generate_parallel_over_two_ranks(demo_run):
     """torchrun, two CPU ranks (gloo), the experts split over them: rank 0 prints the one-process text."""
     _, keep = demo_run
@@ -426,6 +444,39 @@ def test_eval_bad_input_one_line(demo_run, tmp_path):
     assert_one_line_error(invoke("eval", keep / "int8", "--text", text), "already an int8 checkpoint")
     assert_one_line_error(invoke("eval", keep / "bf16", "--text", tmp_path / "missing.txt"), "does not exist")
     assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--dense-as-experts"), "no dense gated MLP")
+    assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--device", "meta"),
+                          "device 'meta': experts_int8 runs on cuda, cuda:N or cpu")
+
+
+def test_int8_weights_under_a_float_config_are_refused(demo_run, tmp_path):
+    """The int8 checkpoint's weights beside the float one's config.json: eval scored a "float" model built from
+    the raw int8 values (their scales dropped) with only transformers' hidden load report, and generate called
+    it a float checkpoint."""
+    _, keep = demo_run
+    mixed = tmp_path / "mixed"
+    shutil.copytree(keep / "bf16", mixed)
+    for f in glob.glob(str(mixed / "*.safetensors")):
+        os.remove(f)
+    for f in glob.glob(str(keep / "int8" / "*.safetensors*")):
+        shutil.copy(f, mixed)
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 20)
+    for command in (("eval", mixed, "--text", text), ("generate", mixed, "--prompt", "a")):
+        assert_one_line_error(invoke(*command, "--device", "cpu"), "config.json has no quantization_config, but the "
+                              "weights hold int8 tensors (e.g. model.layers.", "put back the config.json")
+    config = json.loads((keep / "int8" / "config.json").read_text())
+    config["quantization_config"] = "experts_int8"
+    (mixed / "config.json").write_text(json.dumps(config))
+    assert_one_line_error(invoke("generate", mixed, "--prompt", "a", "--device", "cpu"),
+                          "quantization_config is a JSON str, not an object")
+
+
+def test_eval_window_alone_sets_the_stride(demo_run, tmp_path):
+    _, keep = demo_run
+    text = tmp_path / "t.txt"
+    text.write_text("for x in range(10): print(x)\n" * 40)
+    result = invoke("eval", keep / "bf16", "--text", text, "--device", "cpu", "--window", "64", "--max-tokens", "200")
+    assert result.exit_code == 0, result.output  # (the default stride, 512, was refused as not below the window)
 
 
 @pytest.mark.parametrize("arch, damage, message", [

@@ -403,7 +403,7 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
     from .run import DTYPES, check_device, checkpoint_kind, has_tokenizer
 
     _, config, files = read_model_dir(model)
-    kind = checkpoint_kind(config)
+    kind = checkpoint_kind(config, files)
     if not files:
         raise ValueError(f"{model} has no *.safetensors weights")
     if not has_tokenizer(model):
@@ -447,6 +447,7 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
     t0 = time.perf_counter()
     m, _ = load_model(model, device=dev, dtype=dtype, parallel=parallel)
     load_s = time.perf_counter() - t0
+    generate(m, ids, 2, stop_at_eos=False)  # warm-up (the kernels' first compile), untimed
     g = generate(m, ids, max_new_tokens, progress=not no_progress and rank == 0)
     say(prompt + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
     memory, peak = peak_memory(dev)
@@ -492,7 +493,8 @@ Examples:
 @click.option("--max-tokens", type=click.IntRange(2), default=8192, show_default=True,
               help="Score at most this many tokens from the start of the text.")
 @click.option("--window", type=click.IntRange(2), default=1024, show_default=True, help="Tokens per forward pass.")
-@click.option("--stride", type=click.IntRange(1), default=512, show_default=True, help="Advance between windows.")
+@click.option("--stride", type=click.IntRange(1), default=None,
+              help="Advance between windows. Default: half the window.")
 @click.option("--dense-as-experts", is_flag=True,
               help="For a dense model: compute each gated MLP as a 1-expert int8 MoE layer (E=1, k=1).")
 def eval_command(model, text_file, device, dtype, max_tokens, window, stride, dense_as_experts):
@@ -514,13 +516,14 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     from .run import (DTYPES, check_device, checkpoint_kind, from_pretrained, has_tokenizer, load_model,
                       load_tokenizer, quiet_transformers)
 
+    stride = window // 2 if stride is None else stride
     if stride >= window:
         raise click.BadParameter(f"must be smaller than --window ({window})", param_hint="--stride")
     text = Path(text_file)
     if not text.is_file():
         raise ValueError(f"{text_file} does not exist or is not a file")
-    _, config, _ = read_model_dir(model)
-    if checkpoint_kind(config) != "float":
+    _, config, files = read_model_dir(model)
+    if checkpoint_kind(config, files) != "float":
         raise ValueError(f"{model} is already an int8 checkpoint; eval needs the float checkpoint to compare against")
     if not has_tokenizer(model):
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
@@ -604,14 +607,14 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     if config_name not in CONFIGS and config_dir(config_name) is None:
         raise click.BadParameter(f"choose one of {sorted(CONFIGS)}, or give a model's config.json (or its folder)",
                                  param_hint="--config")
-    from .bench import parse_int_list
+    from .bench import check_writable_dir, parse_int_list
     from .run import check_device
 
     try:
         sizes = tuple(parse_int_list([batches], "batch sizes"))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--batch") from None
-    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns else COLUMNS
+    chosen = [c.strip() for c in columns.split(",") if c.strip()] if columns is not None else COLUMNS
     if not chosen or set(chosen) - set(COLUMNS):
         raise click.BadParameter(f"choose from {', '.join(COLUMNS)}, got {columns!r}", param_hint="--columns")
     kwargs = dict(columns=tuple(c for c in COLUMNS if c in chosen), batches=sizes, prompt_len=prompt_len,
@@ -619,6 +622,8 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
                   log=click.echo, overrides=dict(num_hidden_layers=layers) if layers else None)
     dev = device or _default_device()
     check_device(dev)
+    if out:
+        check_writable_dir(out, "--out")  # (before the runs, not after them)
     if parallel:
         ranks = torchrun_ranks("bench-e2e", parallel, check_device(dev))
     else:

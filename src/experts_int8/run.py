@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from .checkpoint import read_headers
 from .convert import QUANT_CONFIG, read_model_dir
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -32,20 +33,31 @@ def check_device(device: str) -> torch.device:
         dev = torch.device(device)
     except RuntimeError:  # torch's message lists every device type it knows
         raise ValueError(f"unknown device {device!r}: use cuda, cuda:N or cpu") from None
+    if dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device {device!r}: experts_int8 runs on cuda, cuda:N or cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
     return dev
 
 
-def checkpoint_kind(config: dict) -> str:
-    """``"int8"`` for an experts_int8 checkpoint, ``"float"`` for an unquantized one; raises for others."""
+def checkpoint_kind(config: dict, files=()) -> str:
+    """``"int8"`` for an experts_int8 checkpoint, ``"float"`` for an unquantized one; raises for others, and for
+    int8 weights (in the safetensors ``files``) under a config.json that does not say so."""
     qc = config.get("quantization_config")
-    if not qc:
-        return "float"
-    if qc.get("quant_method") == QUANT_CONFIG["quant_method"]:
+    if qc and not isinstance(qc, dict):
+        raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
+    if qc and qc.get("quant_method") == QUANT_CONFIG["quant_method"]:
         return "int8"
-    raise ValueError(f"the checkpoint is quantized with {qc.get('quant_method')!r}; experts-int8 loads float "
-                     f"checkpoints (quantizing on the fly) or its own int8 checkpoints")
+    if qc:
+        raise ValueError(f"the checkpoint is quantized with {qc.get('quant_method')!r}; experts-int8 loads float "
+                         f"checkpoints (quantizing on the fly) or its own int8 checkpoints")
+    # transformers would load int8 values as float weights (dropping their scales) and only report it
+    int8 = next((key for key, (dtype, _) in read_headers(files).items() if dtype == "I8"), None)
+    if int8 is not None:
+        raise ValueError(f"config.json has no quantization_config, but the weights hold int8 tensors (e.g. {int8}): "
+                         f"put back the config.json written with them (experts-int8 quantize or save_pretrained "
+                         f"writes it), or use the float checkpoint")
+    return "float"
 
 
 def has_tokenizer(path) -> bool:
@@ -73,7 +85,7 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     from .parallel import parallelize_experts, split_while_loading
 
     _, config, files = read_model_dir(path)
-    kind = checkpoint_kind(config)
+    kind = checkpoint_kind(config, files)
     if not files:
         raise ValueError(f"{path} has no *.safetensors weights")
     dev = check_device(str(device))
@@ -182,23 +194,33 @@ def _sync(device) -> None:
 
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, progress: bool = False,
              desc: str = "generating", stop_at_eos: bool = True) -> Generation:
-    """Greedy generation, timed (prefill + decode, after the caller's warm-up)."""
+    """Greedy generation (the argmax token each step), timed (prefill + decode, after the caller's warm-up)."""
     from tqdm.auto import tqdm
+    from transformers import GenerationConfig
 
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
     cfg = model.generation_config
+    # Only the special tokens of the checkpoint's generation_config.json: transformers fills whatever a call
+    # leaves unset from it, and a shipped repetition_penalty, no_repeat_ngram_size or num_beams would change
+    # the tokens of what is called greedy.
+    greedy = GenerationConfig(do_sample=False, num_beams=1, bos_token_id=cfg.bos_token_id,
+                              eos_token_id=cfg.eos_token_id,
+                              pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id)
     extra = {} if stop_at_eos else {"min_new_tokens": max_new_tokens}
-    pad = cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id
     with tqdm(total=max_new_tokens, desc=desc, unit="tok", disable=not progress, leave=False) as bar:
-        _sync(device)
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, pad_token_id=pad, streamer=_BarStreamer(bar) if progress else None,
-                                 **extra)
-        _sync(device)
-        seconds = time.perf_counter() - start
+        model.generation_config = greedy
+        try:
+            _sync(device)
+            start = time.perf_counter()
+            with torch.no_grad():
+                out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                     max_new_tokens=max_new_tokens, streamer=_BarStreamer(bar) if progress else None,
+                                     **extra)
+            _sync(device)
+            seconds = time.perf_counter() - start
+        finally:
+            model.generation_config = cfg
     return Generation(out, out.shape[1] - input_ids.shape[1], seconds)
 
 
