@@ -1175,3 +1175,16 @@ def test_autocast_leaves_the_precision_alone(backend):
             cast = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend=backend)
             (grad_inside,) = torch.autograd.grad(cast.square().sum(), x)
         assert torch.equal(grad_inside, grad_plain)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rank_without_local_experts_adds_zeros(backend):
+    """Every pair on another rank (E=0 local experts, the map all -1): zeros, as the torch path gives (the Triton
+    path divided by E while choosing its config)."""
+    w13, s13 = quantize_weights(torch.randn(0, 64, 32, device=DEVICE))
+    w2, s2 = quantize_weights(torch.randn(0, 32, 32, device=DEVICE))
+    x = torch.randn(3, 32, device=DEVICE)
+    weights, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    out = fused_experts(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2, backend=backend,
+                        expert_map=torch.full((4,), -1, dtype=torch.int32, device=DEVICE))
+    assert torch.equal(out, torch.zeros_like(x))

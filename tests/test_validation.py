@@ -73,6 +73,14 @@ CASES = [
      r"w13_bias must have shape \(4, 16\)"),
     ("swiglu_oai without a gate", lambda: ungated(activation="swiglu_oai"), ValueError, "needs gate and up rows"),
     ("global_num_experts 0", lambda: with_(global_num_experts=0), ValueError, "global_num_experts must be a positive"),
+    ("global_num_experts bool", lambda: with_(global_num_experts=True, w13=good()["w13"][:1], w2=good()["w2"][:1],
+                                              w13_scale=good()["w13_scale"][:1], w2_scale=good()["w2_scale"][:1],
+                                              topk_ids=torch.zeros(M, 1, dtype=torch.int32),
+                                              topk_weights=torch.rand(M, 1)),
+     ValueError, r"global_num_experts must be a positive int \(or None\), got True"),
+    ("float weights of another dtype", lambda: with_(w13=torch.randn(E, 2 * I, H), w2=torch.randn(E, H, I).half(),
+                                                     w13_scale=None, w2_scale=None),
+     TypeError, r"float weights must have x's dtype \(torch.float32\), got w13 torch.float32 and w2 torch.float16"),
 ]
 
 

@@ -3,8 +3,9 @@
 The Triton path is registered as the custom op ``experts_int8::fused_experts`` with a fake
 (meta) implementation, so it captures in CUDA graphs and traces under ``torch.compile`` without a
 graph break. Validation reads shapes, dtypes and strides only; on CUDA no device value is read
-back to the host (out-of-range expert ids are checked on CPU tensors only; on the GPU the align
-step routes them to the absent group, so they contribute zero instead of reading out of bounds).
+back to the host, so out-of-range expert ids are refused on CPU tensors only. On the GPU they must lie in
+range: the align step routes them to the absent group (they contribute zero), but the decode modes
+(PAIRS, DEDUP_PAIRS: no align step) read the weights of the expert id given.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
             raise TypeError(f"{name} must be int8 (with scales) or bf16/fp16/fp32, got {w.dtype}")
     if (w13.dtype == torch.int8) != (w2.dtype == torch.int8):
         raise TypeError(f"w13 and w2 must both be int8 or both be float, got {w13.dtype} and {w2.dtype}")
+    if w13.dtype != torch.int8 and (w13.dtype != x.dtype or w2.dtype != x.dtype):
+        # (the kernel reads float weight tiles in x's dtype, the torch path in fp32: they would disagree)
+        raise TypeError(f"float weights must have x's dtype ({x.dtype}), got w13 {w13.dtype} and w2 {w2.dtype}; "
+                        f"cast them (Int8Experts does)")
 
     num_experts, rows13, hidden = w13.shape
     inter = w2.shape[2]
@@ -118,7 +123,8 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
     if not topk_weights.is_floating_point():
         raise TypeError(f"topk_weights must be floating point, got {topk_weights.dtype}")
 
-    if global_num_experts is not None and (not isinstance(global_num_experts, int) or global_num_experts < 1):
+    if global_num_experts is not None and (not isinstance(global_num_experts, int) or global_num_experts < 1
+                                           or isinstance(global_num_experts, bool)):
         raise ValueError(f"global_num_experts must be a positive int (or None), got {global_num_experts!r}")
     if expert_map is not None:
         _require_tensor("expert_map", expert_map, 1)
@@ -246,6 +252,8 @@ def _fused_experts_triton(
     num_experts, hidden, inter = w2.shape
     if m == 0 or hidden == 0:
         return x.new_empty((m, hidden))
+    if num_experts == 0:  # no local experts (every pair is another rank's): as the torch path, zeros
+        return x.new_zeros((m, hidden))
     # the align kernels and pair paths read ids and the map by pointer: a strided view (reshape keeps one
     # whose strides are uniform) would be read as the wrong ids
     topk_ids = topk_ids.contiguous()
