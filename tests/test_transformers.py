@@ -343,6 +343,22 @@ def test_bare_import_is_enough_to_reload_an_int8_checkpoint(tmp_path):
         assert torch.equal(model(x).logits, torch.load(tmp_path / "logits.pt"))
 
 
+@pytest.mark.parametrize("first", ["experts_int8", "transformers", "transformers.models.mixtral"])
+def test_the_integration_loads_with_transformers_not_before(first):
+    """The integration costs about two seconds of imports: a kernel user or the CLI's help without transformers
+    does not pay them; whichever of the two is imported first, the quant method is registered once both are."""
+    script = (
+        "import sys, importlib\n"
+        f"importlib.import_module({first!r})\n"
+        "import experts_int8\n"
+        f"assert ('transformers' in sys.modules) == {first != 'experts_int8'}\n"
+        "import transformers\n"
+        "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING\n"
+        "assert 'experts_int8' in AUTO_QUANTIZER_MAPPING\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
 @pytest.mark.parametrize("layout", ["fused", "transposed", "gpt_oss"])
 def test_from_fused_layout_inverts_to_fused_layout(layout):
     e, h, i = 3, 8, 6

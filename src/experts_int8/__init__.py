@@ -1,5 +1,10 @@
 """experts_int8: Mixture-of-Experts inference with int8 expert weights (W8A16) in one fused Triton kernel."""
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
 from . import reference
 from .ops import fused_experts, fused_moe
 from .quant import dequantize_weights, quantize_weights
@@ -11,22 +16,54 @@ _TRANSFORMERS_EXPORTS = ("ExpertsInt8Config", "ExpertsInt8HfQuantizer", "quantiz
 
 
 def _register_with_transformers() -> None:
-    """Register quant_method "experts_int8" with transformers when it is installed.
+    """Register quant_method "experts_int8" with transformers, as soon as transformers is imported.
 
     transformers has no plugin hook for quantizers, and a checkpoint whose quant_method it does not know
     loads with only a warning: the int8 expert tensors become float weights of the wrong scale. So a bare
-    ``import experts_int8`` must be enough to reload an int8 checkpoint; it costs about a second of import.
-    A transformers the integration cannot use is left alone here: naming ExpertsInt8Config says why.
+    ``import experts_int8`` must be enough to reload an int8 checkpoint. The integration (about two seconds
+    of imports) loads right after transformers does, so the kernels alone and the CLI's help do not pay for
+    it. A transformers the integration cannot use is left alone here: naming ExpertsInt8Config says why.
     """
-    import importlib
-    import importlib.util
+    if "transformers" in sys.modules:
+        _load_integration()
+    elif importlib.util.find_spec("transformers") is not None:
+        sys.meta_path.insert(0, _AfterTransformers())
 
-    if importlib.util.find_spec("transformers") is None:
-        return
+
+def _load_integration() -> None:
     try:
         importlib.import_module(".integrations.transformers", __name__)
     except ImportError:
         pass
+
+
+class _AfterTransformers(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: hands out transformers' own spec, whose loader loads the integration once
+    transformers' package has run (whichever transformers module is imported first: its package runs first)."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "transformers":
+            return None
+        sys.meta_path.remove(self)  # (once; the search below must not find this finder again)
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenIntegration(spec.loader)
+        return spec
+
+
+class _ThenIntegration(importlib.abc.Loader):
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _load_integration()
+
+    def __getattr__(self, name):  # (get_resource_reader, is_package, ...: transformers' own loader's)
+        return getattr(self.loader, name)
 
 
 _register_with_transformers()
