@@ -447,7 +447,7 @@ def test_adapters_on_the_int8_weights_themselves_are_refused():
             return w
 
     torch.nn.utils.parametrize.register_parametrization(experts, "gate_up_proj", AddZero(), unsafe=True)
-    with pytest.raises(ValueError, match="int8 experts' weights are parametrized .*dequantize\\(\\) the model first"):
+    with pytest.raises(ValueError, match="int8 experts' tensors are parametrized .*dequantize\\(\\) the model first"):
         model(_inputs(10).cpu())
 
 
@@ -685,6 +685,12 @@ def test_modules_to_not_convert_matches_at_module_boundaries():
     assert skips(r"layers\.(0|1)\.", "model.layers.1.mlp.experts") and not skips(r"layers\.(0|1)\.", "model.layers.2.x")
     assert skips("model.layers.*.mlp.experts", "model.layers.7.mlp.experts")
     assert not skips("mlp.exp", "model.layers.0.mlp.experts") and not skips("", "model.layers.0.mlp.experts")
+    config = ExpertsInt8Config()
+    config.update(modules_to_not_convert="layers.0")  # (transformers' update sets it past __init__'s check)
+    model = tiny_model("mixtral")
+    with pytest.raises(TypeError, match="modules_to_not_convert must be a list of str, got 'layers.0'"):
+        quantize_(model, config)  # (it matched each character as a pattern, and converted nothing)
+    assert not any(isinstance(m, Int8Experts) for m in model.modules())
 
 
 def test_contradicting_configs_are_refused(checkpoints, tmp_path, caplog):
@@ -985,3 +991,34 @@ def test_load_memory_quality_separates_routing_flips_from_int8_error(tmp_path):
     assert quality["logits_snr_db_reference_routing"] >= 30.0, quality
     assert max(quality["tokens_with_changed_topk_per_layer"]) > 0, quality  # flips happen in a random model
     assert quality["logits_snr_db_free_running"] < quality["logits_snr_db_reference_routing"], quality
+
+
+def test_a_float_state_dict_is_refused_by_int8_experts_before_anything_is_copied():
+    """Copied into the int8 tensors, float weights truncated to integers (almost all zeros) beside the old scales:
+    strict=False raised nothing and the model ran on them; strict=True raised about the scales, after the copy."""
+    float_sd = tiny_model("mixtral", seed=0).state_dict()
+    model = quantize_(tiny_model("mixtral", seed=1))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for strict in (False, True):
+        with pytest.raises(RuntimeError, match=r"experts\.gate_up_proj: torch\.\w+ weights for int8 experts \(they "
+                                               r"would be truncated to integers\); load them into the float model"):
+            model.load_state_dict(float_sd, strict=strict)
+        after = model.state_dict()
+        assert all(torch.equal(after[k], v) for k, v in before.items() if ".experts." in k)
+    fresh = quantize_(tiny_model("mixtral", seed=1))
+    fresh.load_state_dict(quantize_(tiny_model("mixtral", seed=0)).state_dict())  # int8 into int8: loads
+    x = _inputs(3).cpu()
+    with torch.no_grad():
+        assert torch.equal(fresh(x).logits, quantize_(tiny_model("mixtral", seed=0))(x).logits)
+
+
+def test_requires_grad_as_the_readme_says():
+    model = quantize_(tiny_model("mixtral", dtype=torch.float32))
+    model.requires_grad_(False)
+    with pytest.raises(RuntimeError, match="only Tensors of floating point dtype can require gradients"):
+        model.requires_grad_(True)
+    for p in model.parameters():
+        p.requires_grad_(p.is_floating_point())
+    assert model.lm_head.weight.requires_grad and model.model.embed_tokens.weight.requires_grad
+    model(_inputs(3).cpu()).logits.sum().backward()
+    assert model.lm_head.weight.grad is not None

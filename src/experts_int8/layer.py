@@ -127,6 +127,20 @@ class Int8Experts(nn.Module):
         self.register_buffer("expert_map", None, persistent=False)
         self.part_of = None  # a split's shard: the parallel.Split it is this rank's part of
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """A float model's weights are refused before anything is copied: copied into the int8 tensors they would
+        truncate to integers (mostly zeros) beside the old scales, and the model would run on them."""
+        for name in (self.w13_name, "down_proj"):
+            given = state_dict.get(prefix + name)
+            if isinstance(given, torch.Tensor) and given.dtype != torch.int8:
+                error_msgs.append(f"{prefix}{name}: {given.dtype} weights for int8 experts (they would be truncated "
+                                  f"to integers); load them into the float model and quantize_ it, or dequantize() "
+                                  f"this one first")
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def _apply(self, fn, recurse=True):
         """``.to(dtype)``, ``.half()`` and the like move the fp32 scales and biases but keep them fp32: cast with a
         bf16 model they would lose precision, and a checkpoint saved from it would not load."""
@@ -228,9 +242,9 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
     if parametrize.is_parametrized(module) and getattr(module, name).dtype == torch.int8:
         # e.g. peft's LoRA on the experts' own tensors (target_parameters): its factors cast to int8 round to
         # integers and carry no gradient, so the adapter would silently train nothing
-        raise ValueError(f"the int8 experts' weights are parametrized ({', '.join(module.parametrizations)}), e.g. "
-                         f"by a LoRA adapter on them: int8 weights take none. Put adapters on other layers (attention, "
-                         f"dense MLPs), or dequantize() the model first")
+        raise ValueError(f"the int8 experts' tensors are parametrized ({', '.join(module.parametrizations)}), e.g. "
+                         f"by a LoRA adapter on them: int8 weights and their scales take none. Put adapters on other "
+                         f"layers (attention, dense MLPs), or dequantize() the model first")
     w13, w2 = getattr(module, name), module.down_proj
     s13 = getattr(module, f"{name}_scale", None) if w13.dtype == torch.int8 else None
     s2 = getattr(module, "down_proj_scale", None) if w2.dtype == torch.int8 else None

@@ -294,15 +294,7 @@ class ExpertsInt8Config(QuantizationConfigMixin):
         self.bits = 8
         self.scheme = "symmetric_per_row"
         if modules_to_not_convert is not None:
-            if isinstance(modules_to_not_convert, str) or not all(
-                    isinstance(m, str) for m in modules_to_not_convert):
-                raise TypeError(f"modules_to_not_convert must be a list of str, got {modules_to_not_convert!r}")
-            modules_to_not_convert = list(modules_to_not_convert)
-            for m in modules_to_not_convert:
-                try:
-                    re.compile(m)
-                except re.error as exc:
-                    raise ValueError(f"modules_to_not_convert entry {m!r} is not a valid pattern ({exc})") from None
+            modules_to_not_convert = list(_patterns(modules_to_not_convert))
         self.modules_to_not_convert = modules_to_not_convert
         if not isinstance(allow_no_experts, bool):
             raise TypeError(f"allow_no_experts must be a bool, got {allow_no_experts!r}")
@@ -318,7 +310,21 @@ class ExpertsInt8Config(QuantizationConfigMixin):
             raise TypeError(f"ExpertsInt8Config got unexpected arguments: {sorted(kwargs)}")
 
     def skips(self, module_name: str) -> bool:
-        return any(_names(m, module_name) for m in (self.modules_to_not_convert or ()))
+        # (checked again: transformers' update() and plain assignment set attributes past __init__)
+        return any(_names(m, module_name) for m in _patterns(self.modules_to_not_convert or ()))
+
+
+def _patterns(modules_to_not_convert) -> tuple[str, ...]:
+    """``modules_to_not_convert`` checked: a list of str, each a valid regular expression."""
+    if isinstance(modules_to_not_convert, str) or not isinstance(modules_to_not_convert, (list, tuple, set)) or not all(
+            isinstance(m, str) for m in modules_to_not_convert):
+        raise TypeError(f"modules_to_not_convert must be a list of str, got {modules_to_not_convert!r}")
+    for m in modules_to_not_convert:
+        try:
+            re.compile(m)
+        except re.error as exc:
+            raise ValueError(f"modules_to_not_convert entry {m!r} is not a valid pattern ({exc})") from None
+    return tuple(modules_to_not_convert)
 
 
 def _names(pattern: str, module_name: str) -> bool:
