@@ -407,7 +407,7 @@ def test_eval_compares_float_and_int8(demo_run, tmp_path):
     assert ppl and agree, result.output
     assert abs(float(ppl.group(2)) / float(ppl.group(1)) - 1) < 0.05
     assert float(agree.group(1)) >= 90
-    assert "399 tokens" in result.output
+    assert "399 tokens of text.txt scored (of 400 read)" in result.output
     # on the first window: the int8 experts' own error (float routing) and the top-k choices that changed
     snr = re.search(r"first window \(128 tokens\), logits SNR: ([\d.]+) dB, ([\d.]+) dB with the float", result.output)
     layers = re.search(r"min ([\d.]+) dB, median ([\d.]+) dB over 4; top-k changed for ([\d.]+)%", result.output)

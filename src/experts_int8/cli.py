@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import shlex
+import statistics
 import sys
 from pathlib import Path
 from typing import Callable, Optional
@@ -491,7 +492,7 @@ Examples:
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
               help="Dtype of the float model and of the int8 model's activations.")
 @click.option("--max-tokens", type=click.IntRange(2), default=8192, show_default=True,
-              help="Score at most this many tokens from the start of the text.")
+              help="Read at most this many tokens from the start of the text (all but the first are scored).")
 @click.option("--window", type=click.IntRange(2), default=1024, show_default=True, help="Tokens per forward pass.")
 @click.option("--stride", type=click.IntRange(1), default=None,
               help="Advance between windows. Default: half the window.")
@@ -544,9 +545,9 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
         what = "routed experts int8"
     window = min(window, len(ids))  # a short text fits one window
     r = compare_models(float_model, int8_model, ids, window=window, stride=min(stride, window - 1))
-    click.echo(f"{model}: {r['tokens']} tokens of {text.name}, {dtype} on {dev}, {what}")
+    click.echo(f"{model}: {r['tokens']} tokens of {text.name} scored (of {len(ids)} read), {dtype} on {dev}, {what}")
     click.echo(f"{'':24}{'float':>10}{'int8':>10}")
-    click.echo(f"{'perplexity':24}{r['ppl_float']:10.4f}{r['ppl_int8']:10.4f}  ({r['ppl_rel_diff']:+.3%})")
+    click.echo(f"{'perplexity':24}{r['ppl_float']:10.4f}{r['ppl_int8']:10.4f}  (int8 {r['ppl_rel_diff']:+.3%})")
     click.echo(f"{'top-1 accuracy':24}{r['top1_acc_float']:10.2%}{r['top1_acc_int8']:10.2%}")
     click.echo(f"{'top-1 agreement':24}{'':10}{r['top1_agreement']:10.2%}")
     click.echo(f"{'mean KL(float || int8)':24}{'':10}{r['mean_kl']:10.2e}  nats")
@@ -555,8 +556,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
         layers, changed = sorted(q["moe_layer_snr_db_reference_routing"]), q["tokens_with_changed_topk_per_layer"]
         click.echo(f"first window ({window} tokens), logits SNR: {q['logits_snr_db_free_running']:.1f} dB, "
                    f"{q['logits_snr_db_reference_routing']:.1f} dB with the float model's routing")
-        click.echo(f"  MoE layers with the float routing: min {layers[0]:.1f} dB, median {layers[len(layers) // 2]:.1f}"
-                   f" dB over {len(layers)}; top-k changed for {max(changed):.1%} of tokens in the worst layer,"
+        click.echo(f"  MoE layers with the float routing: min {layers[0]:.1f} dB, median "
+                   f"{statistics.median(layers):.1f} dB over {len(layers)}; top-k changed for {max(changed):.1%} of tokens in the worst layer,"
                    f" {sum(changed) / len(changed):.1%} on average")
 
 
