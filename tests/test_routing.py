@@ -148,3 +148,17 @@ def test_custom_routing_function_is_checked_and_exclusive():
         select_experts(logits, 2, custom_routing_function=lambda r, k, n: route(r, 3, n))
     with pytest.raises(ValueError, match="do not apply to it"):
         select_experts(logits, 2, custom_routing_function=route, scoring="sigmoid")
+
+
+def test_scores_in_the_logits_dtype():
+    """Routers that score bf16 logits in bf16 (LFM2, Mistral 4) choose by bf16 values: rounding can tie two scores
+    that fp32 tells apart, and then the correction bias decides; the weights come back in fp32 either way."""
+    logits = torch.tensor([[1e-3, 2e-3, -4.0]], dtype=torch.bfloat16)  # sigmoids 0.50025 / 0.5005 / 0.018
+    bias = torch.tensor([2e-4, 0.0, 0.0])
+    w32, i32 = select_experts(logits, 1, scoring="sigmoid", correction_bias=bias)
+    w16, i16 = select_experts(logits, 1, scoring="sigmoid", correction_bias=bias, score_in_logits_dtype=True)
+    assert i32.tolist() == [[1]]  # fp32: 0.5005 beats 0.50025 + 0.0002
+    assert i16.tolist() == [[0]]  # bf16: both round to 0.5, and the bias picks expert 0
+    assert w16.dtype == w32.dtype == torch.float32
+    with pytest.raises(ValueError, match="score_in_logits_dtype do not apply"):
+        select_experts(logits, 2, score_in_logits_dtype=True, custom_routing_function=lambda *a: None)

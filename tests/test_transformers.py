@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import weakref
+from typing import Optional
 
 import pytest
 import torch
@@ -190,7 +191,8 @@ def test_save_reload_identical(arch, int8_models, tmp_path):
         assert torch.equal(_w13(m1), _w13(m2)) and torch.equal(m1.down_proj_scale, m2.down_proj_scale)
 
 
-def _assert_routing_table_matches_router(model):
+def _assert_routing_table_matches_router(model, tokens: Optional[int] = None):
+    """On the first MoE layer, for the model's own input (or ``tokens`` random hidden states fed to the layer)."""
     logits_seen, routed_seen = [], []
     name, experts = find_experts(model)[0]
     block = model.get_submodule(name.rpartition(".")[0])
@@ -206,12 +208,18 @@ def _assert_routing_table_matches_router(model):
              experts.register_forward_pre_hook(lambda mod, args: routed_seen.append(args[1:3]))]
     try:
         with torch.no_grad():
-            model(_inputs(3))
+            if tokens is None:
+                model(_inputs(3))
+            else:
+                hidden = experts.down_proj.shape[1] if experts.down_proj.dim() == 3 else None
+                hidden = getattr(model.config.get_text_config(), "hidden_size", hidden)
+                block(torch.randn(1, tokens, hidden, generator=torch.Generator().manual_seed(0)).to(
+                    device=next(block.parameters()).device, dtype=next(block.parameters()).dtype))
     finally:
         for h in hooks:
             h.remove()
     logits, (ids, weights) = logits_seen[0], routed_seen[0]
-    w, i = select_experts(logits.float(), **routing_options(model, block))
+    w, i = select_experts(logits, **routing_options(model, block))  # (the logits as the router gave them)
     order_ref, order = ids.sort(dim=-1), i.long().sort(dim=-1)
     assert torch.equal(order_ref.values, order.values)
     tol = dict(rtol=1e-4, atol=1e-5) if weights.dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
@@ -222,6 +230,18 @@ def _assert_routing_table_matches_router(model):
 def test_routing_table_matches_model_router(arch, int8_models):
     """The table's select_experts options reproduce each architecture's own router."""
     _assert_routing_table_matches_router(int8_models(arch))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("arch, overrides", [
+    ("lfm2_moe", {}), ("mistral3", {}), ("mistral3", dict(n_group=1, topk_group=1)), ("mixtral", {}),
+    ("deepseek_v3", {}), ("minimax_m2", dict(routed_scaling_factor=2.0, norm_topk_prob=False)),
+])
+def test_routing_table_matches_model_router_on_many_tokens(arch, overrides, dtype):
+    """4096 tokens in 16-bit: LFM2's and Mistral 4's routers score in the logits' own dtype, where rounding decides
+    near ties (the table scored in fp32 and chose other experts for 19-37 tokens in bf16); MiniMax-M2's router
+    always renormalizes and never scales, whatever its config says."""
+    _assert_routing_table_matches_router(tiny_model(arch, dtype=dtype, **overrides).to(DEVICE), tokens=4096)
 
 
 @pytest.mark.parametrize("arch, overrides", [

@@ -64,17 +64,21 @@ def select_experts(
     correction_bias: Optional[torch.Tensor] = None,
     routed_scaling_factor: float = 1.0,
     custom_routing_function: Optional[Callable] = None,
+    score_in_logits_dtype: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick ``top_k`` experts per token. Returns ``(topk_weights fp32 [M, k], topk_ids int32 [M, k])``.
+
+    Scores are computed, biased, grouped and chosen in fp32, or with ``score_in_logits_dtype`` in the logits'
+    own dtype, as routers that do not upcast them do (LFM2, Mistral 4): in bf16, rounding decides near ties.
 
     ``custom_routing_function(router_logits, top_k, renormalize) -> (weights, ids)`` replaces the
     built-in selection; its outputs are cast and the scaling factor still applies.
     """
     _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias, routed_scaling_factor)
     if custom_routing_function is not None:
-        if num_expert_group is not None or correction_bias is not None or scoring != "softmax":
-            raise ValueError("custom_routing_function replaces the built-in selection: scoring, grouped top-k and "
-                             "correction_bias do not apply to it")
+        if num_expert_group is not None or correction_bias is not None or scoring != "softmax" or score_in_logits_dtype:
+            raise ValueError("custom_routing_function replaces the built-in selection: scoring, grouped top-k, "
+                             "correction_bias and score_in_logits_dtype do not apply to it")
         weights, ids = custom_routing_function(router_logits, top_k, renormalize)
         want = (router_logits.shape[0], top_k)
         if not all(isinstance(t, torch.Tensor) and tuple(t.shape) == want for t in (weights, ids)):
@@ -82,9 +86,9 @@ def select_experts(
             raise ValueError(f"custom_routing_function must return (weights, ids) of shape {want}, got {shapes}")
         return (weights.float() * routed_scaling_factor), ids.to(torch.int32)
 
-    logits = router_logits.float()
+    logits = router_logits if score_in_logits_dtype else router_logits.float()
     scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
-    choice = scores if correction_bias is None else scores + correction_bias.float()
+    choice = scores if correction_bias is None else scores + correction_bias  # (an fp32 bias promotes)
 
     if num_expert_group is not None:
         m, e = choice.shape
@@ -98,7 +102,7 @@ def select_experts(
         choice = grouped.masked_fill(keep.unsqueeze(-1) == 0, float("-inf")).view(m, e)
 
     topk_ids = choice.topk(top_k, dim=-1).indices
-    topk_weights = scores.gather(1, topk_ids)
+    topk_weights = scores.gather(1, topk_ids).float()
     if renormalize:  # sigmoid scores can all underflow to 0: the routers of that kind add 1e-20 (never 0/0)
         topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0))
     if routed_scaling_factor != 1.0:

@@ -114,10 +114,18 @@ def _deepseek_v3(c) -> dict:  # also GLM-4.5/5, dots.llm1, MiMo-V2-Flash, Solar 
             "routed_scaling_factor": float(c.routed_scaling_factor)}
 
 
-def _sigmoid_topk(c) -> dict:  # MiniMax-M2; LFM2 (with its norm_topk_prob and scaling factor)
+def _sigmoid_topk(c) -> dict:  # Cohere2 MoE's sigmoid form, AFMoE (with their norm_topk_prob and scaling factor)
     return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid",
             "renormalize": bool(getattr(c, "norm_topk_prob", True)),
             "routed_scaling_factor": float(getattr(c, "routed_scaling_factor", 1.0))}
+
+
+def _minimax_m2(c) -> dict:  # sigmoid, biased choice, always renormalized, never scaled (whatever the config says)
+    return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": True}
+
+
+def _lfm2(c) -> dict:  # sigmoid scores in the logits' own dtype (its router does not upcast them)
+    return {**_sigmoid_topk(c), "score_in_logits_dtype": True}
 
 
 _ALWAYS = _softmax_topk(lambda c: True)
@@ -129,15 +137,18 @@ def _two_best_groups(n_group: int, topk_group: int):
     route with a zero one."""
     def route(router_logits, top_k, renormalize):
         return select_experts(router_logits, top_k, renormalize=renormalize, num_expert_group=n_group,
-                              topk_group=topk_group, correction_bias=router_logits.new_zeros(router_logits.shape[1]))
+                              topk_group=topk_group, correction_bias=router_logits.new_zeros(router_logits.shape[1]),
+                              score_in_logits_dtype=True)
 
     return route
 
 
-def _mistral4(c) -> dict:  # softmax scores, groups ranked by their two best scores (a no-op with one group)
+def _mistral4(c) -> dict:  # softmax scores in the logits' own dtype (not upcast), groups ranked by their two best
     opts = {**_NORM_TOPK_PROB(c), "routed_scaling_factor": float(c.routed_scaling_factor)}
     if c.n_group > 1:
         opts["custom_routing_function"] = _two_best_groups(c.n_group, c.topk_group)
+    else:  # (one group: no group ranking)
+        opts["score_in_logits_dtype"] = True
     return opts
 
 
@@ -174,8 +185,8 @@ ARCHITECTURES: dict[str, Arch] = {
     "cohere2_moe": Arch("gate", _cohere2_moe),
     "flex_olmo": Arch("gate", _NORM_TOPK_PROB),
     "minimax": Arch("gate", _ALWAYS),
-    "minimax_m2": Arch("gate", _sigmoid_topk, correction_bias="e_score_correction_bias"),
-    "lfm2_moe": Arch("gate", _sigmoid_topk, correction_bias="expert_bias"),  # (when use_expert_bias)
+    "minimax_m2": Arch("gate", _minimax_m2, correction_bias="e_score_correction_bias"),
+    "lfm2_moe": Arch("gate", _lfm2, correction_bias="expert_bias"),  # (when use_expert_bias)
     # softmax scores, a biased choice (its "moe_statics"), renormalized
     "ernie4_5_moe": Arch("gate", _ALWAYS, correction_bias="gate.moe_statics.e_score_correction_bias"),
     "hunyuan_v1_moe": Arch("gate", _ALWAYS),
