@@ -249,3 +249,42 @@ def test_python_entry_and_unknown_format(tmp_path, converted):
     with pytest.raises(ValueError, match="unknown format"):
         quantize_checkpoint(src, tmp_path / "x", format="gguf", progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_the_converter_reads_one_file_at_a_time_and_reports_the_whole_tensors_snr(converted, tmp_path,
+                                                                                   monkeypatch):
+    """Every source file stayed open for the whole conversion, and each page read through a handle stays mapped
+    while it is open: the process grew to the size of the source checkpoint, whatever --max-shard-size said. The
+    SNR is summed a block of rows at a time (fp64 copies of a whole expert were most of the peak beside it)."""
+    import experts_int8.convert as convert
+
+    src, _, _, _ = converted("qwen3_moe", "per-expert")
+    open_now, most = [0], [0]
+    real = convert.safe_open
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.handle = real(*args, **kwargs)
+
+        def __enter__(self):
+            open_now[0] += 1
+            most[0] = max(most[0], open_now[0])
+            return self.handle.__enter__()
+
+        def __exit__(self, *exc):
+            open_now[0] -= 1
+            return self.handle.__exit__(*exc)
+
+    monkeypatch.setattr(convert, "safe_open", Counted)
+    monkeypatch.setattr(convert, "SNR_ROWS", 3)  # (several blocks a tensor)
+    report = quantize_checkpoint(src, tmp_path / "int8", progress=False)
+    assert most[0] == 1 and open_now[0] == 0
+    layer = next(k for k in report.snr_db if k.endswith("down_proj"))
+    prefix = layer.rpartition(".")[0]
+    want = {}
+    for f in glob.glob(str(src / "*.safetensors")):
+        want.update(load_file(f))
+    q, s = (load_file(str(tmp_path / "int8" / "model.safetensors"))[f"{layer}{t}"] for t in ("", "_scale"))
+    ref = torch.stack([want[f"{prefix}.{e}.down_proj.weight"] for e in range(q.shape[0])]).double()
+    expected = snr_db(dequantize_weights(q, s, torch.float64), ref)
+    assert abs(report.snr_db[layer] - expected) < 1e-6

@@ -105,3 +105,13 @@ def test_empty_and_meta_tensors():
         dequantize_weights(q.tolist(), scale)
     with pytest.raises(TypeError, match="returns a float dtype"):
         dequantize_weights(q, scale, torch.int8)
+
+
+def test_dequantize_of_stacked_experts_equals_the_formula_expert_by_expert():
+    """A layer's experts are dequantized one [N, K] matrix at a time (the fp32 product of the whole layer was twice a
+    bf16 result's size on top of it): the values are the formula's."""
+    q, s = quantize_weights(torch.randn(2, 3, 5, 7))
+    for dtype in (torch.bfloat16, torch.float32):
+        out = dequantize_weights(q, s, dtype)
+        assert out.dtype == dtype and out.shape == q.shape
+        assert torch.equal(out, (q.float() * s.unsqueeze(-1)).to(dtype))

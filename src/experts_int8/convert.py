@@ -349,86 +349,89 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     max_bytes = parse_size(max_shard_size)
     device = torch.device(device)
 
-    handles = {}
     headers: dict[str, tuple[str, tuple]] = {}
     key_file: dict[str, Path] = {}
-    try:
-        for f in files:
-            handles[f] = safe_open(str(f), framework="pt")
-            for key in handles[f].keys():
+    order: list[str] = []  # the source's keys, file by file
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for key in sorted(handle.keys()):
                 if key in key_file:
                     raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
-                s = handles[f].get_slice(key)
+                s = handle.get_slice(key)
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
-        if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
-            raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
-        groups = plan_groups(headers, _layout(src_dir, config), _experts_renames(config))
-        if not groups:
-            raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
-                             f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
-                             f"'...experts.gate_up_proj'); nothing to quantize")
-        text = _text_config(config)
-        hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
-        shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
-        if format == "native":
-            quant_config, emit = dict(QUANT_CONFIG), _quantize_group
+                order.append(key)
+
+    def read(key: str) -> torch.Tensor:
+        # A file open only while one tensor is read: a handle kept open keeps every page read through it
+        # mapped, and the process's memory would grow to the whole source checkpoint.
+        with safe_open(str(key_file[key]), framework="pt") as handle:
+            return handle.get_tensor(key)
+
+    if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
+        raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
+    groups = plan_groups(headers, _layout(src_dir, config), _experts_renames(config))
+    if not groups:
+        raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
+                         f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
+                         f"'...experts.gate_up_proj'); nothing to quantize")
+    text = _text_config(config)
+    hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
+    shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
+    if format == "native":
+        quant_config, emit = dict(QUANT_CONFIG), _quantize_group
+    else:
+        names = _loader_expert_names(config)
+        if names is None and any(not g.per_expert for g in groups.values()):
+            raise ValueError(f"{src} ({_model_type(config)}) holds its experts fused, and transformers reads this "
+                             f"architecture's experts fused only: a compressed-tensors export (one Linear per "
+                             f"expert projection) would load with its experts missing. Write the native int8 "
+                             f"format instead (--format native)")
+        quant_config = compressed_tensors_config(_ignored_modules(headers, groups))
+        emit = lambda *a: _compressed_tensors_group(*a, fused_names=names)  # noqa: E731
+    in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
+
+    parent = dst_dir.resolve().parent
+    made = missing_folders(parent)  # removed on failure
+    tmp = None
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
+        writer = _Writer(tmp, max_bytes)
+        snr: dict[str, float] = {}
+        from tqdm.auto import tqdm
+
+        done = set()
+        bar = tqdm(total=len(order), unit="tensor", desc="quantizing", disable=not progress, leave=False)
+        for key in order:
+            if key in done:
+                continue
+            prefix = in_group.get(key)
+            if prefix is None:
+                writer.add(key, read(key))
+                done.add(key)
+                bar.update(1)
+                continue
+            g = groups[prefix]
+            for name, tensors in emit(g, shapes[prefix], read, device, snr):
+                writer.add(name, tensors)
+            done.update(g.source_keys())
+            bar.update(len(g.source_keys()))
+        bar.close()
+        writer.finish()
+        _copy_side_files(src_dir, tmp, config, quant_config)
+        _default_permissions(tmp)
+        if dst_dir.exists():  # overwrite: swap in, then remove the old one
+            old = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".old", dir=parent))
+            os.replace(dst_dir, old / "x")
+            os.replace(tmp, dst_dir)
+            shutil.rmtree(old, ignore_errors=True)
         else:
-            names = _loader_expert_names(config)
-            if names is None and any(not g.per_expert for g in groups.values()):
-                raise ValueError(f"{src} ({_model_type(config)}) holds its experts fused, and transformers reads this "
-                                 f"architecture's experts fused only: a compressed-tensors export (one Linear per "
-                                 f"expert projection) would load with its experts missing. Write the native int8 "
-                                 f"format instead (--format native)")
-            quant_config = compressed_tensors_config(_ignored_modules(headers, groups))
-            emit = lambda *a: _compressed_tensors_group(*a, fused_names=names)  # noqa: E731
-        in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
-
-        parent = dst_dir.resolve().parent
-        made = missing_folders(parent)  # removed on failure
-        tmp = None
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
-            writer = _Writer(tmp, max_bytes)
-            snr: dict[str, float] = {}
-            from tqdm.auto import tqdm
-
-            order = [k for f in files for k in sorted(handles[f].keys())]
-            done = set()
-            bar = tqdm(total=len(order), unit="tensor", desc="quantizing", disable=not progress, leave=False)
-            for key in order:
-                if key in done:
-                    continue
-                prefix = in_group.get(key)
-                if prefix is None:
-                    writer.add(key, handles[key_file[key]].get_tensor(key))
-                    done.add(key)
-                    bar.update(1)
-                    continue
-                g = groups[prefix]
-                get = lambda k: handles[key_file[k]].get_tensor(k)  # noqa: E731
-                for name, tensors in emit(g, shapes[prefix], get, device, snr):
-                    writer.add(name, tensors)
-                done.update(g.source_keys())
-                bar.update(len(g.source_keys()))
-            bar.close()
-            writer.finish()
-            _copy_side_files(src_dir, tmp, config, quant_config)
-            _default_permissions(tmp)
-            if dst_dir.exists():  # overwrite: swap in, then remove the old one
-                old = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".old", dir=parent))
-                os.replace(dst_dir, old / "x")
-                os.replace(tmp, dst_dir)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, dst_dir)
-        except BaseException:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
-            remove_empty(made)
-            raise
-    finally:
-        handles.clear()
+            os.replace(tmp, dst_dir)
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(made)
+        raise
     bytes_before = sum(f.stat().st_size for f in files)
     bytes_after = sum(f.stat().st_size for f in dst_dir.glob("*.safetensors"))
     return ConversionReport(str(src), str(dst), time.perf_counter() - start, bytes_before, bytes_after,
@@ -530,6 +533,9 @@ def _model_type(config: dict) -> Optional[str]:
     return _text_config(config).get("model_type") or config.get("model_type")
 
 
+SNR_ROWS = 256  # rows of an expert whose quantization error is summed at a time
+
+
 def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
     """Yield the four int8 tensors of one experts block, recording the SNR of each weight tensor."""
     e, h, i = shape
@@ -544,9 +550,11 @@ def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
     def one(w, name, q_out, s_out, stat):
         w = w.to(device)
         q, s = quantize_weights(w, name=name)
-        wf = w.double()
-        stat[0] += float(wf.pow(2).sum())
-        stat[1] += float((wf - dequantize_weights(q, s, torch.float64)).pow(2).sum())
+        for lo in range(0, w.shape[0], SNR_ROWS):  # (fp64 copies of a block of rows, not of the whole expert)
+            wf = w[lo:lo + SNR_ROWS].double()
+            stat[0] += float(wf.pow(2).sum())
+            stat[1] += float((wf - dequantize_weights(q[lo:lo + SNR_ROWS], s[lo:lo + SNR_ROWS], torch.float64))
+                             .pow(2).sum())
         q_out.copy_(q.cpu())
         s_out.copy_(s.cpu())
 

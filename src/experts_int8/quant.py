@@ -79,4 +79,11 @@ def dequantize_weights(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype 
         raise TypeError(f"dequantize_weights returns a float dtype, got {dtype}")
     if tuple(scale.shape) != tuple(q.shape[:-1]):
         raise ValueError(f"scale shape {tuple(scale.shape)} does not match weight rows {tuple(q.shape[:-1])}")
-    return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+    if q.dim() <= 2:
+        return (q.float() * scale.float().unsqueeze(-1)).to(dtype)
+    # One [N, K] matrix at a time into the result: the fp32 product of a whole layer's experts would be twice the
+    # size of a bf16 result on top of it (the same values either way)
+    out = torch.empty(q.shape, dtype=dtype, device=q.device)
+    for o, qi, si in zip(out.view(-1, *q.shape[-2:]), q.reshape(-1, *q.shape[-2:]), scale.reshape(-1, q.shape[-2])):
+        o.copy_(qi.float() * si.float().unsqueeze(-1))
+    return out
