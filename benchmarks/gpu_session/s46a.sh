@@ -13,7 +13,7 @@ timeout 360 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_parall
   tests/test_bench_e2e.py -k "parallel or bare_import or dequantize or fused_layout or bad_scales or \
   quantize_in_memory or gradients or adapters or index_names or fused or integration_loads or state_dict or \
   requires_grad or greedy or int8_weights or without_local or rejected or cached_table or shipped_entries or \
-  refine_rounds or output_folder or warp_count or device_names" 2>&1 \
+  refine_rounds or output_folder or warp_count or device_names or many_tokens or one_file" 2>&1 \
   | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
