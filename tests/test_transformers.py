@@ -328,18 +328,20 @@ def test_adapters_train_through_the_int8_experts():
     reference path's; transformers is told the model trains (with adapters: its experts stay frozen)."""
     grads = {}
     for backend in ("triton", "torch"):
-        model = quantize_(tiny_model("olmoe", dtype=torch.float32))
+        model = quantize_(tiny_model("olmoe", dtype=torch.float32)).to(DEVICE)  # (Triton on CPU: the interpreter)
         assert model.hf_quantizer.is_trainable
         for _, m in find_experts(model):
             m.backend = backend
         model.requires_grad_(False)
         first = model.model.layers[0].self_attn.q_proj.weight
         first.requires_grad_(True)
-        loss = model(_inputs(9).cpu(), labels=_inputs(9).cpu()).loss
+        loss = model(_inputs(9), labels=_inputs(9)).loss
         loss.backward()
         grads[backend] = first.grad
     assert grads["triton"].abs().sum() > 0
-    assert torch.allclose(grads["triton"], grads["torch"], rtol=1e-4, atol=1e-6)
+    # (on a GPU the kernel's fp32 products run on TF32 tensor cores; the backward is the reference path's)
+    tol = dict(rtol=1e-4, atol=1e-6) if DEVICE == "cpu" else dict(rtol=2e-2, atol=1e-4)
+    assert torch.allclose(grads["triton"], grads["torch"], **tol)
 
 
 def test_bare_import_is_enough_to_reload_an_int8_checkpoint(tmp_path):
@@ -436,8 +438,11 @@ def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_p
     assert torch.allclose(logits.float(), int8_logits.float(), atol=0.05, rtol=0.02)
 
     model.save_pretrained(tmp_path)  # the float checkpoint's own keys again, and no quantization_config
-    assert {k: dt for k, (dt, _) in _headers(tmp_path).items()} == {
-        k: dt for k, (dt, _) in _headers(checkpoints(arch)).items()}
+    saved, original = ({k: dt for k, (dt, _) in _headers(p).items()} for p in (tmp_path, checkpoints(arch)))
+    assert saved.keys() == original.keys()  # (transformers 5.17 wrote fused experts keys: its converters were dropped)
+    # the experts' dtypes (transformers 5.17 keeps some router tensors fp32 when a quantizer loads the model)
+    assert {k: v for k, v in saved.items() if ".experts." in k} == {
+        k: v for k, v in original.items() if ".experts." in k}
     assert "quantization_config" not in json.load(open(tmp_path / "config.json"))
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, **ON_DEVICE)
     with torch.no_grad():

@@ -485,7 +485,10 @@ def _drop_expert_converters(model: nn.Module) -> None:
             conversions = []
         # Same as transformers for models not built by from_pretrained: no prefix changes on save.
         conversions = [c for c in conversions if not isinstance(c, PrefixChange)]
-    model._weight_conversions = [c for c in conversions if not _is_expert_converter(c, int8_names)]
+    kept = [c for c in conversions if not _is_expert_converter(c, int8_names)]
+    # (dequantize puts them back: the float experts save under the checkpoint's per-expert keys again)
+    model._experts_int8_converters = [c for c in conversions if c not in kept]
+    model._weight_conversions = kept
 
 
 # --------------------------------------------------------------------------------------------------
@@ -756,6 +759,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         for name, module in find_experts(model):
             if isinstance(module, Int8Experts):
                 model.set_submodule(name, _to_float(name, module, layout, dtype))
+        dropped = model.__dict__.pop("_experts_int8_converters", [])
+        if dropped and getattr(model, "_weight_conversions", None) is not None:
+            model._weight_conversions = model._weight_conversions + [c for c in dropped
+                                                                     if c not in model._weight_conversions]
         return model
 
     def is_serializable(self, safe_serialization=None):
