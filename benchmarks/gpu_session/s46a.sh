@@ -10,10 +10,11 @@ source benchmarks/gpu_session/common.sh "$1"
 step "sessions 45-46's changes on the GPU (registration on import, dequantize, split checks, tables, greedy, E=0)"
 timeout 360 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_parallel.py tests/test_transformers.py \
   tests/test_fused_experts.py tests/test_export.py tests/test_cli.py tests/test_validation.py tests/test_bench_tune.py \
-  tests/test_bench_e2e.py -k "parallel or bare_import or dequantize or fused_layout or bad_scales or \
+  tests/test_bench_e2e.py tests/test_routing.py tests/test_quant.py -k "parallel or bare_import or dequantize or fused_layout or bad_scales or \
   quantize_in_memory or gradients or adapters or index_names or fused or integration_loads or state_dict or \
   requires_grad or greedy or int8_weights or without_local or rejected or cached_table or shipped_entries or \
-  refine_rounds or output_folder or warp_count or device_names or many_tokens or one_file" 2>&1 \
+  refine_rounds or output_folder or warp_count or device_names or many_tokens or one_file or \
+  logits_dtype or stacked" 2>&1 \
   | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
