@@ -121,12 +121,16 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
 def from_pretrained(config: dict, path, **kwargs):
     """``from_pretrained`` of the model class ``config`` names; a load that transformers refuses over its report
     (logged as a warning, which :func:`quiet_transformers` hides) is said in one line."""
+    from .integrations.transformers import TensorMismatchError
+
     try:
         return auto_model_class(config).from_pretrained(str(path), **kwargs)
-    except RuntimeError as exc:
-        if "above report" not in str(exc):
+    except (RuntimeError, TensorMismatchError) as exc:
+        # transformers refuses a mismatched tensor over its report; 5.17 loads a mismatched experts tensor into
+        # the quantized module, which the quantizer's check then refuses
+        if isinstance(exc, RuntimeError) and "above report" not in str(exc):
             raise
-        raise ValueError(f"{path}: transformers refused its tensors ({str(exc).splitlines()[0]}): some weights' "
+        raise ValueError(f"{path}: its tensors were refused ({str(exc).splitlines()[0]}): some weights' "
                          f"shapes or dtypes do not fit the model its config.json describes; check that they "
                          f"belong together") from None
 

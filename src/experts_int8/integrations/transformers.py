@@ -404,6 +404,10 @@ class NoExpertsError(ValueError):
     """The model has no routed-experts modules to quantize."""
 
 
+class TensorMismatchError(ValueError):
+    """A loaded experts tensor has another shape or dtype than the model's config describes."""
+
+
 def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
     """The float experts modules to convert. None: nothing to do (no experts and allowed)."""
     experts = [(n, m) for n, m in find_experts(model) if not isinstance(m, Int8Experts)]
@@ -810,7 +814,8 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
             if value.device.type == "meta":
                 raise ValueError(f"{name}.{t} was not loaded (still on the meta device)")
             if value.dtype != dtype or tuple(value.shape) != shape:
-                raise ValueError(f"{name}.{t}: expected {dtype} {shape}, got {value.dtype} {tuple(value.shape)}")
+                raise TensorMismatchError(f"{name}.{t}: expected {dtype} {shape}, got {value.dtype} "
+                                          f"{tuple(value.shape)}")
         if module.has_bias:
             for t, shape in ((f"{w13}_bias", (e, rows)), ("down_proj_bias", (e, h))):
                 b = getattr(module, t)
