@@ -205,6 +205,98 @@ def test_quantize_reads_the_files_the_index_names(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+FP8_LINEAR = re.compile(r"_proj\.weight$|\.w[123]\.weight$")  # (DeepSeek-V3's FP8 set: not embeddings,
+# norms, the router or lm_head)
+
+
+def _fp8_release(float_dir, out, block):
+    """``float_dir``'s checkpoint as an FP8 release with block scales, made as DeepSeek-V3's is: each Linear weight
+    in e4m3, one fp32 factor (its block's amax / 448) per block of rows and columns in ``<name>.weight_scale_inv``.
+    Returns the float state those products make, computed block by block (the converter's reference)."""
+    shutil.copytree(float_dir, out)
+    state, encoded = tensors(float_dir), {}
+    for f in glob.glob(str(out / "*.safetensors")):
+        os.remove(f)
+    out_state = {}
+    for key, w in state.items():
+        if not FP8_LINEAR.search(key):
+            out_state[key] = w
+            continue
+        (n, k), (bn, bk) = w.shape, block
+        q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
+        scale = torch.empty(-(-n // bn), -(-k // bk))
+        decoded = torch.empty(n, k)
+        for i in range(scale.shape[0]):
+            for j in range(scale.shape[1]):
+                tile = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float()
+                scale[i, j] = tile.abs().amax().clamp(min=1e-12) / 448
+                q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (tile / scale[i, j]).to(torch.float8_e4m3fn)
+                decoded[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (
+                    q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float() * scale[i, j])
+        out_state[key], out_state[f"{key}_scale_inv"] = q, scale
+        encoded[key] = decoded.to(w.dtype)
+    save_file(out_state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": list(block)}
+    (out / "config.json").write_text(json.dumps(config))
+    return {**state, **encoded}
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
+@pytest.mark.parametrize("fmt", ["native", "compressed-tensors"])
+def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_checkpoint, tmp_path, arch, fmt):
+    """An FP8 release with block scales (ragged blocks here) converts to exactly what its decoded float
+    checkpoint converts to, in either format: experts int8, its other FP8 weights in the config's bf16, no
+    scale tensors left, our quantization_config; it reloads and runs."""
+    fp8 = tmp_path / "fp8"
+    decoded = _fp8_release(bf16_checkpoint(arch), fp8, block=(24, 40))
+    ref = tmp_path / "decoded"
+    shutil.copytree(bf16_checkpoint(arch), ref)
+    for f in glob.glob(str(ref / "*.safetensors")):
+        os.remove(f)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    for src in (fp8, ref):
+        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--format", fmt, "--device", "cpu",
+                        "--no-progress")
+        assert result.exit_code == 0, result.output
+    ours, theirs = tensors(tmp_path / "int8_fp8"), tensors(tmp_path / "int8_decoded")
+    assert set(ours) == set(theirs) and not any(k.endswith("_scale_inv") for k in ours)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    config = json.loads((tmp_path / "int8_fp8" / "config.json").read_text())
+    assert config["quantization_config"] == json.loads(
+        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
+    if fmt == "native":
+        model = auto_class(arch).from_pretrained(tmp_path / "int8_fp8", dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+
+
+def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
+    fp8 = tmp_path / "fp8"
+    _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))
+    assert_one_line_error(invoke("generate", fp8, "--prompt", "a", "--device", "cpu"),
+                          "quantized with 'fp8'", "experts-int8 quantize SRC DST")
+    config = json.loads((fp8 / "config.json").read_text())
+    for qc, needle in (({"quant_method": "gptq", "bits": 4}, "already quantized (quant_method 'gptq')"),
+                       ({"quant_method": "fp8"}, "weight_block_size None")):
+        (fp8 / "config.json").write_text(json.dumps(dict(config, quantization_config=qc)))
+        assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle,
+                              "convert the original float checkpoint")
+    (fp8 / "config.json").write_text(json.dumps(config))
+    state = load_file(fp8 / "model.safetensors")
+    key = next(k for k in state if k.endswith("experts.1.down_proj.weight"))
+    for broken, needle in ((lambda st: st.pop(f"{key}_scale_inv"), f"{key} is F8_E4M3 without its block scales"),
+                           (lambda st: st.__setitem__(f"{key}_scale_inv", st[f"{key}_scale_inv"][:, :1].contiguous()),
+                            f"{key}_scale_inv is F32")):
+        bad = dict(state)
+        broken(bad)
+        save_file(bad, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
+        assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle)
+    assert not (tmp_path / "o").exists()
+
+
 def test_quantize_refuses_transposed_fused_experts_with_the_way_that_works(tmp_path):
     """Fused experts stored [E, H, 2I] / [E, I, H] (as Qwen3-VL's releases): transformers transposes them
     while loading; the streaming converter refuses them and says so."""

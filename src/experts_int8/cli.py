@@ -351,6 +351,8 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
     fp32 scales are written as compressed-tensors pack-quantized Linears, one per expert projection
     (weight_packed, weight_scale, weight_shape), non-expert layers listed in `ignore`. Writes into a temporary folder next to DST and renames it at
     the end, so a failure leaves nothing behind. Prints time, sizes and the quantization SNR per layer.
+    An FP8 release with block scales (quant_method fp8, weight_block_size) is read as the float checkpoint
+    it encodes; its other FP8 layers are written in the config's float dtype.
     """
     from .convert import format_bytes, parse_size, quantize_checkpoint
     from .run import check_device
