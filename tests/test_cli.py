@@ -273,6 +273,70 @@ def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_c
             assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
 
 
+def _mxfp4_release(float_dir, out):
+    """``float_dir``'s GPT-OSS checkpoint as its MXFP4 release: each experts tensor ``[E, K, N]`` stored as
+    ``_blocks`` ``[E, N, K/32, 16]`` (two e2m1 codes a byte, low first) and ``_scales`` ``[E, N, K/32]`` (exponent +
+    127, the group's amax over 6 rounded up to a power of two). Returns the float state transformers' own
+    decoder makes of it (the converter's reference)."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    shutil.copytree(float_dir, out)
+    state, stored = tensors(float_dir), {}
+    for f in glob.glob(str(out / "*.safetensors")):
+        os.remove(f)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    decoded = {}
+    for key, w in state.items():
+        if not key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            stored[key] = w
+            continue
+        groups = w.float().transpose(1, 2).unflatten(-1, (-1, 32))  # [E, N, G, 32]
+        exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=2.0 ** -100) / 6))
+        x = groups / torch.exp2(exponent)[..., None]
+        codes = (x.abs()[..., None] - grid).abs().argmin(-1) + 8 * (x < 0)  # (sign bit: code + 8)
+        stored[f"{key}_blocks"] = (codes[..., 0::2] | codes[..., 1::2] << 4).to(torch.uint8)
+        stored[f"{key}_scales"] = (exponent + 127).to(torch.uint8)
+        decoded[key] = convert_moe_packed_tensors(stored[f"{key}_blocks"], stored[f"{key}_scales"],
+                                                  dtype=torch.bfloat16)
+        assert decoded[key].shape == w.shape and (decoded[key].float() - w.float()).abs().max() > 0
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(config))
+    return {**state, **decoded}
+
+
+def test_quantize_reads_an_mxfp4_release_as_transformers_decodes_it(bf16_checkpoint, tmp_path):
+    """GPT-OSS's MXFP4 release converts to exactly what the float checkpoint transformers decodes from it
+    converts to; the result reloads and runs."""
+    mx = tmp_path / "mxfp4"
+    decoded = _mxfp4_release(bf16_checkpoint("gpt_oss"), mx)
+    ref = tmp_path / "decoded"
+    shutil.copytree(bf16_checkpoint("gpt_oss"), ref)
+    for f in glob.glob(str(ref / "*.safetensors")):
+        os.remove(f)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    for src in (mx, ref):
+        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", "cpu", "--no-progress")
+        assert result.exit_code == 0, result.output
+    ours, theirs = tensors(tmp_path / "int8_mxfp4"), tensors(tmp_path / "int8_decoded")
+    assert set(ours) == set(theirs) and not any(k.endswith(("_blocks", "_scales")) for k in ours)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    model = auto_class("gpt_oss").from_pretrained(tmp_path / "int8_mxfp4", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+
+    state = load_file(mx / "model.safetensors")
+    key = next(k for k in state if k.endswith("down_proj_scales"))
+    state[key] = state[key][:, :1].contiguous()
+    save_file(state, str(mx / "model.safetensors"), metadata={"format": "pt"})
+    assert_one_line_error(invoke("quantize", mx, tmp_path / "o", "--no-progress"), f"{key} is U8",
+                          "scales")
+    assert not (tmp_path / "o").exists()
+
+
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     fp8 = tmp_path / "fp8"
     _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))

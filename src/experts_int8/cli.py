@@ -327,6 +327,7 @@ Examples:
   experts-int8 quantize ~/models/Mixtral-8x7B-v0.1 ~/models/Mixtral-8x7B-int8
   experts-int8 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-int8 --device cuda --max-shard-size 2GB
   experts-int8 quantize ./Mixtral-8x7B ./Mixtral-8x7B-w8a16 --format compressed-tensors   # vllm serve DST
+  experts-int8 quantize ./DeepSeek-V3 ./DeepSeek-V3-int8          # an FP8 release, read as its float weights
 \b
 Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
   experts-int8 generate DST --prompt "Hello"
@@ -351,8 +352,8 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
     fp32 scales are written as compressed-tensors pack-quantized Linears, one per expert projection
     (weight_packed, weight_scale, weight_shape), non-expert layers listed in `ignore`. Writes into a temporary folder next to DST and renames it at
     the end, so a failure leaves nothing behind. Prints time, sizes and the quantization SNR per layer.
-    An FP8 release with block scales (quant_method fp8, weight_block_size) is read as the float checkpoint
-    it encodes; its other FP8 layers are written in the config's float dtype.
+    An FP8 release with block scales (quant_method fp8, weight_block_size) or an MXFP4 one (GPT-OSS) is read
+    as the float checkpoint it encodes; its other FP8 layers are written in the config's float dtype.
     """
     from .convert import format_bytes, parse_size, quantize_checkpoint
     from .run import check_device

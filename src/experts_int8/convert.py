@@ -17,11 +17,10 @@ dtype quantizes them after rounding, which moves a few values by one step):
   * ``config.json`` gains ``quantization_config`` (``quant_method: experts_int8``); tokenizer and
     other small files are copied.
 
-An FP8 release with block scales (``quant_method: fp8`` and a ``weight_block_size``, as DeepSeek-V3/R1, Kimi K2,
-MiniMax-M2 and Qwen3's -FP8 checkpoints) is read as the float checkpoint it encodes: each F8 ``<name>.weight``
-times its fp32 ``<name>.weight_scale_inv`` (one factor per block of rows and columns), in the config's dtype. Its
-experts become int8 as above; its other F8 weights are written in that float dtype (the scale tensors are
-dropped, and ``quantization_config`` is ours).
+A quantized release whose encoding :mod:`experts_int8.releases` reads (FP8 with block scales: DeepSeek-V3/R1,
+Kimi K2, MiniMax-M2, Qwen3's -FP8; MXFP4: GPT-OSS) is read as the float checkpoint it encodes, in the config's
+dtype: its experts become int8 as above, its other encoded weights are written in that float dtype, its scale
+tensors are dropped, and ``quantization_config`` is ours.
 
 Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (Mixtral) or
 ``<prefix>.experts.{e}.{gate_proj|up_proj|down_proj}.weight``, and already fused float
@@ -72,6 +71,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .checkpoint import to_fused_layout
+from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
 
 QUANT_CONFIG = {"quant_method": "experts_int8", "bits": 8, "scheme": "symmetric_per_row",
@@ -325,58 +325,6 @@ class _Writer:
         (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 
-FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
-FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
-                "float32": (torch.float32, "F32")}
-
-
-def fp8_block_size(config: dict, src) -> Optional[tuple[int, int]]:
-    """The ``(rows, columns)`` of an FP8 block-scaled source's weight blocks; None for a float source. A source
-    quantized any other way is refused."""
-    qc = config.get("quantization_config")
-    if not qc:
-        return None
-    if not isinstance(qc, dict):
-        raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
-    block = qc.get("weight_block_size")
-    if qc.get("quant_method") == "fp8" and isinstance(block, list) and len(block) == 2 and all(
-            isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block):
-        return block[0], block[1]
-    raise ValueError(f"{src} is already quantized (quant_method {qc.get('quant_method')!r}"
-                     + (f", weight_block_size {block!r}" if qc.get("quant_method") == "fp8" else "")
-                     + "); convert the original float checkpoint instead (FP8 checkpoints with block scales, "
-                     "quant_method fp8 and a weight_block_size of two sizes, are read directly)")
-
-
-def _fp8_weights(headers: dict, block: tuple[int, int]) -> dict[str, str]:
-    """Each F8 weight's key -> its scale tensor's key, every shape checked against the blocks."""
-    pairs = {}
-    for key, (dtype, shape) in headers.items():
-        if dtype in FP8_DTYPES:
-            scale = f"{key}_scale_inv"
-            if scale not in headers:
-                raise ValueError(f"{key} is {dtype} without its block scales {scale}; the FP8 checkpoint is "
-                                 f"incomplete: download it again")
-            want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
-            if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in ("F32", "BF16"):
-                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the F32 (or BF16) "
-                                 f"{list(want)} that {dtype} {list(shape)} in blocks of {list(block)} needs")
-            pairs[key] = scale
-    stray = sorted(k for k in headers if k.endswith("_scale_inv") and k not in pairs.values())
-    if stray:
-        raise ValueError(f"{stray[0]} scales no FP8 weight ({stray[0].removesuffix('_scale_inv')} is "
-                         f"{headers.get(stray[0].removesuffix('_scale_inv'), ('missing',))[0]})")
-    return pairs
-
-
-def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
-                          dtype: torch.dtype) -> torch.Tensor:
-    """``w`` (FP8, ``[..., N, K]``) times its per-block factors ``scale_inv`` ``[..., ceil(N/bn), ceil(K/bk)]``."""
-    n, k = w.shape[-2:]
-    factors = scale_inv.float().repeat_interleave(block[0], -2)[..., :n, :].repeat_interleave(block[1], -1)
-    return (w.float() * factors[..., :k]).to(dtype)
-
-
 def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_shard_size="5GB",
                         overwrite: bool = False, progress: bool = True,
                         log: Callable[[str], None] = print) -> ConversionReport:
@@ -393,7 +341,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         others = sorted(f.name for f in src_dir.iterdir() if f.suffix in WEIGHT_FILE_SUFFIXES)
         raise ValueError(f"{src} has no *.safetensors weights" + (f" (found {', '.join(others[:3])}; only "
                          f"safetensors checkpoints can be converted)" if others else ""))
-    block = fp8_block_size(config, src)
+    encoding = release_encoding(config, src)
     dst_dir = Path(dst)
     if dst_dir.resolve() == src_dir.resolve():
         raise ValueError("DST must differ from SRC")
@@ -416,26 +364,21 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
                 order.append(key)
 
-    fp8 = _fp8_weights(headers, block) if block else {}
-    if fp8:  # read as the float weights they encode; their scale tensors are consumed
-        text = _text_config(config)
-        name = text.get("dtype") or text.get("torch_dtype") or "bfloat16"
-        if name not in FLOAT_DTYPES:
-            raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
-        fp8_dtype, fp8_dtype_name = FLOAT_DTYPES[name]
-        for key, scale in fp8.items():
-            headers[key] = (fp8_dtype_name, headers[key][1])
-            del headers[scale]
-        order = [key for key in order if key in headers]
+    decoders = float_decoders(encoding, headers, _text_config(config)) if encoding else {}
+    first = {keys[0]: key for key, (keys, _) in decoders.items()}  # (a decoded tensor takes its first's place)
+    order = [first.get(key, key) for key in order if first.get(key, key) in headers]
 
-    def read(key: str) -> torch.Tensor:
+    def load(key: str) -> torch.Tensor:
         # A file open only while one tensor is read: a handle kept open keeps every page read through it
         # mapped, and the process's memory would grow to the whole source checkpoint.
         with safe_open(str(key_file[key]), framework="pt") as handle:
-            tensor = handle.get_tensor(key)
-        if key in fp8:
-            return dequantize_fp8_blocks(tensor, read(fp8[key]), block, fp8_dtype)
-        return tensor
+            return handle.get_tensor(key)
+
+    def read(key: str) -> torch.Tensor:
+        if key in decoders:
+            keys, decode = decoders[key]
+            return decode(*(load(k) for k in keys))
+        return load(key)
 
     if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
         raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])

@@ -19,6 +19,7 @@ import torch
 
 from .checkpoint import read_headers
 from .convert import QUANT_CONFIG, read_model_dir
+from .releases import release_encoding
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -49,10 +50,13 @@ def checkpoint_kind(config: dict, files=()) -> str:
     if qc and qc.get("quant_method") == QUANT_CONFIG["quant_method"]:
         return "int8"
     if qc:
-        fp8 = qc.get("quant_method") == "fp8" and qc.get("weight_block_size")
+        try:
+            readable = release_encoding(config, "") is not None
+        except ValueError:
+            readable = False
         raise ValueError(f"the checkpoint is quantized with {qc.get('quant_method')!r}; experts-int8 loads float "
                          f"checkpoints (quantizing on the fly) or its own int8 checkpoints"
-                         + ("; convert this FP8 one first: experts-int8 quantize SRC DST" if fp8 else ""))
+                         + ("; convert this release first: experts-int8 quantize SRC DST" if readable else ""))
     # transformers would load int8 values as float weights (dropping their scales) and only report it
     int8 = next((key for key, (dtype, _) in read_headers(files).items() if dtype == "I8"), None)
     if int8 is not None:

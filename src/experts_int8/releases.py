@@ -1,0 +1,111 @@
+"""Quantized releases read as the float checkpoints they encode (by ``experts-int8 quantize``).
+
+Two encodings cover the large MoE releases that ship no float weights:
+
+* FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1, Kimi K2,
+  MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
+  ``[..., ceil(N/bn), ceil(K/bk)]``, one factor per block of rows and columns; the weight is their product.
+* MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
+  byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
+  (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
+
+Each decodes in float32 (exact for both) and is rounded once to the config's dtype.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Optional
+
+import torch
+
+FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+# e2m1's sixteen codes: sign bit, two exponent bits, one mantissa bit
+MXFP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
+                "float32": (torch.float32, "F32")}
+
+
+def release_encoding(config: dict, src) -> Optional[dict]:
+    """The ``quantization_config`` of a release this module decodes; None for a float one. A release quantized
+    any other way is refused (checked before anything is read or written)."""
+    qc = config.get("quantization_config")
+    if not qc:
+        return None
+    if not isinstance(qc, dict):
+        raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
+    block = qc.get("weight_block_size")
+    if qc.get("quant_method") == "mxfp4" or (qc.get("quant_method") == "fp8" and isinstance(block, list) and len(
+            block) == 2 and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+        return qc
+    raise ValueError(f"{src} is already quantized (quant_method {qc.get('quant_method')!r}"
+                     + (f", weight_block_size {block!r}" if qc.get("quant_method") == "fp8" else "")
+                     + "); convert the original float checkpoint instead (FP8 releases with block scales, "
+                     "quant_method fp8 and a weight_block_size of two sizes, and MXFP4 ones are read directly)")
+
+
+def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dtype) -> torch.Tensor:
+    """``w`` (FP8 ``[..., N, K]``) times its per-block factors ``scale_inv`` ``[..., ceil(N/bn), ceil(K/bk)]``."""
+    n, k = w.shape[-2:]
+    factors = scale_inv.float().repeat_interleave(block[0], -2)[..., :n, :].repeat_interleave(block[1], -1)
+    return (w.float() * factors[..., :k]).to(dtype)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
+    """MXFP4 ``blocks`` ``[E, N, G, 16]`` and ``scales`` ``[E, N, G]`` -> ``[E, 32 G, N]`` in ``dtype``, one
+    expert at a time (the codes of a whole tensor as indices would take 16 bytes a value)."""
+    e, n, g, _ = blocks.shape
+    lut = torch.tensor(MXFP4_VALUES)
+    out = torch.empty(e, 32 * g, n, dtype=dtype)
+    for x in range(e):
+        codes = torch.stack((blocks[x] & 15, blocks[x] >> 4), dim=-1).long()  # [N, G, 16, 2]: low nibble first
+        values = torch.ldexp(lut[codes].flatten(-2), scales[x].long().sub(127)[..., None])  # [N, G, 32]
+        out[x] = values.flatten(-2).t().to(dtype)
+    return out
+
+
+def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tuple[str, ...], Callable]]:
+    """Each encoded weight's float key -> (the stored keys it decodes from, the function that decodes them).
+    ``headers`` (key -> (safetensors dtype, shape)) is changed to the float tensors' (the stored keys consumed)."""
+    name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
+    if name not in FLOAT_DTYPES:
+        raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
+    dtype, dtype_name = FLOAT_DTYPES[name]
+    decoders, shapes = {}, {}
+    if qc["quant_method"] == "fp8":
+        block = tuple(qc["weight_block_size"])
+        for key, (stored, shape) in headers.items():
+            if stored not in FP8_DTYPES:
+                continue
+            scale = f"{key}_scale_inv"
+            if scale not in headers:
+                raise ValueError(f"{key} is {stored} without its block scales {scale}; the FP8 checkpoint is "
+                                 f"incomplete: download it again")
+            want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
+            if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in ("F32", "BF16"):
+                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the F32 (or BF16) "
+                                 f"{list(want)} that {stored} {list(shape)} in blocks of {list(block)} needs")
+            decoders[key] = ((key, scale), partial(dequantize_fp8_blocks, block=block, dtype=dtype))
+            shapes[key] = tuple(shape)
+    else:
+        for key, (stored, shape) in headers.items():
+            if not key.endswith("_blocks"):
+                continue
+            base = key.removesuffix("_blocks")
+            scales = f"{base}_scales"
+            if stored != "U8" or len(shape) != 4 or shape[-1] != 16:
+                raise ValueError(f"{key} is {stored} {list(shape)}, not MXFP4 blocks (U8 [E, N, G, 16])")
+            if headers.get(scales, (None, None))[0] != "U8" or tuple(headers[scales][1]) != tuple(shape[:3]):
+                got = f"{headers[scales][0]} {list(headers[scales][1])}" if scales in headers else "missing"
+                raise ValueError(f"{scales} is {got}, not the U8 {list(shape[:3])} scales {key} needs")
+            decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
+            shapes[base] = (shape[0], 32 * shape[2], shape[1])
+    consumed = {k for keys, _ in decoders.values() for k in keys}
+    stray = sorted(k for k in headers if k.endswith(("_scale_inv", "_scales", "_blocks")) and k not in consumed)
+    if stray:
+        raise ValueError(f"{stray[0]} belongs to no {qc['quant_method']} weight of the checkpoint; it is "
+                         f"incomplete or not what its config.json says")
+    for k in consumed:
+        del headers[k]
+    headers.update({key: (dtype_name, shape) for key, shape in shapes.items()})
+    return decoders
