@@ -668,6 +668,30 @@ def test_quantize_refuses_experts_outside_the_table_that_loading_refuses(bf16_ch
     assert not (tmp_path / "o").exists()
 
 
+def test_a_remote_code_architecture_converts_its_per_expert_keys_and_names_why_not_its_fused_ones(bf16_checkpoint,
+                                                                                                   tmp_path):
+    """Kimi K2's model_type is its own code: its per-expert keys (as released) convert without building the model,
+    as its DeepSeek-V3 twin's do, with no prompt on stdin; fused keys need the model's layout, and the error says
+    how to get it."""
+    remote = {"model_type": "kimi_k2", "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}
+    for src, layout in ((tmp_path / "per_expert", "per-expert"), (_fused_checkpoint(tmp_path, "deepseek_v3"), "fused")):
+        if layout == "per-expert":
+            shutil.copytree(bf16_checkpoint("deepseek_v3"), src)
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, **remote}))
+        result = invoke("quantize", src, tmp_path / f"o_{layout}", "--no-progress")
+        if layout == "fused":
+            assert_one_line_error(result, "model_type 'kimi_k2' is the checkpoint's own code",
+                                  "set config.json's model_type")
+            assert not (tmp_path / "o_fused").exists()
+        else:
+            assert result.exit_code == 0 and "custom code" not in result.output, result.output
+            twin = tmp_path / "twin"
+            assert invoke("quantize", bf16_checkpoint("deepseek_v3"), twin, "--no-progress").exit_code == 0
+            ours, theirs = tensors(tmp_path / "o_per-expert"), tensors(twin)
+            assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 @pytest.mark.parametrize("arch, name", [("gpt_oss", "GPT-OSS"), ("granitemoe", "Granite MoE"),
                                         ("granitemoehybrid", "Granite MoE"),
                                         ("granitemoeshared", "Granite MoE")])

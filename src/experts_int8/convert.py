@@ -382,7 +382,10 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
 
     if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
         raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
-    groups = plan_groups(headers, _layout(src_dir, config), _experts_renames(config))
+    renames = _experts_renames(config)
+    groups = plan_groups(headers, "fused", renames)
+    if any(g.fused for g in groups.values()) or not _remote_code(config):  # (the layout check also refuses
+        groups = plan_groups(headers, _layout(src_dir, config), renames)   # experts the kernel cannot run)
     if not groups:
         raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                          f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
@@ -540,6 +543,16 @@ def _layout(src_dir: Path, config: dict) -> str:
     from .integrations.transformers import layout_from_config
 
     return layout_from_config(src_dir, config)
+
+
+def _remote_code(config: dict) -> bool:
+    """The architecture is the checkpoint's own code (``auto_map``), unknown to transformers (Kimi K2's
+    kimi_k2). Per-expert keys convert without building it; fused ones need its layout."""
+    try:
+        from transformers import CONFIG_MAPPING
+    except ImportError:
+        return False
+    return bool(config.get("auto_map")) and _model_type(config) not in CONFIG_MAPPING
 
 
 def _model_type(config: dict) -> Optional[str]:

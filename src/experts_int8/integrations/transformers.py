@@ -219,8 +219,12 @@ def _meta_model(model_dir, config: dict) -> nn.Module:
     from ..run import auto_model_class
 
     try:
-        hf_config = AutoConfig.from_pretrained(model_dir)
+        hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)  # (never a prompt on stdin)
     except (KeyError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise ValueError(f"model_type {config.get('model_type')!r} is the checkpoint's own code (auto_map), "
+                             f"which experts-int8 does not run: set config.json's model_type to the transformers "
+                             f"architecture it follows (e.g. deepseek_v3 for kimi_k2)") from None
         raise ValueError(f"transformers cannot build model_type {config.get('model_type')!r}: {e}") from None
     with torch.device("meta"):
         return auto_model_class(config).from_config(hf_config)
