@@ -669,10 +669,11 @@ def test_quantize_refuses_experts_outside_the_table_that_loading_refuses(bf16_ch
 
 
 def test_a_remote_code_architecture_converts_its_per_expert_keys_and_names_why_not_its_fused_ones(bf16_checkpoint,
-                                                                                                   tmp_path):
+                                                                                                   demo_run, tmp_path):
     """Kimi K2's model_type is its own code: its per-expert keys (as released) convert without building the model,
     as its DeepSeek-V3 twin's do, with no prompt on stdin; fused keys need the model's layout, and the error says
-    how to get it."""
+    how to get it, as generate's does for the converted checkpoint."""
+    _, keep = demo_run
     remote = {"model_type": "kimi_k2", "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}
     for src, layout in ((tmp_path / "per_expert", "per-expert"), (_fused_checkpoint(tmp_path, "deepseek_v3"), "fused")):
         if layout == "per-expert":
@@ -690,6 +691,10 @@ def test_a_remote_code_architecture_converts_its_per_expert_keys_and_names_why_n
             assert invoke("quantize", bf16_checkpoint("deepseek_v3"), twin, "--no-progress").exit_code == 0
             ours, theirs = tensors(tmp_path / "o_per-expert"), tensors(twin)
             assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(keep / "bf16" / f, tmp_path / "o_per-expert" / f)
+            assert_one_line_error(invoke("generate", tmp_path / "o_per-expert", "--prompt", "a", "--device", "cpu"),
+                                  "model_type 'kimi_k2' is the checkpoint's own code", "deepseek_v3")
 
 
 @pytest.mark.parametrize("arch, name", [("gpt_oss", "GPT-OSS"), ("granitemoe", "Granite MoE"),

@@ -18,7 +18,7 @@ dtype quantizes them after rounding, which moves a few values by one step):
     other small files are copied.
 
 A quantized release whose encoding :mod:`experts_int8.releases` reads (FP8 with block scales: DeepSeek-V3/R1,
-Kimi K2, MiniMax-M2, Qwen3's -FP8; MXFP4: GPT-OSS) is read as the float checkpoint it encodes, in the config's
+MiniMax-M2, Qwen3's -FP8; MXFP4: GPT-OSS) is read as the float checkpoint it encodes, in the config's
 dtype: its experts become int8 as above, its other encoded weights are written in that float dtype, its scale
 tensors are dropped, and ``quantization_config`` is ours.
 
@@ -384,7 +384,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
     renames = _experts_renames(config)
     groups = plan_groups(headers, "fused", renames)
-    if any(g.fused for g in groups.values()) or not _remote_code(config):  # (the layout check also refuses
+    if any(g.fused for g in groups.values()) or not needs_remote_code(config):  # (the layout check also refuses
         groups = plan_groups(headers, _layout(src_dir, config), renames)   # experts the kernel cannot run)
     if not groups:
         raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
@@ -545,9 +545,9 @@ def _layout(src_dir: Path, config: dict) -> str:
     return layout_from_config(src_dir, config)
 
 
-def _remote_code(config: dict) -> bool:
+def needs_remote_code(config: dict) -> bool:
     """The architecture is the checkpoint's own code (``auto_map``), unknown to transformers (Kimi K2's
-    kimi_k2). Per-expert keys convert without building it; fused ones need its layout."""
+    kimi_k2). Per-expert keys convert without building it; fused ones need its layout; loading refuses it."""
     try:
         from transformers import CONFIG_MAPPING
     except ImportError:

@@ -2,7 +2,7 @@
 
 Two encodings cover the large MoE releases that ship no float weights:
 
-* FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1, Kimi K2,
+* FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
   ``[..., ceil(N/bn), ceil(K/bk)]``, one factor per block of rows and columns; the weight is their product.
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .checkpoint import read_headers
-from .convert import QUANT_CONFIG, read_model_dir
+from .convert import QUANT_CONFIG, needs_remote_code, read_model_dir
 from .releases import release_encoding
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -44,6 +44,10 @@ def check_device(device: str) -> torch.device:
 def checkpoint_kind(config: dict, files=()) -> str:
     """``"int8"`` for an experts_int8 checkpoint, ``"float"`` for an unquantized one; raises for others, and for
     int8 weights (in the safetensors ``files``) under a config.json that does not say so."""
+    if needs_remote_code(config):  # (refused here, before transformers would ask on stdin whether to run it)
+        from .integrations.transformers import remote_code_message
+
+        raise ValueError(remote_code_message(config))
     qc = config.get("quantization_config")
     if qc and not isinstance(qc, dict):
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
@@ -146,7 +150,7 @@ def load_tokenizer(path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (ValueError, OSError) as exc:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path}: its tokenizer files do not load ({type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''})") from None

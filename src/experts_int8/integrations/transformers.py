@@ -212,6 +212,12 @@ def _layout_of(model: nn.Module) -> str:
     return "transposed" if transposed else "fused"
 
 
+def remote_code_message(config: dict) -> str:
+    return (f"model_type {config.get('model_type')!r} is the checkpoint's own code (auto_map), which experts-int8 "
+            f"does not run: set config.json's model_type to the transformers architecture it follows (e.g. "
+            f"deepseek_v3 for kimi_k2)")
+
+
 def _meta_model(model_dir, config: dict) -> nn.Module:
     """The model in ``model_dir`` (``config``: its ``config.json``) built on the meta device: nothing allocated."""
     from transformers import AutoConfig
@@ -222,9 +228,7 @@ def _meta_model(model_dir, config: dict) -> nn.Module:
         hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False)  # (never a prompt on stdin)
     except (KeyError, ValueError) as e:
         if "trust_remote_code" in str(e):
-            raise ValueError(f"model_type {config.get('model_type')!r} is the checkpoint's own code (auto_map), "
-                             f"which experts-int8 does not run: set config.json's model_type to the transformers "
-                             f"architecture it follows (e.g. deepseek_v3 for kimi_k2)") from None
+            raise ValueError(remote_code_message(config)) from None
         raise ValueError(f"transformers cannot build model_type {config.get('model_type')!r}: {e}") from None
     with torch.device("meta"):
         return auto_model_class(config).from_config(hf_config)
