@@ -204,6 +204,30 @@ def test_bench_table_and_json(tmp_path):
     assert back["command"].startswith("python3 benchmarks/bench_kernel.py") and len(back["rows"]) == 3
 
 
+def test_results_on_a_full_disk_leave_nothing(tmp_path, monkeypatch):
+    """A result file appears whole or not at all, and the folders made for it go again: a full disk left a
+    0-byte JSON (bench, bench-e2e) and the folders it made. An older file of the same name stays as it was."""
+    import errno
+
+    from experts_int8 import files
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        bench.write_results(_fake_result(), tmp_path / "a" / "b", plot=False)
+    assert os.listdir(tmp_path) == []
+    old = tmp_path / "table.json"
+    old.write_text("old")
+    with pytest.raises(OSError, match="No space left"):
+        files.write_atomic(old, "new")
+    assert os.listdir(tmp_path) == ["table.json"] and old.read_text() == "old"
+    monkeypatch.undo()
+    assert files.write_atomic(old, "new").read_text() == "new" and os.listdir(tmp_path) == ["table.json"]
+    assert oct(old.stat().st_mode & 0o777) == oct(0o644)
+
+
 def test_bench_plot_is_skipped_with_a_warning_without_matplotlib(tmp_path, monkeypatch):
     import builtins
 

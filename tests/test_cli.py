@@ -7,9 +7,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+from pathlib import Path
 from unittest import mock
 
 import pytest
@@ -448,15 +450,103 @@ def test_quantize_output_takes_the_umask_permissions(bf16_checkpoint, tmp_path):
 
 
 def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint, tmp_path):
+    """--overwrite replaces a checkpoint folder only: not a folder of other things (`quantize SRC ~/models
+    --overwrite` would have deleted every model in it), a link or a file, refused before any work."""
     dst = tmp_path / "int8"
     dst.mkdir()
     (dst / "keep.txt").write_text("x")
     assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress"), "--overwrite")
+    assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite"),
+                          "is not a model checkpoint folder (no config.json)")
     assert (dst / "keep.txt").exists()
+    (dst / "config.json").write_text("{}")  # an older checkpoint
     result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
     assert result.exit_code == 0, result.output
     assert not (dst / "keep.txt").exists() and (dst / "model.safetensors").is_file()
     assert sorted(os.listdir(tmp_path)) == ["int8"]
+    link = tmp_path / "link"
+    link.symlink_to(dst)
+    assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), link, "--no-progress", "--overwrite"),
+                          "is a symbolic link")
+    assert sorted(os.listdir(tmp_path)) == ["int8", "link"]
+
+
+def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_failed_to_replace(
+        bf16_checkpoint, tmp_path):
+    """Without --overwrite a DST that appears meanwhile (another run's) is left alone, not swapped out and
+    deleted; with it, a failure of the swap's second rename puts the old checkpoint back."""
+    from experts_int8 import convert
+
+    dst, real = tmp_path / "int8", convert.save_file
+
+    def appear(*args, **kwargs):
+        if not dst.exists():
+            dst.mkdir()
+            (dst / "theirs.txt").write_text("not yours")
+        return real(*args, **kwargs)
+
+    with mock.patch.object(convert, "save_file", appear):
+        assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress"),
+                              "appeared while converting", "--overwrite")
+    assert sorted(os.listdir(dst)) == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["int8"]
+
+    (dst / "config.json").write_text("{}")
+    before = sorted(os.listdir(dst))
+    replace = os.replace
+
+    def second_rename_fails(a, b):
+        if Path(b) == dst and str(a).endswith(".partial"):
+            raise OSError(5, "Input/output error")
+        return replace(a, b)
+
+    with mock.patch.object(convert.os, "replace", second_rename_fails):
+        assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite"),
+                              "Input/output error")
+    assert sorted(os.listdir(dst)) == before and sorted(os.listdir(tmp_path)) == ["int8"]
+
+
+def test_a_reader_that_leaves_the_pipe_gets_no_error_line(bf16_checkpoint, tmp_path):
+    """`experts-int8 quantize ... | head -1`: the report's writes find the pipe closed; a writer then stops quietly
+    with SIGPIPE's status, not with "Error: [Errno 32] Broken pipe"."""
+    with mock.patch("experts_int8.convert.quantize_checkpoint", side_effect=BrokenPipeError(32, "Broken pipe")):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--no-progress")
+    assert result.exit_code == 128 + 13 and result.output == "", result.output
+
+
+def test_quantize_stopped_by_sigterm_or_a_full_disk_leaves_nothing(bf16_checkpoint, tmp_path):
+    """SIGTERM (a job's time limit, docker stop) cleans up as Ctrl-C does, with 128 + 15; a full disk says where."""
+    from experts_int8 import convert
+
+    real, calls = convert.save_file, []
+
+    def terminated_on_the_second_shard(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    def not_caught(signum, frame):  # (what runs if the command does not catch it: not the default, which kills)
+        raise AssertionError("SIGTERM reached the test's own handler")
+
+    before = signal.signal(signal.SIGTERM, not_caught)
+    try:
+        with mock.patch.object(convert, "save_file", terminated_on_the_second_shard):
+            result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "a" / "o", "--no-progress",
+                            "--max-shard-size", "40KB")
+        assert signal.getsignal(signal.SIGTERM) is not_caught  # (put back after the command)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert result.exit_code == 128 + signal.SIGTERM and "Stopped by SIGTERM" in result.output, result.output
+    assert os.listdir(tmp_path) == []
+
+    def full(*args, **kwargs):
+        raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    with mock.patch.object(convert, "save_file", full):
+        assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--no-progress"),
+                              f"writing the converted checkpoint in {tmp_path} failed", "No space left",
+                              "free space there or choose another DST")
+    assert os.listdir(tmp_path) == []
 
 
 def test_bad_sizes_and_devices_give_one_line(bf16_checkpoint, tmp_path):

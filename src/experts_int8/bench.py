@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .files import write_atomic
 from .reference import ACTIVATIONS, GATED_ONLY
 
 # name -> (E, H, I, k)
@@ -627,12 +628,8 @@ def check_writable_dir(path: str | os.PathLike, what: str) -> None:
 def write_results(result: dict, out_dir: str | os.PathLike, *, plot: bool = True) -> list[Path]:
     """Write ``<stem>.json`` and (when matplotlib is importable) ``<stem>.png``; returns the paths."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     stem = result_stem(result)
-    path = out / f"{stem}.json"
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    path = write_atomic(out / f"{stem}.json", json.dumps(result, indent=1) + "\n")
     paths = [path]
     if plot:
         png = plot_results(result, out / f"{stem}.png")
@@ -685,8 +682,15 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
     fig.suptitle(f"experts_int8 fused_experts on {result.get('gpu', '?')} (copy {ceil['copy_GBps']:.0f} GB/s, "
                  f"matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s) @ {str(result.get('commit', '?'))[:10]}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp")  # (renamed into place: a full disk leaves no part of a PNG)
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -38,6 +38,7 @@ from typing import Callable, Optional
 import torch
 
 from .bench import library_commit
+from .files import write_atomic
 
 # Full-size architectures for --random-weights (their public configs' shapes).
 CONFIGS = {
@@ -239,10 +240,8 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
                   command=" ".join(sys.argv), commit=library_commit()[0], rows=rows)
     log(table(result))
     if out:
-        os.makedirs(out, exist_ok=True)
-        path = os.path.join(out, f"bench_e2e_{_config_name(config)}_{decode}_{time.strftime('%Y%m%dT%H%M%S')}.json")
-        with open(path, "w") as f:
-            json.dump(result, f, indent=1)
+        path = write_atomic(Path(out) / f"bench_e2e_{_config_name(config)}_{decode}_{time.strftime('%Y%m%dT%H%M%S')}"
+                                          f".json", json.dumps(result, indent=1) + "\n")
         log(f"wrote {path}")
     return result
 

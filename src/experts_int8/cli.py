@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import shlex
+import signal
 import statistics
 import sys
 from pathlib import Path
@@ -38,20 +39,57 @@ def one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (a job's time limit, `docker stop`, a closed terminal), raised where the process is, so
+    that the cleanup a Ctrl-C gets (no partial output) runs for them too."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def _signals_raise():
+    """SIGTERM and SIGHUP raise :class:`Terminated` inside (in the main thread; elsewhere left as they are)."""
+    signums = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    try:
+        before = {n: signal.signal(n, _terminated) for n in signums}
+    except ValueError:  # not the main thread
+        before = {}
+    try:
+        yield
+    finally:
+        for n, handler in before.items():
+            signal.signal(n, handler)
+
+
 def clean_errors(fn: Callable) -> Callable:
     """Wrap a command callback: adds ``--debug``; without it, exceptions become one ``Error:`` line."""
 
     @functools.wraps(fn)
     def wrapper(*args, debug: bool = False, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            with _signals_raise():
+                return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click reports these itself
-        except KeyboardInterrupt:
+        except BrokenPipeError:  # (`... | head`: the reader left; say nothing more, as a pipe's writer does)
+            try:  # (Python would report the pipe again when it flushes stdout at exit)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # no file descriptor behind stdout
+                pass
+            sys.exit(128 + 13)  # (SIGPIPE's status)
+        except KeyboardInterrupt as exc:
             if debug:
                 raise
-            click.echo("Interrupted.", err=True)
-            sys.exit(130)
+            signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+            click.echo("Interrupted." if signum == signal.SIGINT else f"Stopped by {signal.Signals(signum).name}.",
+                       err=True)
+            sys.exit(128 + signum)
         except Exception as exc:  # noqa: BLE001 - the whole point: one clear line instead of a traceback
             if debug:
                 raise

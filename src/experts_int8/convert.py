@@ -55,6 +55,7 @@ temporary directory next to ``dst`` that is renamed at the end: a failure leaves
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -71,6 +72,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .checkpoint import to_fused_layout
+from .files import missing_folders, remove_empty
 from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
 
@@ -306,7 +308,12 @@ class _Writer:
         if not self.buffer:
             return
         name = f"shard-{len(self.shards):05d}.safetensors"
-        save_file(self.buffer, str(self.out_dir / name), metadata={"format": "pt"})
+        try:
+            save_file(self.buffer, str(self.out_dir / name), metadata={"format": "pt"})
+        except Exception as exc:  # noqa: BLE001 - safetensors' own error types (a full disk among them)
+            raise OSError(f"writing the converted checkpoint in {self.out_dir.parent} failed ({exc}); "
+                          f"{format_bytes(self.total)} were written so far; free space there or choose another "
+                          f"DST") from None
         self.shards.append((name, list(self.buffer)))
         self.buffer, self.buffered = {}, 0
 
@@ -349,6 +356,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(f"DST {dst} holds SRC {src}: choose a DST outside the source checkpoint's folders")
     if dst_dir.exists() and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
+    _check_replaceable(dst_dir)
     max_bytes = parse_size(max_shard_size)
     device = torch.device(device)
 
@@ -371,8 +379,12 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     def load(key: str) -> torch.Tensor:
         # A file open only while one tensor is read: a handle kept open keeps every page read through it
         # mapped, and the process's memory would grow to the whole source checkpoint.
-        with safe_open(str(key_file[key]), framework="pt") as handle:
-            return handle.get_tensor(key)
+        try:
+            with safe_open(str(key_file[key]), framework="pt") as handle:
+                return handle.get_tensor(key)
+        except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{key_file[key]}: reading {key} failed ({exc}); the file changed or is damaged since "
+                             f"the conversion began: download it again") from None
 
     def read(key: str) -> torch.Tensor:
         if key in decoders:
@@ -436,13 +448,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         writer.finish()
         _copy_side_files(src_dir, tmp, config, quant_config)
         _default_permissions(tmp)
-        if dst_dir.exists():  # overwrite: swap in, then remove the old one
-            old = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".old", dir=parent))
-            os.replace(dst_dir, old / "x")
-            os.replace(tmp, dst_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dst_dir)
+        _move_into_place(tmp, dst_dir, overwrite)
     except BaseException:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -671,19 +677,45 @@ def export_compressed_tensors(src, dst, **kwargs) -> ConversionReport:
     return quantize_checkpoint(src, dst, format="compressed-tensors", **kwargs)
 
 
-def missing_folders(path: Path) -> list[Path]:
-    """``path`` and those of its parents that do not exist yet (what ``mkdir(parents=True)`` makes), deepest first."""
-    path = Path(path).resolve()
-    return [p for p in (path, *path.parents) if not p.exists()]
+def _check_replaceable(dst: Path) -> None:
+    """Refuse, before any work, a DST that the final rename could not replace or should not: a link, a mount
+    point, or (under --overwrite) a folder that holds something other than a model checkpoint."""
+    if dst.is_symlink():
+        raise ValueError(f"DST {dst} is a symbolic link; give the folder it points to, or another DST")
+    if dst.exists():
+        if os.path.ismount(dst):
+            raise ValueError(f"DST {dst} is a mount point, which a rename cannot replace; write into a folder in it")
+        if not dst.is_dir() or (any(dst.iterdir()) and not (dst / "config.json").is_file()):
+            raise ValueError(f"DST {dst} is not a model checkpoint folder (no config.json), and --overwrite replaces "
+                             f"only one; choose another DST")
 
 
-def remove_empty(folders: list[Path]) -> None:
-    """Remove ``folders`` (deepest first) while they are empty: what a failed write made, not what others put there."""
-    for folder in folders:
+def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
+    """Rename the finished ``tmp`` to ``dst``; with ``overwrite`` an existing ``dst`` is swapped out and removed,
+    or put back if the swap fails. A ``dst`` that appeared while converting is not replaced without it."""
+    if not dst.exists():
         try:
-            folder.rmdir()
-        except OSError:  # not empty or gone
-            break
+            os.rename(tmp, dst)  # (replaces only an empty folder that appeared meanwhile)
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+    if not overwrite:
+        raise FileExistsError(f"{dst} appeared while converting (another run?); it was left as it is: pass "
+                              f"--overwrite to replace it, or choose another DST")
+    old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
+    os.replace(dst, old / "x")
+    try:
+        os.replace(tmp, dst)
+    except BaseException as exc:
+        try:
+            os.replace(old / "x", dst)  # the old checkpoint back where it was
+        except OSError:
+            raise OSError(f"replacing {dst} failed ({exc}), and so did putting it back: the old checkpoint is in "
+                          f"{old / 'x'}") from exc
+        old.rmdir()
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _default_permissions(folder: Path) -> None:

@@ -84,7 +84,8 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
              seed: int = 0, progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
     from tqdm.auto import tqdm
 
-    from .convert import format_bytes, missing_folders, remove_empty
+    from .convert import format_bytes
+    from .files import missing_folders, remove_empty
     from .integrations.transformers import ExpertsInt8Config  # noqa: F401 -- registers the quant method
     from .run import check_device, generate, load_model, memory_bytes, quiet_transformers
 

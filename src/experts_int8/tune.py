@@ -35,7 +35,6 @@ import logging
 import math
 import os
 import random
-import tempfile
 import time
 import zlib
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .files import write_atomic
 from .kernels import configs, fused_moe
 
 logger = logging.getLogger(__name__)
@@ -508,7 +508,6 @@ def write_table(best: dict[int, dict], num_experts: int, inter: int, device: str
     Clears ``get_config``'s table cache so the new table takes effect in this process too.
     """
     folder = Path(out_dir) if out_dir is not None else configs.user_config_dir()
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / configs.table_name(num_experts, inter, device, fmt, gated)
     table: dict[int, dict] = {}
     if merge and path.is_file():
@@ -517,20 +516,8 @@ def write_table(best: dict[int, dict], num_experts: int, inter: int, device: str
         except ValueError as e:
             logger.warning("experts_int8: replacing %s", e)
     table.update({int(m): configs.check_config(cfg) for m, cfg in best.items()})
-    # a temporary file of its own in the same folder (two tunes at once must not share one), synced before it
-    # replaces the table, so a crash leaves the old table or the new one, never an empty file
-    fd, tmp = tempfile.mkstemp(prefix=path.name, suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({str(m): table[m] for m in sorted(table)}, f, indent=4)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # (mkstemp's 0600 would hide a shared cache's table from other users)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    # (a temporary file of its own: two tunes at once must not share one)
+    write_atomic(path, json.dumps({str(m): table[m] for m in sorted(table)}, indent=4) + "\n")
     configs.clear_table_cache()
     return path
 
