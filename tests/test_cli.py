@@ -211,10 +211,12 @@ FP8_LINEAR = re.compile(r"_proj\.weight$|\.w[123]\.weight$")  # (DeepSeek-V3's F
 # norms, the router or lm_head)
 
 
-def _fp8_release(float_dir, out, block):
+def _fp8_release(float_dir, out, block, scales="F32"):
     """``float_dir``'s checkpoint as an FP8 release with block scales, made as DeepSeek-V3's is: each Linear weight
-    in e4m3, one fp32 factor (its block's amax / 448) per block of rows and columns in ``<name>.weight_scale_inv``.
-    Returns the float state those products make, computed block by block (the converter's reference)."""
+    in e4m3, one fp32 factor (its block's amax / 448) per block of rows and columns in ``<name>.weight_scale_inv``
+    (``scales``: stored as F32, BF16 or F16, or as UE8M0 powers of two, the factor rounded up to one, in
+    F8_E8M0 or as exponent bytes U8). Returns the float state those products make, computed block by block (the
+    converter's reference)."""
     shutil.copytree(float_dir, out)
     state, encoded = tensors(float_dir), {}
     for f in glob.glob(str(out / "*.safetensors")):
@@ -232,10 +234,19 @@ def _fp8_release(float_dir, out, block):
             for j in range(scale.shape[1]):
                 tile = w[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float()
                 scale[i, j] = tile.abs().amax().clamp(min=1e-12) / 448
+                if scales in ("F8_E8M0", "U8"):
+                    scale[i, j] = torch.exp2(torch.ceil(torch.log2(scale[i, j])))
+                else:  # (what the stored dtype holds)
+                    scale[i, j] = scale[i, j].to({"F32": torch.float32, "BF16": torch.bfloat16,
+                                                  "F16": torch.float16}[scales]).float()
                 q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (tile / scale[i, j]).to(torch.float8_e4m3fn)
                 decoded[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (
                     q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float() * scale[i, j])
-        out_state[key], out_state[f"{key}_scale_inv"] = q, scale
+        out_state[key] = q
+        out_state[f"{key}_scale_inv"] = {
+            "F32": scale, "BF16": scale.bfloat16(), "F16": scale.half(),
+            "F8_E8M0": scale.to(torch.float8_e8m0fnu),
+            "U8": (torch.log2(scale) + 127).to(torch.uint8)}[scales]
         encoded[key] = decoded.to(w.dtype)
     save_file(out_state, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
@@ -339,6 +350,27 @@ def test_quantize_reads_an_mxfp4_release_as_transformers_decodes_it(bf16_checkpo
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("scales", ["BF16", "F16", "F8_E8M0", "U8"])
+def test_fp8_block_scales_in_every_stored_dtype(bf16_checkpoint, tmp_path, scales):
+    """Qwen3's FP8 releases store BF16 scales, some F16, newer ones UE8M0 powers of two (F8_E8M0, or exponent
+    bytes): each converts to what its decoded float checkpoint converts to."""
+    fp8 = tmp_path / "fp8"
+    decoded = _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 24), scales=scales)
+    assert {str(v.dtype) for k, v in tensors(fp8).items() if k.endswith("_scale_inv")} == {
+        {"BF16": "torch.bfloat16", "F16": "torch.float16", "F8_E8M0": "torch.float8_e8m0fnu",
+         "U8": "torch.uint8"}[scales]}
+    ref = tmp_path / "decoded"
+    shutil.copytree(bf16_checkpoint("qwen3_moe"), ref)
+    for f in glob.glob(str(ref / "*.safetensors")):
+        os.remove(f)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    for src in (fp8, ref):
+        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", "cpu", "--no-progress")
+        assert result.exit_code == 0, result.output
+    ours, theirs = tensors(tmp_path / "int8_fp8"), tensors(tmp_path / "int8_decoded")
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     fp8 = tmp_path / "fp8"
     _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))
@@ -346,7 +378,9 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
                           "quantized with 'fp8'", "experts-int8 quantize SRC DST")
     config = json.loads((fp8 / "config.json").read_text())
     for qc, needle in (({"quant_method": "gptq", "bits": 4}, "already quantized (quant_method 'gptq')"),
-                       ({"quant_method": "fp8"}, "weight_block_size None")):
+                       ({"quant_method": "fp8"}, "weight_block_size None"),
+                       ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [16, 16]},
+                        "static activation scales")):
         (fp8 / "config.json").write_text(json.dumps(dict(config, quantization_config=qc)))
         assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle,
                               "convert the original float checkpoint")
@@ -355,7 +389,9 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
     key = next(k for k in state if k.endswith("experts.1.down_proj.weight"))
     for broken, needle in ((lambda st: st.pop(f"{key}_scale_inv"), f"{key} is F8_E4M3 without its block scales"),
                            (lambda st: st.__setitem__(f"{key}_scale_inv", st[f"{key}_scale_inv"][:, :1].contiguous()),
-                            f"{key}_scale_inv is F32")):
+                            f"{key}_scale_inv is F32"),
+                           (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale", st.pop(f"{key}_scale_inv")),
+                            "the native layout of DeepSeek-V4's releases")):
         bad = dict(state)
         broken(bad)
         save_file(bad, str(fp8 / "model.safetensors"), metadata={"format": "pt"})

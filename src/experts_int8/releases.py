@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import torch
 
 FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
+FP8_SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0", "U8")  # (the last two: UE8M0 powers of two)
 # e2m1's sixteen codes: sign bit, two exponent bits, one mantissa bit
 MXFP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
@@ -35,6 +36,9 @@ def release_encoding(config: dict, src) -> Optional[dict]:
     if not isinstance(qc, dict):
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
     block = qc.get("weight_block_size")
+    if qc.get("quant_method") == "fp8" and qc.get("activation_scheme") == "static":
+        raise ValueError(f"{src} is FP8 with static activation scales, which an int8-weight model has no use for; "
+                         f"convert the original float checkpoint instead")
     if qc.get("quant_method") == "mxfp4" or (qc.get("quant_method") == "fp8" and isinstance(block, list) and len(
             block) == 2 and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
         return qc
@@ -45,8 +49,11 @@ def release_encoding(config: dict, src) -> Optional[dict]:
 
 
 def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dtype) -> torch.Tensor:
-    """``w`` (FP8 ``[..., N, K]``) times its per-block factors ``scale_inv`` ``[..., ceil(N/bn), ceil(K/bk)]``."""
+    """``w`` (FP8 ``[..., N, K]``) times its per-block factors ``scale_inv`` ``[..., ceil(N/bn), ceil(K/bk)]``
+    (floats, or UE8M0 powers of two: F8_E8M0, or their exponent bytes as uint8, exponent + 127)."""
     n, k = w.shape[-2:]
+    if scale_inv.dtype == torch.uint8:
+        scale_inv = scale_inv.view(torch.float8_e8m0fnu)
     factors = scale_inv.float().repeat_interleave(block[0], -2)[..., :n, :].repeat_interleave(block[1], -1)
     return (w.float() * factors[..., :k]).to(dtype)
 
@@ -78,13 +85,18 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
             if stored not in FP8_DTYPES:
                 continue
             scale = f"{key}_scale_inv"
+            if scale not in headers and f"{key.removesuffix('.weight')}.scale" in headers:
+                raise ValueError(f"{key} is {stored} with its scales in {key.removesuffix('.weight')}.scale: the "
+                                 f"native layout of DeepSeek-V4's releases, which the converter does not read; "
+                                 f"convert a float or transformers-layout checkpoint instead")
             if scale not in headers:
                 raise ValueError(f"{key} is {stored} without its block scales {scale}; the FP8 checkpoint is "
                                  f"incomplete: download it again")
             want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
-            if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in ("F32", "BF16"):
-                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the F32 (or BF16) "
-                                 f"{list(want)} that {stored} {list(shape)} in blocks of {list(block)} needs")
+            if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in FP8_SCALE_DTYPES:
+                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
+                                 f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {stored} {list(shape)} "
+                                 f"in blocks of {list(block)} needs")
             decoders[key] = ((key, scale), partial(dequantize_fp8_blocks, block=block, dtype=dtype))
             shapes[key] = tuple(shape)
     else:
