@@ -312,7 +312,7 @@ class _Writer:
             save_file(self.buffer, str(self.out_dir / name), metadata={"format": "pt"})
         except Exception as exc:  # noqa: BLE001 - safetensors' own error types (a full disk among them)
             raise OSError(f"writing the converted checkpoint in {self.out_dir.parent} failed ({exc}); "
-                          f"{format_bytes(self.total)} were written so far; free space there or choose another "
+                          f"{format_bytes(self.total)} were converted so far; free space there or choose another "
                           f"DST") from None
         self.shards.append((name, list(self.buffer)))
         self.buffer, self.buffered = {}, 0
