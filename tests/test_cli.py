@@ -248,7 +248,13 @@ def _fp8_release(float_dir, out, block, scales="F32"):
             "F8_E8M0": scale.to(torch.float8_e8m0fnu),
             "U8": (torch.log2(scale) + 127).to(torch.uint8)}[scales]
         encoded[key] = decoded.to(w.dtype)
-    save_file(out_state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    # two shards, as a release's index spreads them: the scales apart from their weights
+    shards = {"model-00001-of-00002.safetensors": {k: v for k, v in out_state.items() if not k.endswith("_inv")},
+              "model-00002-of-00002.safetensors": {k: v for k, v in out_state.items() if k.endswith("_inv")}}
+    for name, part in shards.items():
+        save_file(part, str(out / name), metadata={"format": "pt"})
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {k: name for name, part in shards.items() for k in part}}))
     config = json.loads((out / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                      "weight_block_size": list(block)}
@@ -374,6 +380,7 @@ def test_fp8_block_scales_in_every_stored_dtype(bf16_checkpoint, tmp_path, scale
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     fp8 = tmp_path / "fp8"
     _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))
+    stored = tensors(fp8)
     assert_one_line_error(invoke("generate", fp8, "--prompt", "a", "--device", "cpu"),
                           "quantized with 'fp8'", "experts-int8 quantize SRC DST")
     config = json.loads((fp8 / "config.json").read_text())
@@ -385,7 +392,10 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
         assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle,
                               "convert the original float checkpoint")
     (fp8 / "config.json").write_text(json.dumps(config))
-    state = load_file(fp8 / "model.safetensors")
+    for f in glob.glob(str(fp8 / "model-*.safetensors")):
+        os.remove(f)
+    os.remove(fp8 / "model.safetensors.index.json")
+    state = dict(stored)
     key = next(k for k in state if k.endswith("experts.1.down_proj.weight"))
     for broken, needle in ((lambda st: st.pop(f"{key}_scale_inv"), f"{key} is F8_E4M3 without its block scales"),
                            (lambda st: st.__setitem__(f"{key}_scale_inv", st[f"{key}_scale_inv"][:, :1].contiguous()),
