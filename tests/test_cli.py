@@ -398,7 +398,8 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
     state = dict(stored)
     key = next(k for k in state if k.endswith("experts.1.down_proj.weight"))
     for broken, needle in ((lambda st: st.pop(f"{key}_scale_inv"), f"{key} is F8_E4M3 without its block scales"),
-                           (lambda st: st.__setitem__(f"{key}_scale_inv", st[f"{key}_scale_inv"][:, :1].contiguous()),
+                           (lambda st: st.__setitem__(f"{key}_scale_inv",
+                                                      st[f"{key}_scale_inv"][:, :1].contiguous()),
                             f"{key}_scale_inv is F32"),
                            (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale", st.pop(f"{key}_scale_inv")),
                             "the native layout of DeepSeek-V4's releases")):
