@@ -262,6 +262,20 @@ def _fp8_release(float_dir, out, block, scales="F32"):
     return {**state, **encoded}
 
 
+def _convert_both(release, float_dir, decoded: dict, tmp_path, *args):
+    """Convert ``release`` and the float checkpoint it encodes (``float_dir``'s files with the ``decoded``
+    weights) alike; returns the two results' tensors."""
+    ref = tmp_path / "decoded"
+    shutil.copytree(float_dir, ref)
+    for f in glob.glob(str(ref / "*.safetensors")):
+        os.remove(f)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    for src in (release, ref):
+        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", "cpu", "--no-progress", *args)
+        assert result.exit_code == 0, result.output
+    return tensors(tmp_path / f"int8_{release.name}"), tensors(ref.parent / "int8_decoded")
+
+
 @pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
 @pytest.mark.parametrize("fmt", ["native", "compressed-tensors"])
 def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_checkpoint, tmp_path, arch, fmt):
@@ -270,16 +284,7 @@ def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_c
     scale tensors left, our quantization_config; it reloads and runs."""
     fp8 = tmp_path / "fp8"
     decoded = _fp8_release(bf16_checkpoint(arch), fp8, block=(24, 40))
-    ref = tmp_path / "decoded"
-    shutil.copytree(bf16_checkpoint(arch), ref)
-    for f in glob.glob(str(ref / "*.safetensors")):
-        os.remove(f)
-    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
-    for src in (fp8, ref):
-        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--format", fmt, "--device", "cpu",
-                        "--no-progress")
-        assert result.exit_code == 0, result.output
-    ours, theirs = tensors(tmp_path / "int8_fp8"), tensors(tmp_path / "int8_decoded")
+    ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path, "--format", fmt)
     assert set(ours) == set(theirs) and not any(k.endswith("_scale_inv") for k in ours)
     for key in ours:
         assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
@@ -331,15 +336,7 @@ def test_quantize_reads_an_mxfp4_release_as_transformers_decodes_it(bf16_checkpo
     converts to; the result reloads and runs."""
     mx = tmp_path / "mxfp4"
     decoded = _mxfp4_release(bf16_checkpoint("gpt_oss"), mx)
-    ref = tmp_path / "decoded"
-    shutil.copytree(bf16_checkpoint("gpt_oss"), ref)
-    for f in glob.glob(str(ref / "*.safetensors")):
-        os.remove(f)
-    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
-    for src in (mx, ref):
-        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", "cpu", "--no-progress")
-        assert result.exit_code == 0, result.output
-    ours, theirs = tensors(tmp_path / "int8_mxfp4"), tensors(tmp_path / "int8_decoded")
+    ours, theirs = _convert_both(mx, bf16_checkpoint("gpt_oss"), decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith(("_blocks", "_scales")) for k in ours)
     for key in ours:
         assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
@@ -365,15 +362,7 @@ def test_fp8_block_scales_in_every_stored_dtype(bf16_checkpoint, tmp_path, scale
     assert {str(v.dtype) for k, v in tensors(fp8).items() if k.endswith("_scale_inv")} == {
         {"BF16": "torch.bfloat16", "F16": "torch.float16", "F8_E8M0": "torch.float8_e8m0fnu",
          "U8": "torch.uint8"}[scales]}
-    ref = tmp_path / "decoded"
-    shutil.copytree(bf16_checkpoint("qwen3_moe"), ref)
-    for f in glob.glob(str(ref / "*.safetensors")):
-        os.remove(f)
-    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
-    for src in (fp8, ref):
-        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", "cpu", "--no-progress")
-        assert result.exit_code == 0, result.output
-    ours, theirs = tensors(tmp_path / "int8_fp8"), tensors(tmp_path / "int8_decoded")
+    ours, theirs = _convert_both(fp8, bf16_checkpoint("qwen3_moe"), decoded, tmp_path)
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
@@ -401,7 +390,8 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
                            (lambda st: st.__setitem__(f"{key}_scale_inv",
                                                       st[f"{key}_scale_inv"][:, :1].contiguous()),
                             f"{key}_scale_inv is F32"),
-                           (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale", st.pop(f"{key}_scale_inv")),
+                           (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale",
+                                                      st.pop(f"{key}_scale_inv")),
                             "the native layout of DeepSeek-V4's releases")):
         bad = dict(state)
         broken(bad)
