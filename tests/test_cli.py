@@ -353,6 +353,21 @@ def test_quantize_reads_an_mxfp4_release_as_transformers_decodes_it(bf16_checkpo
     assert not (tmp_path / "o").exists()
 
 
+def test_fp8_fused_experts_decode_matrix_by_matrix():
+    """A fused FP8 experts tensor [E, N, K] decodes as its matrices do one by one (ragged edge blocks too), and
+    stays within float32 temporaries of one matrix."""
+    from experts_int8.releases import dequantize_fp8_blocks
+
+    w = (torch.randn(3, 37, 70) * 100).to(torch.float8_e4m3fn)
+    scales = torch.rand(3, 3, 3) + 0.5
+    fused = dequantize_fp8_blocks(w, scales, block=(16, 32), dtype=torch.bfloat16)
+    for e in range(3):
+        want = torch.stack([torch.stack([w[e, i, j].float() * scales[e, i // 16, j // 32] for j in range(70)])
+                            for i in range(37)]).bfloat16()
+        assert torch.equal(fused[e], want)
+        assert torch.equal(fused[e], dequantize_fp8_blocks(w[e], scales[e], block=(16, 32), dtype=torch.bfloat16))
+
+
 @pytest.mark.parametrize("scales", ["BF16", "F16", "F8_E8M0", "U8"])
 def test_fp8_block_scales_in_every_stored_dtype(bf16_checkpoint, tmp_path, scales):
     """Qwen3's FP8 releases store BF16 scales, some F16, newer ones UE8M0 powers of two (F8_E8M0, or exponent
@@ -541,6 +556,13 @@ def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_fa
                               "Input/output error")
     assert sorted(os.listdir(dst)) == before and sorted(os.listdir(tmp_path)) == ["int8"]
 
+    shutil.rmtree(dst)  # under --overwrite, what appears meanwhile is checked as what was there at the start
+
+    with mock.patch.object(convert, "save_file", appear):
+        assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite"),
+                              "is not a model checkpoint folder")
+    assert sorted(os.listdir(dst)) == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["int8"]
+
 
 def test_a_reader_that_leaves_the_pipe_gets_no_error_line(bf16_checkpoint, tmp_path):
     """`experts-int8 quantize ... | head -1`: the report's writes find the pipe closed; a writer then stops quietly
@@ -575,6 +597,19 @@ def test_quantize_stopped_by_sigterm_or_a_full_disk_leaves_nothing(bf16_checkpoi
         signal.signal(signal.SIGTERM, before)
     assert result.exit_code == 128 + signal.SIGTERM and "Stopped by SIGTERM" in result.output, result.output
     assert os.listdir(tmp_path) == []
+
+    def hung_up(*args, **kwargs):  # (under nohup, SIGHUP is ignored: a closed terminal must not stop the run)
+        os.kill(os.getpid(), signal.SIGHUP)
+        return real(*args, **kwargs)
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with mock.patch.object(convert, "save_file", hung_up):
+            result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "nohup", "--no-progress")
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert result.exit_code == 0 and (tmp_path / "nohup" / "model.safetensors").is_file(), result.output
+    shutil.rmtree(tmp_path / "nohup")
 
     def full(*args, **kwargs):
         raise RuntimeError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -800,7 +835,13 @@ def test_a_remote_code_architecture_converts_its_per_expert_keys_and_names_why_n
     """Kimi K2's model_type is its own code: its per-expert keys (as released) convert without building the model,
     as its DeepSeek-V3 twin's do, with no prompt on stdin; fused keys need the model's layout, and the error says
     how to get it, as generate's does for the converted checkpoint."""
+    from experts_int8.convert import needs_remote_code
+
     _, keep = demo_run
+    code = {"AutoConfig": "configuration.Config"}  # (AutoConfig reads the top level's model_type)
+    assert needs_remote_code({"model_type": "kimi_vl", "auto_map": code, "text_config": {"model_type": "deepseek_v3"}})
+    assert not needs_remote_code({"model_type": "deepseek_v3", "auto_map": code,
+                                  "text_config": {"model_type": "kimi_k2"}})
     remote = {"model_type": "kimi_k2", "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}
     for src, layout in ((tmp_path / "per_expert", "per-expert"), (_fused_checkpoint(tmp_path, "deepseek_v3"), "fused")):
         if layout == "per-expert":

@@ -56,6 +56,7 @@ def _terminated(signum, frame):
 def _signals_raise():
     """SIGTERM and SIGHUP raise :class:`Terminated` inside (in the main thread; elsewhere left as they are)."""
     signums = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    signums = [n for n in signums if signal.getsignal(n) is not signal.SIG_IGN]  # (nohup's SIGHUP stays ignored)
     try:
         before = {n: signal.signal(n, _terminated) for n in signums}
     except ValueError:  # not the main thread
@@ -78,6 +79,8 @@ def clean_errors(fn: Callable) -> Callable:
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click reports these itself
         except BrokenPipeError:  # (`... | head`: the reader left; say nothing more, as a pipe's writer does)
+            if debug:
+                raise
             try:  # (Python would report the pipe again when it flushes stdout at exit)
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             except (OSError, ValueError):  # no file descriptor behind stdout

@@ -558,7 +558,7 @@ def needs_remote_code(config: dict) -> bool:
         from transformers import CONFIG_MAPPING
     except ImportError:
         return False
-    return bool(config.get("auto_map")) and _model_type(config) not in CONFIG_MAPPING
+    return bool(config.get("auto_map")) and config.get("model_type") not in CONFIG_MAPPING  # (AutoConfig's key)
 
 
 def _model_type(config: dict) -> Optional[str]:
@@ -682,6 +682,9 @@ def _check_replaceable(dst: Path) -> None:
     point, or (under --overwrite) a folder that holds something other than a model checkpoint."""
     if dst.is_symlink():
         raise ValueError(f"DST {dst} is a symbolic link; give the folder it points to, or another DST")
+    if Path.cwd().is_relative_to(dst.resolve()):
+        raise ValueError(f"DST {dst} holds the current folder, which a rename cannot replace; run from elsewhere "
+                         f"or choose another DST")
     if dst.exists():
         if os.path.ismount(dst):
             raise ValueError(f"DST {dst} is a mount point, which a rename cannot replace; write into a folder in it")
@@ -703,6 +706,7 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
     if not overwrite:
         raise FileExistsError(f"{dst} appeared while converting (another run?); it was left as it is: pass "
                               f"--overwrite to replace it, or choose another DST")
+    _check_replaceable(dst)  # (again: what is there now may not be what was there at the start)
     old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
     os.replace(dst, old / "x")
     try:

@@ -9,7 +9,8 @@ Two encodings cover the large MoE releases that ship no float weights:
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
 
-Each decodes in float32 (exact for both) and is rounded once to the config's dtype.
+Each decodes in float32 and is rounded to the config's dtype (as transformers' own decoders do: MXFP4's values
+are exact in float32, FP8's products with float32 scales are rounded there first).
 """
 
 from __future__ import annotations
@@ -50,12 +51,16 @@ def release_encoding(config: dict, src) -> Optional[dict]:
 
 def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dtype) -> torch.Tensor:
     """``w`` (FP8 ``[..., N, K]``) times its per-block factors ``scale_inv`` ``[..., ceil(N/bn), ceil(K/bk)]``
-    (floats, or UE8M0 powers of two: F8_E8M0, or their exponent bytes as uint8, exponent + 127)."""
+    (floats, or UE8M0 powers of two: F8_E8M0, or their exponent bytes as uint8, exponent + 127), one ``[N, K]``
+    matrix at a time (a fused experts tensor's float32 temporaries would be several times its size)."""
     n, k = w.shape[-2:]
     if scale_inv.dtype == torch.uint8:
         scale_inv = scale_inv.view(torch.float8_e8m0fnu)
-    factors = scale_inv.float().repeat_interleave(block[0], -2)[..., :n, :].repeat_interleave(block[1], -1)
-    return (w.float() * factors[..., :k]).to(dtype)
+    out = torch.empty(w.shape, dtype=dtype)
+    for o, q, s in zip(out.view(-1, n, k), w.reshape(-1, n, k), scale_inv.reshape(-1, *scale_inv.shape[-2:])):
+        factors = s.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
+        o.copy_(q.float() * factors)
+    return out
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
