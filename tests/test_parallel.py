@@ -302,6 +302,29 @@ def test_split_while_loading_refuses_one_device_map_for_every_rank(tmp_path):
                                         "model over all 2 visible GPUs. Give each rank its own")
 
 
+def _transformers_expert_parallel(rank: int, device: torch.device, out_dir: str) -> dict:
+    from transformers import AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    fields = DistributedConfig.__dataclass_fields__  # (ep_size from transformers 5.21; before: the flag)
+    config = (DistributedConfig(tp_size=2, ep_size=2) if "ep_size" in fields
+              else DistributedConfig(tp_size=2, enable_expert_parallel=True))
+    try:
+        AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "bf16"), quantization_config=ExpertsInt8Config(),
+                                             distributed_config=config)
+        return {"error": None}
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def test_transformers_expert_parallelism_is_refused_with_the_way_that_works(tmp_path):
+    """transformers' own expert parallelism does not split int8 experts: it failed late with a shape error."""
+    tiny_model("qwen3_moe", dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    for rank in _run_ranks(_transformers_expert_parallel, 2, tmp_path):
+        assert rank["error"] is not None and "does not split int8 experts" in rank["error"], rank["error"]
+        assert "experts_int8.parallel" in rank["error"]
+
+
 def _outside_the_group(rank: int, device: torch.device, out_dir: str) -> dict:
     group = dist.new_group([1])  # (every rank makes it; only rank 1 is in it)
     model = quantize_(tiny_model("mixtral", seed=0))

@@ -741,11 +741,38 @@ def test_contradicting_configs_are_refused(checkpoints, tmp_path, caplog):
 
 
 def test_disk_offload_of_experts_is_refused_up_front(checkpoints, tmp_path):
+    """An explicit map, and device_map="auto" whose memory limits send experts to disk (transformers resolves
+    "auto" after the quantizer's first look): refused before anything is read or written to the offload folder."""
     device_map = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu",
                   "model.rotary_emb": "cpu", "lm_head": "cpu"}
     with pytest.raises(ValueError, match=r"offloads model\.layers\.1\.mlp\.experts to disk"):
         AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
                                              device_map=device_map, offload_folder=str(tmp_path / "off"))
+    with pytest.raises(ValueError, match=r"offloads model\.layers\.\d\.mlp\.experts to disk.*raise max_memory"):
+        AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
+                                             dtype=torch.bfloat16, device_map="auto", max_memory={"cpu": 172529},
+                                             offload_folder=str(tmp_path / "auto"))
+    assert not any((tmp_path / "auto").rglob("*.dat"))
+
+
+@pytest.mark.parametrize("offload_buffers", [False, True])
+def test_experts_offloaded_by_accelerate_check_and_run(checkpoints, offload_buffers):
+    """Experts accelerate offloads (their tensors on the meta device, the hook's copy brought in for each
+    forward: what transformers' loader does to CPU entries of a GPU model's map) pass the int8 check and give the
+    same logits; offload_buffers too (a None buffer broke it)."""
+    from accelerate import cpu_offload
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config(),
+                                                 dtype=torch.bfloat16)
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+    layer = model.model.layers[1]
+    cpu_offload(layer, execution_device=torch.device("cpu"), offload_buffers=offload_buffers)
+    assert layer.mlp.experts.down_proj.device.type == "meta"
+    assert verify_int8_model(model) == 2
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
 
 
 # ---------------------------------------------------------------------------------------------------

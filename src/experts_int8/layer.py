@@ -123,9 +123,17 @@ class Int8Experts(nn.Module):
         if bias:
             self.register_buffer(f"{self.w13_name}_bias", torch.empty(e, rows, dtype=torch.float32, device=device))
             self.register_buffer("down_proj_bias", torch.empty(e, h, dtype=torch.float32, device=device))
-        # Expert parallelism: global expert id -> local index or -1. None: all experts are local.
-        self.register_buffer("expert_map", None, persistent=False)
+        # Expert parallelism: global expert id -> local index or -1. None: all experts are local. (A buffer once
+        # set, by set_expert_map; a None buffer would trip accelerate's offload_buffers.)
+        self.expert_map: Optional[torch.Tensor] = None
         self.part_of = None  # a split's shard: the parallel.Split it is this rank's part of
+
+    def set_expert_map(self, expert_map: torch.Tensor) -> None:
+        """Keep only the experts ``expert_map`` (global id -> local index or -1) names local; a non-persistent
+        buffer, so that ``.to()`` moves it with the experts."""
+        if "expert_map" not in self._buffers:
+            del self.expert_map
+        self.register_buffer("expert_map", expert_map, persistent=False)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                               error_msgs):

@@ -118,7 +118,7 @@ class Split:
         if self.mode == "ep":
             expert_map = torch.full((e,), -1, dtype=torch.int32)
             expert_map[lo:hi] = torch.arange(hi - lo, dtype=torch.int32)
-            shard.expert_map = expert_map.to(device)
+            shard.set_expert_map(expert_map.to(device))
         return shard
 
 

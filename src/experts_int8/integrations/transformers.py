@@ -509,6 +509,15 @@ def _drop_expert_converters(model: nn.Module) -> None:
 _STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # device_map values accelerate resolves
 
 
+def _refuse_disk(device_map, experts) -> None:
+    """Refuse a device map that offloads any of the routed ``experts`` (module names) to disk, before the weights
+    are read (accelerate would write the int8 tensors cast to the float placeholders' dtype)."""
+    on_disk = [name for name in experts if _placed(device_map, name) == "disk"]
+    if on_disk:
+        raise ValueError(f"the device map offloads {on_disk[0]} to disk, which experts_int8 does not support: "
+                         f"give the routed experts a GPU or the CPU (for device_map='auto', raise max_memory)")
+
+
 def _placed(device_map, name: str):
     """The device map's entry for ``name``: a dict's longest matching prefix, else the map itself."""
     if not isinstance(device_map, dict):
@@ -648,6 +657,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
 
     def validate_environment(self, *args, **kwargs):
         self._device_map = kwargs.get("device_map", self._device_map)
+        _refuse_disk(self._device_map, getattr(self, "_experts", ()))  # ("auto" resolved: called again with the map)
         loading = loading_split()
         if (loading is not None and loading.device is None and loading.split.world_size > 1
                 and self._device_map in _STRATEGIES and torch.cuda.device_count() > 1):
@@ -667,10 +677,13 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         todo = _plan(model, self.quantization_config)
         if todo is None:
             return model
-        on_disk = [name for name, _ in todo if _placed(self._device_map, name) == "disk"]
-        if on_disk:
-            raise ValueError(f"the device map offloads {on_disk[0]} to disk, which experts_int8 does not support: "
-                             f"give the routed experts a GPU or the CPU (for device_map='auto', raise max_memory)")
+        self._experts = [name for name, _ in todo]
+        _refuse_disk(self._device_map, self._experts)
+        dist_config = getattr(model.config, "distributed_config", None)
+        if (getattr(dist_config, "ep_size", None) or 1) > 1 or getattr(dist_config, "enable_expert_parallel", False):
+            raise ValueError("transformers' expert parallelism (distributed_config's ep_size / enable_expert_parallel) "
+                             "does not split int8 experts; split them with experts_int8.parallel instead "
+                             "(split_while_loading or parallelize_experts, mode 'ep' or 'tp')")
         self._layout = _layout_of(model)
         biased = self._layout == "gpt_oss"
         self._loading = loading_split()
@@ -796,6 +809,17 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return True
 
 
+def _stored(module: nn.Module, name: str) -> torch.Tensor:
+    """``module``'s tensor ``name``; for a module accelerate offloads (its tensors on the meta device until a
+    forward brings them in), the copy its hook keeps."""
+    value = getattr(module, name)
+    hook = getattr(module, "_hf_hook", None)
+    weights = getattr(hook, "weights_map", None) if getattr(hook, "offload", False) else None
+    if value.device.type == "meta" and weights is not None and name in weights:
+        return weights[name]
+    return value
+
+
 def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> int:
     """Check every routed experts module is int8 with sane fp32 scales; returns how many are.
 
@@ -818,7 +842,7 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
         for t, shape, dtype in ((w13, (e, rows, h), torch.int8), ("down_proj", (e, h, i), torch.int8),
                                 (f"{w13}_scale", (e, rows), torch.float32),
                                 ("down_proj_scale", (e, h), torch.float32)):
-            value = getattr(module, t)
+            value = _stored(module, t)
             if value.device.type == "meta":
                 raise ValueError(f"{name}.{t} was not loaded (still on the meta device)")
             if value.dtype != dtype or tuple(value.shape) != shape:
@@ -826,12 +850,12 @@ def verify_int8_model(model: nn.Module, config: Optional[ExpertsInt8Config] = No
                                           f"{tuple(value.shape)}")
         if module.has_bias:
             for t, shape in ((f"{w13}_bias", (e, rows)), ("down_proj_bias", (e, h))):
-                b = getattr(module, t)
+                b = _stored(module, t)
                 if b.device.type == "meta" or tuple(b.shape) != shape or not bool(torch.isfinite(b).all()):
                     raise ValueError(f"{name}.{t}: expected finite float {shape} expert biases, got "
                                      f"{b.dtype} {tuple(b.shape)} on {b.device}")
         for t in (f"{w13}_scale", "down_proj_scale"):
-            s = getattr(module, t)
+            s = _stored(module, t)
             if not bool(torch.isfinite(s).all()) or not bool((s > 0).all()):
                 raise ValueError(f"{name}.{t} holds non-finite or non-positive scales; the checkpoint's "
                                  f"scales are missing or corrupt")
