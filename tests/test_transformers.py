@@ -779,6 +779,27 @@ def test_experts_offloaded_by_accelerate_check_and_run(checkpoints, offload_buff
 # GPU: generation goes through the fused Triton kernel; loading keeps device memory low
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("source", ["float", "int8"])
+def test_gpu_model_with_a_layer_offloaded_to_the_cpu(checkpoints, source, tmp_path):
+    """A GPU map with one layer on the CPU (accelerate offloads it: its int8 experts come to the GPU for each
+    forward) loads, from a float or an int8 checkpoint, and gives the whole-GPU model's logits."""
+    path = checkpoints("mixtral")
+    if source == "int8":
+        AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(),
+                                             dtype=torch.bfloat16).save_pretrained(tmp_path / "int8")
+        path = tmp_path / "int8"
+    kwargs = {} if source == "int8" else {"quantization_config": ExpertsInt8Config()}
+    device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
+                  "model.rotary_emb": 0, "lm_head": 0}
+    offloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
+    whole = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda", **kwargs)
+    assert offloaded.model.layers[1].mlp.experts.down_proj.device.type in ("meta", "cpu")
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.no_grad():
+        assert torch.equal(offloaded(ids).logits, whole(ids).logits)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "jamba", "gpt_oss"])
 def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
     import experts_int8.ops as ops

@@ -1,13 +1,14 @@
 #!/bin/bash
 # The next session's first chain (NOTES "Next GPU session (after the forty-seventh)"). First, on either card,
-# test_cli.py (session 47's fix for transformers 5.17's mismatched experts tensors, found by the GPU run).
+# session 47's tests (test_cli.py, the offload and expert-parallel refusal tests, the split's expert_map).
 # On an H200: s44b.sh's H200 branch (item 214's FP16_DOT A/B on the tables' decode entries and its fold, then
 # the full bench once). On an H100: the bf16 tables the H100 still lacks (mixtral-8x22b, jamba: their int8 rows
 # are read against bf16 on the heuristic), then those two shapes' bench on them.
 # start.sh s47a.sh, then wait.sh 560 until CHAIN_DONE (~12-15 minutes warm); extract configs.tgz.
 source benchmarks/gpu_session/common.sh "$1"
-step "test_cli.py on the GPU"
-timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_cli.py 2>&1 | tail -4
+step "session 47's tests on the GPU (test_cli.py; offload to the CPU; transformers' expert parallelism)"
+timeout 300 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_cli.py tests/test_transformers.py \
+  tests/test_parallel.py -k "test_cli or offload or transformers_expert or expert_map or parallel" 2>&1 | tail -4
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
 else
