@@ -564,6 +564,66 @@ def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_fa
     assert sorted(os.listdir(dst)) == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["int8"]
 
 
+def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):
+    """A list of end tokens and no pad token (generate crashed comparing a list with an int); a prompt and new
+    tokens, or an eval window, past max_position_embeddings (generate ran on silently): one line."""
+    _, keep = demo_run
+    model = tmp_path / "model"
+    shutil.copytree(keep / "int8", model)
+    gen = json.loads((model / "generation_config.json").read_text()) if (model / "generation_config.json").is_file() \
+        else {}
+    gen.pop("pad_token_id", None)
+    (model / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [2, 3]}))
+    result = invoke("generate", model, "--prompt", "def f", "--device", "cpu", "--max-new-tokens", "3",
+                    "--no-progress")
+    assert result.exit_code == 0, result.output
+    limit = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    assert_one_line_error(invoke("generate", model, "--prompt", "def f", "--device", "cpu", "--max-new-tokens",
+                                 str(limit)), "past the model's max_position_embeddings", str(limit))
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 20)
+    assert_one_line_error(invoke("eval", keep / "bf16", "--text", text, "--device", "cpu", "--window",
+                                 str(limit + 1)), "--window's tokens take", "max_position_embeddings")
+
+
+def test_eval_reads_only_the_start_of_a_large_text():
+    """The first tokens of a large file, as the whole file's tokenization starts, from a part of it read."""
+    import tempfile
+
+    from experts_int8.run import read_tokens
+
+    read = []
+
+    def tokenizer(text):  # one id per character (and a record of how much was tokenized)
+        read.append(len(text))
+        return type("Encoding", (), {"input_ids": [ord(c) for c in text]})()
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("".join(chr(97 + i % 26) for i in range(3_000_000)))
+    try:
+        whole = [97 + i % 26 for i in range(3_000_000)]
+        assert read_tokens(tokenizer, f.name, 1000) == whole[:1000] and max(read) < 100_000
+        read.clear()
+        assert read_tokens(tokenizer, f.name, 10 ** 7) == whole and max(read) == 3_000_000
+    finally:
+        os.remove(f.name)
+
+
+def test_quantize_leaves_other_frameworks_weights_and_takes_dst_paths_lexically(bf16_checkpoint, tmp_path):
+    """Weights of other frameworks beside the safetensors are not copied; DST `new/../other/x` through a folder
+    that does not exist lands in other/x (the rename used the path as typed)."""
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    for name in ("flax_model.msgpack", "tf_model.h5", "model.onnx", "notes.txt"):
+        (src / name).write_bytes(b"x" * 1000)
+    result = invoke("quantize", src, f"{tmp_path}/new/../other/x", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "other" / "x"
+    assert (out / "notes.txt").is_file() and (out / "model.safetensors").is_file()
+    assert not any((out / n).exists() for n in ("flax_model.msgpack", "tf_model.h5", "model.onnx"))
+    assert not (tmp_path / "new").exists()
+
+
 def test_a_reader_that_leaves_the_pipe_gets_no_error_line(bf16_checkpoint, tmp_path):
     """`experts-int8 quantize ... | head -1`: the report's writes find the pipe closed; a writer then stops quietly
     with SIGPIPE's status, not with "Error: [Errno 32] Broken pipe"."""

@@ -457,10 +457,10 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
     dev = check_device(device or _default_device())
     ranks = torchrun_ranks("generate", parallel, dev) if parallel else contextlib.nullcontext(dev)
     with ranks as dev:
-        _generate(model, prompt, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
+        _generate(model, config, prompt, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
 
 
-def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_progress):
+def _generate(model, config, prompt, max_new_tokens, dev, dtype, parallel, kind, no_progress):
     """``generate``'s load, generation and report. With ``parallel`` (inside :func:`torchrun_ranks`) each rank
     holds its part of the experts on its device (``load_model(parallel=...)``); rank 0 reports."""
     import time
@@ -469,7 +469,7 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
     import torch.distributed as dist
 
     from .convert import format_bytes
-    from .run import generate, load_model, load_tokenizer, peak_memory, quiet_transformers
+    from .run import check_context, generate, load_model, load_tokenizer, peak_memory, quiet_transformers
 
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if parallel else (0, 1)
 
@@ -482,6 +482,7 @@ def _generate(model, prompt, max_new_tokens, dev, dtype, parallel, kind, no_prog
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] == 0:
         raise ValueError("the prompt is empty after tokenization")
+    check_context(config, ids.shape[1] + max_new_tokens, f"the prompt ({ids.shape[1]} tokens) and --max-new-tokens")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     what = "int8 checkpoint" if kind == "int8" else "float checkpoint, quantizing on load"
@@ -558,8 +559,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
 
     from .convert import read_model_dir
     from .evaluate import compare_models, dense_mlps_as_int8_experts_, routing_quality
-    from .run import (DTYPES, check_device, checkpoint_kind, from_pretrained, has_tokenizer, load_model,
-                      load_tokenizer, quiet_transformers)
+    from .run import (DTYPES, check_context, check_device, checkpoint_kind, from_pretrained, has_tokenizer,
+                      load_model, load_tokenizer, quiet_transformers, read_tokens)
 
     stride = window // 2 if stride is None else stride
     if stride >= window:
@@ -574,7 +575,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
     dev = check_device(device or _default_device())
     quiet_transformers()
-    ids = load_tokenizer(model)(text.read_text(errors="replace")).input_ids[:max_tokens]
+    check_context(config, window, "--window's tokens")
+    ids = read_tokens(load_tokenizer(model), text, max_tokens)
     if len(ids) < 2:
         raise ValueError(f"{text_file} gives fewer than 2 tokens")
     if dense_as_experts:

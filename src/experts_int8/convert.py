@@ -89,6 +89,8 @@ PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>w1|w2|w
                         r"\.weight$")
 FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>(gate_up_proj|up_proj|down_proj)(_bias)?)$")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+# weights of other frameworks a repository may hold beside its safetensors: not copied into the int8 checkpoint
+OTHER_WEIGHT_SUFFIXES = (".msgpack", ".h5", ".onnx", ".onnx_data", ".npz", ".ot", ".mlmodel", ".bin.gz", ".tflite")
 
 
 @dataclass
@@ -349,7 +351,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(f"{src} has no *.safetensors weights" + (f" (found {', '.join(others[:3])}; only "
                          f"safetensors checkpoints can be converted)" if others else ""))
     encoding = release_encoding(config, src)
-    dst_dir = Path(dst)
+    dst_dir = Path(os.path.abspath(dst))  # (".." taken lexically: the final rename goes where the checks looked)
     if dst_dir.resolve() == src_dir.resolve():
         raise ValueError("DST must differ from SRC")
     if src_dir.resolve().is_relative_to(dst_dir.resolve()):  # replacing DST would delete the source
@@ -736,7 +738,7 @@ def _copy_side_files(src_dir: Path, out_dir: Path, config: dict, quant_config: d
     """config.json with quantization_config, plus every other non-weight file (tokenizer, generation config)."""
     for f in sorted(src_dir.iterdir()):
         if not f.is_file() or f.name in ("config.json", INDEX_NAME) or f.name.endswith(WEIGHT_FILE_SUFFIXES) \
-                or f.name.endswith(".index.json"):
+                or f.name.endswith(OTHER_WEIGHT_SUFFIXES) or f.name.endswith(".index.json"):
             continue
         shutil.copy2(f, out_dir / f.name)
     config = dict(config)

@@ -147,13 +147,43 @@ def from_pretrained(config: dict, path, **kwargs):
 
 def load_tokenizer(path):
     """The tokenizer saved with the model at ``path``; a file that does not parse is named in the error."""
+    import importlib.util
+
     from transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=False)
     except (ValueError, OSError) as exc:  # JSONDecodeError is a ValueError
+        hint = ""
+        if (Path(path) / "tokenizer.model").is_file() and not (Path(path) / "tokenizer.json").is_file() and not all(
+                importlib.util.find_spec(m) for m in ("sentencepiece", "google.protobuf")):
+            hint = "; its tokenizer.model is a sentencepiece model: pip install sentencepiece protobuf"
         raise ValueError(f"{path}: its tokenizer files do not load ({type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}){hint}") from None
+
+
+def read_tokens(tokenizer, path, max_tokens: int) -> list[int]:
+    """The first ``max_tokens`` tokens of the text file ``path``, reading and tokenizing only as much of it as
+    that takes (a whole corpus file would be tokenized, and held, for a few thousand tokens)."""
+    with open(path, errors="replace") as f:
+        text = f.read(max(4096, 16 * max_tokens))
+        while True:
+            ids = tokenizer(text).input_ids
+            if len(ids) > max_tokens + 64:  # (a margin: the cut may split the last word read, so its tokens)
+                return ids[:max_tokens]
+            more = f.read(len(text))  # (doubling what was read)
+            if not more:
+                return ids[:max_tokens]
+            text += more
+
+
+def check_context(config: dict, tokens: int, what: str) -> None:
+    """Refuse ``tokens`` positions (``what`` they are) past the model's ``max_position_embeddings``."""
+    text = {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
+    limit = text.get("max_position_embeddings")
+    if isinstance(limit, int) and not isinstance(limit, bool) and tokens > limit:
+        raise ValueError(f"{what} take {tokens} positions, past the model's max_position_embeddings ({limit}); "
+                         f"ask for fewer")
 
 
 def memory_bytes(model) -> dict:
@@ -218,9 +248,11 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, progress: b
     # Only the special tokens of the checkpoint's generation_config.json: transformers fills whatever a call
     # leaves unset from it, and a shipped repetition_penalty, no_repeat_ngram_size or num_beams would change
     # the tokens of what is called greedy.
-    greedy = GenerationConfig(do_sample=False, num_beams=1, bos_token_id=cfg.bos_token_id,
-                              eos_token_id=cfg.eos_token_id,
-                              pad_token_id=cfg.pad_token_id if cfg.pad_token_id is not None else cfg.eos_token_id)
+    eos = cfg.eos_token_id
+    pad = cfg.pad_token_id if cfg.pad_token_id is not None else (
+        eos[0] if isinstance(eos, (list, tuple)) and eos else eos)
+    greedy = GenerationConfig(do_sample=False, num_beams=1, bos_token_id=cfg.bos_token_id, eos_token_id=eos,
+                              pad_token_id=pad)  # (a list of end tokens: the first pads)
     extra = {} if stop_at_eos else {"min_new_tokens": max_new_tokens}
     with tqdm(total=max_new_tokens, desc=desc, unit="tok", disable=not progress, leave=False) as bar:
         model.generation_config = greedy
