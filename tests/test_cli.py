@@ -565,8 +565,9 @@ def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_fa
 
 
 def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):
-    """A list of end tokens and no pad token (generate crashed comparing a list with an int); a prompt and new
-    tokens, or an eval window, past max_position_embeddings (generate ran on silently): one line."""
+    """A list of end tokens and no pad token (generate crashed comparing a list with an int); an instruct model's
+    chat template (--chat); a prompt and new tokens, or an eval window, past max_position_embeddings (generate ran
+    on silently): one line."""
     _, keep = demo_run
     model = tmp_path / "model"
     shutil.copytree(keep / "int8", model)
@@ -577,6 +578,16 @@ def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):
     result = invoke("generate", model, "--prompt", "def f", "--device", "cpu", "--max-new-tokens", "3",
                     "--no-progress")
     assert result.exit_code == 0, result.output
+    assert_one_line_error(invoke("generate", model, "--chat", "--prompt", "hi", "--device", "cpu"),
+                          "has no chat template", "leave out --chat")
+    (model / "chat_template.jinja").write_text("{% for m in messages %}<u>{{ m['content'] }}</u>{% endfor %}"
+                                               "{% if add_generation_prompt %}<b>{% endif %}")
+    result = invoke("generate", model, "--chat", "--prompt", "hi", "--device", "cpu", "--max-new-tokens", "3",
+                    "--no-progress")
+    from experts_int8.run import load_tokenizer
+
+    templated = len(load_tokenizer(model)("<u>hi</u><b>").input_ids)
+    assert result.exit_code == 0 and f"prompt {templated} tokens" in result.output, result.output
     limit = json.loads((model / "config.json").read_text())["max_position_embeddings"]
     assert_one_line_error(invoke("generate", model, "--prompt", "def f", "--device", "cpu", "--max-new-tokens",
                                  str(limit)), "past the model's max_position_embeddings", str(limit))

@@ -424,11 +424,14 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
 Examples:
   experts-int8 generate ~/models/Mixtral-8x7B-int8 --prompt "The capital of France is"
   experts-int8 generate ~/models/Mixtral-8x7B-v0.1 --prompt "Hello" --max-new-tokens 64   # quantized on load
+  experts-int8 generate ~/models/Qwen3-30B-A3B-int8 --chat --prompt "Name three prime numbers."
   experts-int8 demo --keep /tmp/demo && experts-int8 generate /tmp/demo/int8 --prompt "The assert"
   torchrun --nproc-per-node 2 --no-python experts-int8 generate ./Mixtral-8x7B-int8 --prompt "Hi" --parallel tp
 """)
 @click.argument("model", type=click.Path())
-@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--prompt", required=True, help="Text to continue (with --chat: the user's message).")
+@click.option("--chat", is_flag=True, help="Send PROMPT as a user message through the model's chat template (an "
+                                           "instruct model's format) and print the reply.")
 @click.option("--max-new-tokens", type=click.IntRange(1), default=32, show_default=True)
 @device_option
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True,
@@ -437,7 +440,7 @@ Examples:
               help="Split the routed experts over the ranks torchrun started (tp: slices of each expert; ep: "
                    "whole experts); rank 0 prints.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_progress):
+def generate_command(model, prompt, chat, max_new_tokens, device, dtype, parallel, no_progress):
     """Load MODEL with int8 experts and continue PROMPT (greedy); print the text, tokens/s and peak memory.
 
     A float checkpoint is quantized while it loads; an int8 checkpoint (config.json with
@@ -457,10 +460,10 @@ def generate_command(model, prompt, max_new_tokens, device, dtype, parallel, no_
     dev = check_device(device or _default_device())
     ranks = torchrun_ranks("generate", parallel, dev) if parallel else contextlib.nullcontext(dev)
     with ranks as dev:
-        _generate(model, config, prompt, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
+        _generate(model, config, prompt, chat, max_new_tokens, dev, DTYPES[dtype], parallel, kind, no_progress)
 
 
-def _generate(model, config, prompt, max_new_tokens, dev, dtype, parallel, kind, no_progress):
+def _generate(model, config, prompt, chat, max_new_tokens, dev, dtype, parallel, kind, no_progress):
     """``generate``'s load, generation and report. With ``parallel`` (inside :func:`torchrun_ranks`) each rank
     holds its part of the experts on its device (``load_model(parallel=...)``); rank 0 reports."""
     import time
@@ -479,7 +482,14 @@ def _generate(model, config, prompt, max_new_tokens, dev, dtype, parallel, kind,
 
     quiet_transformers()
     tokenizer = load_tokenizer(model)
-    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    if chat:
+        if not tokenizer.chat_template:
+            raise ValueError(f"{model}'s tokenizer has no chat template (chat_template.jinja or tokenizer_config.json's "
+                             f"chat_template); leave out --chat to continue the prompt as text")
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+    else:
+        ids = tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] == 0:
         raise ValueError("the prompt is empty after tokenization")
     check_context(config, ids.shape[1] + max_new_tokens, f"the prompt ({ids.shape[1]} tokens) and --max-new-tokens")
@@ -495,7 +505,7 @@ def _generate(model, config, prompt, max_new_tokens, dev, dtype, parallel, kind,
     load_s = time.perf_counter() - t0
     generate(m, ids, 2, stop_at_eos=False)  # warm-up (the kernels' first compile), untimed
     g = generate(m, ids, max_new_tokens, progress=not no_progress and rank == 0)
-    say(prompt + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
+    say(("" if chat else prompt) + tokenizer.decode(g.ids[0, ids.shape[1]:], skip_special_tokens=True))
     memory, peak = peak_memory(dev)
     split = f", {world_size} ranks, {parallel}" if parallel else ""
     say(f"\n{g.new_tokens} tokens in {g.seconds:.2f} s ({g.tokens_per_s:.1f} tokens/s, prompt {ids.shape[1]} tokens, "
