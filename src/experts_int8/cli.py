@@ -484,8 +484,8 @@ def _generate(model, config, prompt, chat, max_new_tokens, dev, dtype, parallel,
     tokenizer = load_tokenizer(model)
     if chat:
         if not tokenizer.chat_template:
-            raise ValueError(f"{model}'s tokenizer has no chat template (chat_template.jinja or tokenizer_config.json's "
-                             f"chat_template); leave out --chat to continue the prompt as text")
+            raise ValueError(f"{model}'s tokenizer has no chat template (chat_template.jinja or "
+                             f"tokenizer_config.json's chat_template); leave out --chat to continue the prompt as text")
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                             return_tensors="pt", return_dict=True)["input_ids"]
     else:
