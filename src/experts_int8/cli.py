@@ -381,7 +381,8 @@ Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
                    "compressed-tensors = pack-quantized W8A16 per-channel, per-expert Linears (for vLLM).")
 @device_option
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard (e.g. 2GB, 500MB).")
-@click.option("--overwrite", is_flag=True, help="Replace DST if it exists (only once the new one is complete).")
+@click.option("--overwrite", is_flag=True, help="Replace DST if it is a checkpoint folder (with a config.json) or empty, once the new one is "
+                   "complete.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progress):
     """Convert a Hugging Face MoE checkpoint directory SRC into an int8 experts checkpoint DST.

@@ -60,7 +60,8 @@ def checkpoint_kind(config: dict, files=()) -> str:
             readable = False
         raise ValueError(f"the checkpoint is quantized with {qc.get('quant_method')!r}; experts-int8 loads float "
                          f"checkpoints (quantizing on the fly) or its own int8 checkpoints"
-                         + ("; convert this release first: experts-int8 quantize SRC DST" if readable else ""))
+                         + ("; for generate, convert this release first (experts-int8 quantize SRC DST); eval "
+                            "needs a float checkpoint" if readable else ""))
     # transformers would load int8 values as float weights (dropping their scales) and only report it
     int8 = next((key for key, (dtype, _) in read_headers(files).items() if dtype == "I8"), None)
     if int8 is not None:
