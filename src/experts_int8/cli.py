@@ -381,7 +381,8 @@ Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
                    "compressed-tensors = pack-quantized W8A16 per-channel, per-expert Linears (for vLLM).")
 @device_option
 @click.option("--max-shard-size", default="5GB", show_default=True, help="Largest output shard (e.g. 2GB, 500MB).")
-@click.option("--overwrite", is_flag=True, help="Replace DST if it is a checkpoint folder (with a config.json) or empty, once the new one is "
+@click.option("--overwrite", is_flag=True,
+              help="Replace DST if it is a checkpoint folder (with a config.json) or empty, once the new one is "
                    "complete.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progress):
@@ -392,8 +393,9 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
     int8 with fp32 per-row scales; every other tensor, the tokenizer and other files are copied;
     config.json gets quantization_config. With --format compressed-tensors the same int8 values and
     fp32 scales are written as compressed-tensors pack-quantized Linears, one per expert projection
-    (weight_packed, weight_scale, weight_shape), non-expert layers listed in `ignore`. Writes into a temporary folder next to DST and renames it at
-    the end, so a failure leaves nothing behind. Prints time, sizes and the quantization SNR per layer.
+    (weight_packed, weight_scale, weight_shape), non-expert layers listed in `ignore`. Writes into a temporary
+    folder next to DST and renames it at the end, so a failure leaves nothing behind. Prints time, sizes and
+    the quantization SNR per layer.
     An FP8 release with block scales (quant_method fp8, weight_block_size) or an MXFP4 one (GPT-OSS) is read
     as the float checkpoint it encodes; its other FP8 layers are written in the config's float dtype.
     """
