@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .files import write_atomic
+from .files import atomic_path, write_atomic
 from .reference import ACTIVATIONS, GATED_ONLY
 
 # name -> (E, H, I, k)
@@ -682,13 +682,9 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
     fig.suptitle(f"experts_int8 fused_experts on {result.get('gpu', '?')} (copy {ceil['copy_GBps']:.0f} GB/s, "
                  f"matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s) @ {str(result.get('commit', '?'))[:10]}", fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")  # (renamed into place: a full disk leaves no part of a PNG)
     try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        with atomic_path(path) as tmp:  # (a full disk leaves no part of a PNG)
+            fig.savefig(tmp, dpi=110, format="png")
     finally:
         plt.close(fig)
     return path

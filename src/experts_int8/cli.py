@@ -133,6 +133,8 @@ def parse_shape_option(text: str) -> tuple[int, int, int, int]:
 
 def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     """(E, H, I, k) from a Hugging Face ``config.json`` (or the folder holding it) of an MoE model."""
+    from .convert import text_config
+
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
@@ -143,8 +145,7 @@ def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
             raise ValueError(f"{p} is not valid JSON ({exc}); give a Hugging Face config.json") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{p} holds a JSON {type(cfg).__name__}, not a model config's object")
-    if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers keep the LM config inside
-        cfg = {**cfg, **cfg["text_config"]}
+    cfg = text_config(cfg)  # (multimodal wrappers keep the LM config inside)
 
     def first(*keys):
         for key in keys:

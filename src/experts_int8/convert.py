@@ -196,7 +196,8 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
     return p, config, files
 
 
-def _text_config(config: dict) -> dict:
+def text_config(config: dict) -> dict:
+    """A config.json's language-model settings (a multimodal wrapper's text_config over its top level)."""
     return {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
 
 
@@ -374,7 +375,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                 headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
                 order.append(key)
 
-    decoders = float_decoders(encoding, headers, _text_config(config)) if encoding else {}
+    decoders = float_decoders(encoding, headers, text_config(config)) if encoding else {}
     first = {keys[0]: key for key, (keys, _) in decoders.items()}  # (a decoded tensor takes its first's place)
     order = [first.get(key, key) for key in order if first.get(key, key) in headers]
 
@@ -404,7 +405,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                          f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
                          f"'...experts.gate_up_proj'); nothing to quantize")
-    text = _text_config(config)
+    text = text_config(config)
     hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
     shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
     if format == "native":
@@ -564,7 +565,7 @@ def needs_remote_code(config: dict) -> bool:
 
 
 def _model_type(config: dict) -> Optional[str]:
-    return _text_config(config).get("model_type") or config.get("model_type")
+    return text_config(config).get("model_type") or config.get("model_type")
 
 
 SNR_ROWS = 256  # rows of an expert whose quantization error is summed at a time

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def missing_folders(path: Path) -> list[Path]:
@@ -23,20 +25,24 @@ def remove_empty(folders: list[Path]) -> None:
             break
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a synced temporary file of its own in the same folder (made, with its
-    parents, if missing), renamed into place: a crash or a full disk leaves the old file or none, never a part,
-    and no folder it made."""
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path of its own beside ``path`` (its folder made, with its parents, if missing) to write;
+    synced and renamed to ``path`` when the block ends, removed (with the folders made) when it raises: a crash or
+    a full disk leaves the old file or none, never a part."""
     path = Path(path)
     made = missing_folders(path.parent)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
         try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
+            yield Path(tmp)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
             os.chmod(tmp, 0o644)  # (mkstemp's 0600 would hide a shared folder's file from other users)
             os.replace(tmp, path)
         except BaseException:
@@ -45,4 +51,10 @@ def write_atomic(path: Path, text: str) -> Path:
     except BaseException:
         remove_empty(made)
         raise
-    return path
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from .checkpoint import read_headers
-from .convert import QUANT_CONFIG, needs_remote_code, read_model_dir
+from .convert import QUANT_CONFIG, needs_remote_code, read_model_dir, text_config
 from .releases import release_encoding
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -180,8 +180,7 @@ def read_tokens(tokenizer, path, max_tokens: int) -> list[int]:
 
 def check_context(config: dict, tokens: int, what: str) -> None:
     """Refuse ``tokens`` positions (``what`` they are) past the model's ``max_position_embeddings``."""
-    text = {**config, **config["text_config"]} if isinstance(config.get("text_config"), dict) else config
-    limit = text.get("max_position_embeddings")
+    limit = text_config(config).get("max_position_embeddings")
     if isinstance(limit, int) and not isinstance(limit, bool) and tokens > limit:
         raise ValueError(f"{what} take {tokens} positions, past the model's max_position_embeddings ({limit}); "
                          f"ask for fewer")
