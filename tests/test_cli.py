@@ -944,3 +944,11 @@ def test_quantize_refuses_an_export_it_cannot_express_with_the_way_that_works(bf
                     "--no-progress")
     assert_one_line_error(result, name, "--format native")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_missing_optional_dependency_names_the_extra_that_installs_it(monkeypatch):
+    """Without the [hf] extra the demo fails in one line that says which pip command adds it."""
+    monkeypatch.setitem(sys.modules, "transformers", None)  # (import transformers -> ModuleNotFoundError)
+    result = CliRunner().invoke(main, ["demo"])
+    assert result.exit_code == 1
+    assert "pip install 'experts-int8[hf]'" in result.output and "Traceback" not in result.output

@@ -1095,3 +1095,16 @@ def test_requires_grad_as_the_readme_says():
     assert model.lm_head.weight.requires_grad and model.model.embed_tokens.weight.requires_grad
     model(_inputs(3).cpu()).logits.sum().backward()
     assert model.lm_head.weight.grad is not None
+
+
+def test_a_transformers_too_old_for_the_integration_says_which_is_needed():
+    """Older 5.x releases lack what the loader hooks into; naming ExpertsInt8Config says so, in one line."""
+    import subprocess
+    import sys
+
+    code = ("import transformers; transformers.__version__ = '5.15.1'\n"
+            "import experts_int8\n"  # (registering with transformers stays quiet: the kernels alone still work)
+            "try:\n    experts_int8.ExpertsInt8Config\nexcept ImportError as e:\n    print('REFUSED:', e)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED: experts_int8 needs transformers>=5.16, found 5.15.1" in done.stdout

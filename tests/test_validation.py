@@ -148,3 +148,47 @@ def test_meta_inputs_give_a_meta_output_and_no_hidden_size_gives_an_empty_one(ba
     w13, w2 = torch.randn(E, 2 * I, 0), torch.randn(E, 0, I)
     out = fused_experts(torch.randn(M, 0), w13, w2, torch.rand(M, K), torch.randint(0, E, (M, K)), backend=backend)
     assert out.shape == (M, 0)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="Triton's interpreter runs on CPU tensors only")
+def test_triton_on_cpu_refuses_bfloat16():
+    """The interpreter's bf16 dots are wrong by orders of magnitude with no error of its own: refused, not run."""
+    args = {k: (v.bfloat16() if k == "x" else v) for k, v in good().items()}
+    with pytest.raises(TypeError, match="wrong results in bfloat16"):
+        fused_experts(**args, backend="triton")
+    assert fused_experts(**args, backend="torch").dtype == torch.bfloat16
+
+
+NO_TRITON = """
+import importlib.abc, sys
+class NoTriton(importlib.abc.MetaPathFinder):  # as on macOS and Windows, where Triton has no wheels
+    def find_spec(self, name, path=None, target=None):
+        return None if name.split(".")[0] != "triton" else self.missing(name)
+    def missing(self, name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NoTriton())
+import torch, warnings
+from experts_int8 import fused_moe, quantize_weights, reference
+from experts_int8.layer import Int8Experts
+q13, s13 = quantize_weights(torch.randn(4, 32, 16))
+q2, s2 = quantize_weights(torch.randn(4, 16, 16))
+x, logits = torch.randn(3, 16, dtype=torch.bfloat16), torch.randn(3, 4)
+out = fused_moe(x, logits, q13, q2, 2, w13_scale=s13, w2_scale=s2)
+assert torch.equal(out, fused_moe(x, logits, q13, q2, 2, w13_scale=s13, w2_scale=s2, backend="torch"))
+try:
+    fused_moe(x, logits, q13, q2, 2, w13_scale=s13, w2_scale=s2, backend="triton")
+except RuntimeError as e:
+    print("REFUSED:", e)
+assert "triton" not in sys.modules
+"""
+
+
+def test_without_triton_the_torch_path_runs_and_the_triton_backend_says_why_not():
+    """Triton has wheels for Linux only: without it the library imports and runs its torch path."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", NO_TRITON], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED: Triton is not installed" in done.stdout and "backend='torch'" in done.stdout

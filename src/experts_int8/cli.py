@@ -39,6 +39,21 @@ def one_line(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+# The optional dependencies, by the extra that installs them (pyproject.toml's optional-dependencies).
+EXTRAS = {"transformers": "hf", "accelerate": "hf"}
+
+
+def install_hint(exc: BaseException) -> str:
+    """For a missing optional dependency: the pip command that installs it."""
+    if not isinstance(exc, ModuleNotFoundError) or exc.name is None:
+        return ""
+    package = exc.name.split(".")[0]
+    if package == "triton":
+        return "; the Triton kernels (and tune, bench) need Linux, where pip installs Triton with experts-int8"
+    extra = EXTRAS.get(package)
+    return f"; install it with: pip install 'experts-int8[{extra}]'" if extra else ""
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM or SIGHUP (a job's time limit, `docker stop`, a closed terminal), raised where the process is, so
     that the cleanup a Ctrl-C gets (no partial output) runs for them too."""
@@ -96,7 +111,7 @@ def clean_errors(fn: Callable) -> Callable:
         except Exception as exc:  # noqa: BLE001 - the whole point: one clear line instead of a traceback
             if debug:
                 raise
-            click.echo(f"Error: {one_line(exc)}  (run with --debug for the traceback)", err=True)
+            click.echo(f"Error: {one_line(exc)}{install_hint(exc)}  (run with --debug for the traceback)", err=True)
             sys.exit(1)
 
     return click.option("--debug", is_flag=True, help="Show the full traceback when something fails.")(wrapper)

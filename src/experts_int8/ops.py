@@ -17,10 +17,17 @@ from typing import Callable, Optional
 import torch
 
 from . import reference
-from .kernels.align import align_block_size, align_with_tail
 from .kernels.configs import get_config, overridden, split_config, tail_config, with_down, without
-from .kernels.fused_moe import (DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum,
-                                 sum_last_counts, tma_layout_fits)
+
+try:
+    from .kernels.align import align_block_size, align_with_tail
+    from .kernels.fused_moe import (DEDUP_MAX_PAIRS, invoke_dequantize, invoke_down, invoke_gate_up, invoke_sum,
+                                     sum_last_counts, tma_layout_fits)
+    TRITON_MISSING = None
+except ImportError as e:  # no Triton (it ships for Linux only): the torch path still runs everywhere
+    if e.name is None or e.name.split(".")[0] != "triton":
+        raise
+    TRITON_MISSING = f"Triton is not installed ({e}); it ships for Linux only. Use backend='torch' (the reference)"
 
 try:
     from .kernels import gluon_moe, gluon_wsrr
@@ -164,6 +171,15 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
                 raise ValueError(f"expert_map entries must be -1 or a local index < {num_experts}, got [{emin}, {emax}]")
 
 
+def _check_triton_runs(x: torch.Tensor) -> None:
+    if TRITON_MISSING is not None:
+        raise RuntimeError(TRITON_MISSING)
+    if x.device.type == "cpu" and x.dtype == torch.bfloat16:
+        # Triton's interpreter computes bf16 dots wrongly (errors of 1e9 and more), with no error of its own
+        raise TypeError("the Triton backend on CPU tensors (Triton's interpreter) gives wrong results in bfloat16: "
+                        "use float16 or float32 there, or backend='torch'")
+
+
 @torch.compiler.assume_constant_result  # torch.compile evaluates it once while tracing: no graph break
 def kernel_supported(device: torch.device) -> bool:
     """Whether the Triton kernel runs on this CUDA device; warns once per device when it does not."""
@@ -172,6 +188,9 @@ def kernel_supported(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _capability_ok(device: int) -> bool:
+    if TRITON_MISSING is not None:
+        warnings.warn(f"experts_int8: {TRITON_MISSING}; MoE layers run the slower torch path", stacklevel=3)
+        return False
     capability = torch.cuda.get_device_capability(device)
     if capability >= MIN_CAPABILITY:
         return True
@@ -454,6 +473,8 @@ def fused_experts(
     use_triton = backend == "triton" or x.device.type == "meta" or (  # (meta: shapes only, from the op's fake)
         backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)
     )
+    if use_triton and x.device.type != "meta":
+        _check_triton_runs(x)
     if not use_triton:
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
