@@ -43,15 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import torch
-import transformers
-from packaging.version import Version
 from torch import nn
-
-MIN_TRANSFORMERS = "5.16"  # (older 5.x lack PrefixChange, or their loader's converters lack force_cpu)
-if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
-    raise ImportError(f"experts_int8 needs transformers>={MIN_TRANSFORMERS}, found {transformers.__version__}: "
-                      f"pip install -U 'transformers>={MIN_TRANSFORMERS}'")
-
 from transformers.core_model_loading import (
     ConversionOps,
     PrefixChange,
