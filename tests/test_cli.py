@@ -133,7 +133,8 @@ def test_generate_parallel_over_two_ranks(demo_run):
                           "-m", "experts_int8.cli", "generate", *map(str, args), "--parallel", "tp"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    assert run.stdout.splitlines() == [single.stdout.splitlines()[0]]  # one rank printed, the same text
+    printed = [line for line in run.stdout.splitlines() if not line.startswith("[Gloo]")]  # (torch < 2.11's gloo)
+    assert printed == [single.stdout.splitlines()[0]]  # one rank printed, the same text
     assert "2 ranks, tp" in run.stderr
 
 

@@ -1108,3 +1108,15 @@ def test_a_transformers_too_old_for_the_integration_says_which_is_needed():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "REFUSED: experts_int8 needs transformers>=5.16, found 5.15.1" in done.stdout
+
+
+@pytest.mark.parametrize("first", ["experts_int8", "transformers"])
+def test_the_integration_is_named_from_a_fresh_process_whichever_is_imported_first(first):
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nfrom experts_int8 import ExpertsInt8Config, quantize_\n"
+            "print(ExpertsInt8Config.__module__, quantize_.__module__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["experts_int8.integrations.transformers"] * 2
