@@ -870,7 +870,8 @@ def test_cli_shape_from_every_supported_architecture_config(tmp_path):
 
 def test_cli_tunes_the_experts_in_their_form(tmp_path, monkeypatch):
     """A model config's experts are tuned in their own form, read from the model's modules: without a gate and
-    ReLU² (NemotronH), clamped SwiGLU with biases (GPT-OSS), SiLU (Mixtral); options given win."""
+    ReLU² (NemotronH), clamped SwiGLU with biases (GPT-OSS), SiLU (Mixtral). An option that agrees is fine; one
+    against the model's form is refused (it would tune a table the model never reads), naming what the model has."""
     pytest.importorskip("transformers")
     from models import tiny_config
 
@@ -882,8 +883,13 @@ def test_cli_tunes_the_experts_in_their_form(tmp_path, monkeypatch):
         assert r.exit_code == 0, r.output
         assert ("tuning that form" in r.output) == (arch != "mixtral")
     assert calls == [(False, "relu2", False), (True, "swiglu_oai", True), (True, "silu", False)]
+    r = _run("tune", "--model-config", str(tmp_path / "gpt_oss"), "--activation", "swiglu_oai", "--biases")
+    assert r.exit_code == 0 and calls[-1] == (True, "swiglu_oai", True)
     r = _run("tune", "--model-config", str(tmp_path / "mixtral" / "config.json"), "--activation", "gelu", "--biases")
-    assert r.exit_code == 0 and calls[-1] == (True, "gelu", True)
+    assert r.exit_code == 2 and len(calls) == 4
+    assert "--activation gelu (its experts' is silu); --biases (its experts have none)" in r.output
+    r = _run("tune", "--model-config", str(tmp_path / "mixtral"), "--no-gate")
+    assert r.exit_code == 2 and "--no-gate (its experts have a gate)" in r.output and len(calls) == 4
 
 
 def test_cli_model_config_with_per_layer_shapes_says_to_tune_each(tmp_path):
@@ -1606,3 +1612,15 @@ def test_variant_ab_pdl_prefetch_values_are_valid_entries():
     assert pdl_prefetch(dict(entry, GLUON=1), 2) == dict(entry, GLUON=1)
     assert pdl_prefetch(dict(entry, PDL=2), 101) == dict(entry, PDL=1, down={"SUM_LAST": 1, "PDL_PREFETCH": 1})
     assert pdl_prefetch(entry, 201) == dict(entry, PDL=2, down={"SUM_LAST": 1, "PDL_PREFETCH": 1})
+
+
+def test_no_matplotlib_is_one_log_line_that_says_what_to_do(monkeypatch, tmp_path, caplog):
+    """Not a Python warning pointing into the library: one line naming the install and --no-plot."""
+    import warnings
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        assert bench.plot_results({"rows": []}, tmp_path / "plot.png") is None
+    assert not raised and not (tmp_path / "plot.png").exists()
+    assert "pip install matplotlib" in caplog.text and "--no-plot" in caplog.text

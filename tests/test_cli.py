@@ -93,6 +93,22 @@ def test_demo_prints_the_table_with_high_snr(demo_run):
     assert (keep / "int8" / "config.json").is_file() and (keep / "bf16" / "tokenizer.json").is_file()
 
 
+def test_run_demo_leaves_the_callers_transformers_settings_as_they_were():
+    """run_demo is a library function: its quiet loads must not silence transformers for the rest of the program."""
+    from transformers.utils import logging as hf_logging
+
+    from experts_int8.demo import run_demo
+
+    hf_logging.set_verbosity_info()
+    hf_logging.enable_progress_bar()
+    try:
+        result = run_demo(device="cpu", new_tokens=2, progress=False, log=lambda line: None)
+        assert result.reload_identical
+        assert hf_logging.get_verbosity() == hf_logging.INFO and hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.set_verbosity_warning()
+
+
 def test_generate_int8_and_float_checkpoints(demo_run):
     _, keep = demo_run
     texts = []
@@ -103,6 +119,30 @@ def test_generate_int8_and_float_checkpoints(demo_run):
         assert "tokens/s" in result.output and "peak process memory" in result.output
         texts.append(result.stdout.splitlines()[0])
     assert texts[0].startswith("The assert") and texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("sub", ["bf16", "int8"])
+def test_weights_missing_from_the_files_are_an_error_not_random_values(demo_run, tmp_path, sub):
+    """transformers starts weights its files lack from random values and says so only in a log line, which
+    the commands silence: the int8-vs-float comparison of eval, or generate's text, would be of noise."""
+    _, keep = demo_run
+    incomplete = tmp_path / sub
+    shutil.copytree(keep / sub, incomplete)
+    tensors = load_file(incomplete / "model.safetensors")
+    dropped = [name for name in tensors if name.endswith(("layers.0.self_attn.q_proj.weight",
+                                                            "layers.1.input_layernorm.weight"))]
+    assert len(dropped) == 2
+    save_file({k: v for k, v in tensors.items() if k not in dropped}, incomplete / "model.safetensors",
+              metadata={"format": "pt"})
+    for args in (("generate", incomplete, "--prompt", "The assert", "--max-new-tokens", "2", "--no-progress"),
+                 ("eval", incomplete, "--text", keep / "bf16" / "tokenizer.json", "--max-tokens", "64")):
+        result = invoke(*args, "--device", "cpu")
+        if args[0] == "eval" and sub == "int8":  # (eval takes float checkpoints only: refused before loading)
+            assert result.exit_code == 1
+            continue
+        assert result.exit_code == 1, result.output
+        assert "2 weight(s) the model needs are not in its files" in result.output, result.output
+        assert all(name in result.output for name in dropped)
 
 
 def test_generate_is_greedy_whatever_the_checkpoints_generation_config_says():

@@ -123,6 +123,27 @@ def test_old_gpu_falls_back_to_torch_with_one_warning(monkeypatch):
     ops._capability_ok.cache_clear()
 
 
+def test_the_old_gpu_warning_points_at_the_callers_line_however_deep_the_call(monkeypatch):
+    """Through fused_moe -> fused_experts -> kernel_supported, or a layer's forward, the warning names the user's
+    line, not one inside the library (a package frame is stood in for by code compiled with a package path)."""
+    import os
+    import warnings
+
+    from experts_int8 import ops
+
+    ops._capability_ok.cache_clear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    inside = {"kernel_supported": ops.kernel_supported, "torch": torch}
+    source = "def layer():\n    return deeper()\ndef deeper():\n    return kernel_supported(torch.device('cuda', 0))\n"
+    exec(compile(source, os.path.join(os.path.dirname(ops.__file__), "stand_in.py"), "exec"), inside)
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")
+        assert inside["layer"]() is False
+    ops._capability_ok.cache_clear()
+    assert [w.filename for w in raised] == [__file__]
+
+
 def test_kernel_support_check_traces_without_graph_break(monkeypatch):
     from experts_int8 import ops
 

@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import logging
 import math
 import os
 import platform
@@ -35,7 +36,6 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 import zlib
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
@@ -44,6 +44,8 @@ import torch
 
 from .files import atomic_path, write_atomic
 from .reference import ACTIVATIONS, GATED_ONLY
+
+logger = logging.getLogger(__name__)
 
 # name -> (E, H, I, k)
 SHAPES = {
@@ -419,7 +421,7 @@ def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int,
                 run()
             method, replay = "cuda_graph", graph.replay
         except Exception as exc:  # noqa: BLE001 - fall back, but say so
-            warnings.warn(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timing eagerly")
+            logger.warning(f"CUDA graph capture failed ({type(exc).__name__}: {exc}); timing eagerly")
             torch.cuda.synchronize()
     probe = _median_event_time(replay, reps=1, warmup=max(1, warmup))
     if probe / num_calls > give_up_above_s:
@@ -646,7 +648,8 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        warnings.warn("matplotlib is not installed: skipping the PNG plot (the JSON has every number)")
+        logger.warning("matplotlib is not installed: no PNG plot (the JSON has every number); pip install matplotlib "
+                       "for it, or pass --no-plot")
         return None
     rows = [r for r in result["rows"] if "time_us" in r]
     shapes = list(dict.fromkeys(r["shape"] for r in rows))

@@ -90,7 +90,6 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
     from .run import check_device, generate, load_model, memory_bytes, quiet_transformers
 
     dev = check_device(device)
-    quiet_transformers()
     start = time.perf_counter()
     made = []  # --keep's folders this run makes, removed if it fails
     if keep is not None:
@@ -104,6 +103,7 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
     steps = ["build + save bf16", "load bf16", "load int8 (quantize)", "save + reload int8", "logits",
              "generate bf16", "generate int8"]
     bar = tqdm(total=len(steps), desc="demo", unit="step", disable=not progress, leave=False)
+    quiet = quiet_transformers()
 
     def step(i):
         bar.set_description(f"demo: {steps[i]}")
@@ -158,6 +158,7 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
         raise
     finally:
         bar.close()
+        quiet.restore()
 
     mem_b, mem_q = memory_bytes(bf16), memory_bytes(int8)
     disk_b = sum(f.stat().st_size for f in bf16_dir.glob("*.safetensors"))

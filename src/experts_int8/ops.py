@@ -11,6 +11,8 @@ range: the align step routes them to the absent group (they contribute zero), bu
 from __future__ import annotations
 
 import functools
+import os
+import sys
 import warnings
 from typing import Callable, Optional
 
@@ -189,18 +191,27 @@ def kernel_supported(device: torch.device) -> bool:
 @functools.lru_cache(maxsize=None)
 def _capability_ok(device: int) -> bool:
     if TRITON_MISSING is not None:
-        warnings.warn(f"experts_int8: {TRITON_MISSING}; MoE layers run the slower torch path", stacklevel=3)
+        _warn_caller(f"experts_int8: {TRITON_MISSING}; MoE layers run the slower torch path")
         return False
     capability = torch.cuda.get_device_capability(device)
     if capability >= MIN_CAPABILITY:
         return True
-    warnings.warn(
+    _warn_caller(
         f"experts_int8: {torch.cuda.get_device_name(device)} (compute capability {capability[0]}.{capability[1]}) is "
         f"older than the fused kernel needs ({MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, Ampere); MoE layers fall back "
-        f"to the slower torch path",
-        stacklevel=3,
+        f"to the slower torch path"
     )
     return False
+
+
+def _warn_caller(message: str) -> None:
+    """warnings.warn, attributed to the first frame outside this package: the caller's line, however many of
+    the package's calls lie between (fused_moe, fused_experts, a layer's forward)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 2  # (level 2: the frame that called this function)
+    while frame is not None and frame.f_code.co_filename.startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, stacklevel=level)
 
 
 def _transient_fits(nbytes: int, device: torch.device) -> bool:

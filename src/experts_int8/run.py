@@ -130,12 +130,13 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
 
 
 def from_pretrained(config: dict, path, **kwargs):
-    """``from_pretrained`` of the model class ``config`` names; a load that transformers refuses over its report
-    (logged as a warning, which :func:`quiet_transformers` hides) is said in one line."""
+    """``from_pretrained`` of the model class ``config`` names. Its load report is logged as a warning, which
+    :func:`quiet_transformers` hides, so what it would say is said here in one line: tensors refused, and
+    weights the model needs that the files lack (transformers gives those random values and goes on)."""
     from .integrations.transformers import TensorMismatchError
 
     try:
-        return auto_model_class(config).from_pretrained(str(path), **kwargs)
+        model, info = auto_model_class(config).from_pretrained(str(path), output_loading_info=True, **kwargs)
     except (RuntimeError, TensorMismatchError) as exc:
         # transformers refuses a mismatched tensor over its report; 5.17 loads a mismatched experts tensor into
         # the quantized module, which the quantizer's check then refuses
@@ -144,6 +145,12 @@ def from_pretrained(config: dict, path, **kwargs):
         raise ValueError(f"{path}: its tensors were refused ({str(exc).splitlines()[0]}): some weights' "
                          f"shapes or dtypes do not fit the model its config.json describes; check that they "
                          f"belong together") from None
+    missing = sorted(info["missing_keys"])
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        raise ValueError(f"{path}: {len(missing)} weight(s) the model needs are not in its files ({shown}); "
+                         f"transformers would start them from random values. Is a shard or file missing?")
+    return model
 
 
 def load_tokenizer(path):
@@ -277,12 +284,29 @@ def peak_memory(device) -> tuple[str, int]:
     return "peak process memory (RSS)", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def quiet_transformers() -> None:
-    """No transformers progress bars / info logs: our commands show their own."""
-    from transformers.utils import logging as hf_logging
+class quiet_transformers:  # noqa: N801 - called as a function, as torch.set_grad_enabled is
+    """No transformers progress bars / info logs (our commands show their own), from the call on; ``restore()``,
+    or the end of a ``with`` block, puts the caller's settings back (what a library function owes its caller)."""
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    def __init__(self):
+        from transformers.utils import logging as hf_logging
+
+        self._hf = hf_logging
+        self._before = (hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled())
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+    def restore(self) -> None:
+        verbosity, bars = self._before
+        self._hf.set_verbosity(verbosity)
+        if bars:
+            self._hf.enable_progress_bar()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.restore()
 
 
 __all__ = ["DTYPES", "Generation", "checkpoint_kind", "default_device", "generate", "has_tokenizer", "load_model",
