@@ -184,6 +184,22 @@ def test_generate_parallel_needs_torchrun(demo_run):
                           "--parallel ep needs several ranks: launch with torchrun")
 
 
+@pytest.mark.parametrize("env, says", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not a whole number: run under torchrun, which sets it"),
+    ({"WORLD_SIZE": ""}, "WORLD_SIZE='' is not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "x"}, "RANK='x' is not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+    ({"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "-1"}, "LOCAL_RANK='-1' is not a whole number"),
+])
+def test_generate_parallel_names_a_bad_torchrun_variable(demo_run, monkeypatch, env, says):
+    """int()'s own message ("invalid literal for int() with base 10: 'abc'") named neither the variable nor the fix."""
+    _, keep = demo_run
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert_one_line_error(invoke("generate", keep / "int8", "--prompt", "a", "--device", "cpu", "--parallel", "tp"),
+                          says)
+
+
 def _fused_checkpoint(tmp_path, arch="mixtral"):
     """A checkpoint with already fused float experts keys (the in-memory transformers 5 names)."""
     model = tiny_model(arch, dtype=torch.bfloat16)

@@ -540,6 +540,20 @@ def _generate(model, config, prompt, chat, max_new_tokens, dev, dtype, parallel,
         err=True)
 
 
+def _env_whole_number(name: str, default: Optional[int]) -> Optional[int]:
+    """The environment variable ``name`` (one torchrun sets) as a whole number >= 0; ``default`` when unset."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:  # (int()'s own message named neither the variable nor the fix)
+        value = -1
+    if value < 0:
+        raise ValueError(f"{name}={text!r} is not a whole number: run under torchrun, which sets it")
+    return value
+
+
 @contextlib.contextmanager
 def torchrun_ranks(command: str, mode: str, dev):
     """The process group of the ranks torchrun started, for ``COMMAND --parallel MODE``: yields this rank's
@@ -547,12 +561,16 @@ def torchrun_ranks(command: str, mode: str, dev):
     import torch
     import torch.distributed as dist
 
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    world_size = _env_whole_number("WORLD_SIZE", 1)
     if world_size < 2:
         raise ValueError(f"--parallel {mode} needs several ranks: launch with torchrun, e.g. torchrun "
                          f"--nproc-per-node 2 --no-python experts-int8 {command} ... --parallel {mode}")
+    rank = _env_whole_number("RANK", None)  # (unset: torch's own error says it is missing)
+    if rank is not None and rank >= world_size:
+        raise ValueError(f"RANK={rank} is not below WORLD_SIZE={world_size}: run under torchrun, which sets both")
+    local_rank = _env_whole_number("LOCAL_RANK", 0)
     if dev.type == "cuda":
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        dev = torch.device("cuda", local_rank)
         torch.cuda.set_device(dev)
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
     try:
