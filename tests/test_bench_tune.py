@@ -1316,6 +1316,18 @@ def test_sum_last_variants_at_decode_sizes():
         assert configs.check_config(v) == v and tune_module.sum_last_variants(v, 1, 8, 2) == []
 
 
+def test_user_config_dir_expands_the_home_folder(monkeypatch):
+    """A quoted EXPERTS_INT8_CACHE='~/foo' reaches the process unexpanded: it named a folder called '~'."""
+    home = os.path.expanduser("~")
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", "~/foo")
+    assert configs.user_config_dir() == Path(home, "foo", "configs")
+    monkeypatch.delenv("EXPERTS_INT8_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
+    assert configs.user_config_dir() == Path(home, "xdg", "experts_int8", "configs")
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert configs.user_config_dir() == Path(home, ".cache", "experts_int8", "configs")
+
+
 def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     """benchmarks/fold_ab.py: a variant that ran >= 2% faster than the shipped entry replaces it; one
     that did not run on its kernels, a gain under 2%, or a row whose baseline failed its check, not."""

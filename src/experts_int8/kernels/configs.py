@@ -185,11 +185,12 @@ def override_config(config: dict) -> Iterator[dict]:
 
 
 def user_config_dir() -> Path:
-    """Where ``experts-int8 tune`` writes tables (``$EXPERTS_INT8_CACHE`` or ``~/.cache/experts_int8``)."""
-    root = os.environ.get("EXPERTS_INT8_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "experts_int8"
-    )
-    return Path(root) / "configs"
+    """Where ``experts-int8 tune`` writes tables: ``configs`` under ``$EXPERTS_INT8_CACHE``, else under
+    ``$XDG_CACHE_HOME/experts_int8`` or ``~/.cache/experts_int8``."""
+    # expanduser: a quoted '~/...' reaches us unexpanded, and would name a folder called '~' in the working one
+    root = os.environ.get("EXPERTS_INT8_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache",
+                                                                "experts_int8")
+    return Path(os.path.expanduser(root)) / "configs"
 
 
 def weight_format(weight_dtype: torch.dtype) -> str:
