@@ -713,6 +713,16 @@ def test_cli_help(args, words):
         assert word in r.output
 
 
+def test_cli_help_says_where_tables_go_and_which_commit_is_recorded():
+    """tune's help named ~/.cache only (the code reads $XDG_CACHE_HOME too); $EXPERTS_INT8_COMMIT was in no help."""
+    text = " ".join(_run("tune", "--help").output.split())
+    assert ("configs/ under $EXPERTS_INT8_CACHE, else under $XDG_CACHE_HOME/experts_int8 or "
+            "~/.cache/experts_int8") in text
+    for command in ("bench", "bench-e2e"):
+        text = " ".join(_run(command, "--help").output.split())
+        assert "$EXPERTS_INT8_COMMIT when set" in text, command
+
+
 def test_cli_errors_are_one_clean_line():
     r = _run("bench", "--shapes", "not-a-model")
     assert r.exit_code == 1

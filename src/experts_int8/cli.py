@@ -243,7 +243,9 @@ def bench_command(shapes, ms, dtypes, out, quick, reps, pool_gb, settle_s, settl
     """Time fused_experts with bf16 and int8 experts against the GPU's copy and matmul ceilings.
 
     Prints a table and writes JSON + PNG (time and fraction of ceiling vs M, one panel per shape)
-    with the GPU name, the library commit and this command line.
+    with the GPU name, the library commit and this command line. The commit recorded is
+    $EXPERTS_INT8_COMMIT when set (for a copy of the source tree whose .git is stale or missing),
+    else git's HEAD of the library's source tree, else "unknown".
     """
     from . import bench
 
@@ -281,7 +283,7 @@ Examples:
 @click.option("--dtypes", default="int8,bf16", show_default=True, help="Weight formats to tune.")
 @click.option("--m", "ms", default=None, metavar="LIST", help="Comma-separated token counts. Default: 1,4,16,...,4096.")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
-              help="Where to write the tables. Default: the user cache, which get_config reads.")
+              help="Where to write the tables. Default: the user cache, which get_config reads (see above).")
 @click.option("--max-candidates", type=click.IntRange(1), default=32, show_default=True,
               help="Configs timed per M (plus the default and GROUP_SIZE_M variants of the winner).")
 @click.option("--reps", type=click.IntRange(1), default=5, show_default=True, help="Timed runs per config (median).")
@@ -302,8 +304,9 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
     """Search MoE block configs on this GPU and save them where get_config finds them.
 
     Writes E={E},N={I},device={gpu},dtype={int8_w8a16|bf16}.json tables (M -> config; experts without a
-    gate: ...,no_gate.json) into the user cache ($EXPERTS_INT8_CACHE, default ~/.cache/experts_int8/configs);
-    from then on the library uses them automatically for that expert shape on this GPU.
+    gate: ...,no_gate.json) into the user cache (configs/ under $EXPERTS_INT8_CACHE, else under
+    $XDG_CACHE_HOME/experts_int8 or ~/.cache/experts_int8); from then on the library uses them
+    automatically for that expert shape on this GPU.
     """
     from . import bench
     from .tune import DEFAULT_MS, tune
@@ -702,7 +705,8 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
 
     One model, three columns in one run: transformers' default experts implementation, the same bf16
     weights through our fused kernel, then the experts quantized to int8 in place. Prints end-to-end
-    seconds and decode tokens/s per batch size and writes JSON under --out.
+    seconds and decode tokens/s per batch size and writes JSON under --out, with the library commit
+    ($EXPERTS_INT8_COMMIT when set, else git's HEAD of the library's source tree).
     """
     from .bench_e2e import COLUMNS, CONFIGS, config_dir, run
 
