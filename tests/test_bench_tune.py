@@ -472,6 +472,23 @@ def test_tune_and_bench_refuse_an_output_folder_they_cannot_write_before_any_gpu
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["ro"] if os.geteuid() != 0 else [])
 
 
+@pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("ON", True), ("Yes", True), ("y", True),
+                                       ("0", False), ("false", False), ("off", False), ("", False), ("2", False)])
+def test_tune_and_bench_refuse_triton_interpret_as_triton_reads_it(tmp_path, monkeypatch, value, on):
+    """Only "1" was refused, while Triton also turns its interpreter on for true, on, yes, y (any case)."""
+    from experts_int8 import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    (tmp_path / "file").write_text("")  # past the check, the output folder stops them before any GPU work
+    says = f"TRITON_INTERPRET={value} is set, so Triton would not compile for the GPU" if on else "is a file"
+    with pytest.raises((RuntimeError, ValueError), match=says):
+        tune.tune(8, 64, 64, 2, ms=[1], out_dir=tmp_path / "file" / "sub")
+    with pytest.raises((RuntimeError, ValueError), match=says):
+        bench.run_benchmark(bench.Settings(shapes=["8:64:64:2"], ms=[1], dtypes=["int8"],
+                                           out_dir=str(tmp_path / "file")))
+
+
 def test_tune_search_stops_at_its_deadline_and_raises_when_nothing_runs():
     clock = iter(range(100)).__next__
     r = tune.search([dict(PINNED, BLOCK_SIZE_N=n) for n in (16, 32, 64, 128)], lambda cfg, best: 1.0,

@@ -481,12 +481,22 @@ class Settings:
         return cls(**{"reps": 5, "warmup": 1, **kw})
 
 
+# The values Triton reads as true in a boolean setting such as TRITON_INTERPRET (any case)
+TRITON_TRUE = ("1", "true", "on", "yes", "y")
+
+
+def check_not_interpreting() -> None:
+    """Refuse GPU timing work while Triton's interpreter is on: it would run instead of compiled kernels."""
+    value = os.environ.get("TRITON_INTERPRET")
+    if value is not None and value.lower() in TRITON_TRUE:  # (as Triton parses it: "true" or "on" turn it on too)
+        raise RuntimeError(f"TRITON_INTERPRET={value} is set, so Triton would not compile for the GPU; unset it")
+
+
 def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
     """Run the benchmark on the current CUDA device; returns the result dict (also written to disk)."""
     if not torch.cuda.is_available():
         raise RuntimeError("the kernel benchmark needs a CUDA GPU, and torch.cuda.is_available() is False")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("TRITON_INTERPRET=1 is set, so Triton would not compile for the GPU; unset it")
+    check_not_interpreting()
     from .kernels.configs import config_source, get_config
 
     check_writable_dir(settings.out_dir, "the output folder")

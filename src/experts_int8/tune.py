@@ -670,8 +670,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     bench.check_form(gated, activation)
     if not torch.cuda.is_available():
         raise RuntimeError("tuning needs a CUDA GPU, and torch.cuda.is_available() is False")
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("TRITON_INTERPRET=1 is set, so Triton would not compile for the GPU; unset it")
+    bench.check_not_interpreting()
     dtypes = list(dict.fromkeys(dtypes))
     for d in dtypes:
         if d not in DTYPES:
