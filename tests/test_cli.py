@@ -580,6 +580,33 @@ def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint
     assert sorted(os.listdir(tmp_path)) == ["int8", "link"]
 
 
+def test_quantize_names_what_is_wrong_with_dst_or_an_empty_path(bf16_checkpoint, tmp_path):
+    """The OS's errors named a temporary folder ("[Errno 1] Operation not permitted: '/sys/.out.x.partial'") or
+    only a path ("[Errno 17] File exists"); a plain file as DST was told to pass --overwrite, which then refused
+    it; an empty SRC or DST printed a blank name."""
+    src = bf16_checkpoint("mixtral")
+    (tmp_path / "file.txt").write_text("x")
+    for dst in (tmp_path / "file.txt" / "out", tmp_path / "file.txt" / "a" / "b"):
+        assert_one_line_error(invoke("quantize", src, dst, "--no-progress"),
+                              f"a part of its path, {tmp_path / 'file.txt'}, is a file, not a folder")
+    for more in ([], ["--overwrite"]):
+        result = invoke("quantize", src, tmp_path / "file.txt", "--no-progress", *more)
+        assert_one_line_error(result, "is an existing file, not a folder; choose another DST")
+        assert "--overwrite" not in result.output
+    denied = PermissionError(1, "Operation not permitted", str(tmp_path / ".out.x1y2.partial"))
+    with mock.patch("experts_int8.convert.tempfile.mkdtemp", side_effect=denied):
+        result = invoke("quantize", src, tmp_path / "new" / "out", "--no-progress")
+    assert_one_line_error(result, f"its parent folder {tmp_path / 'new'} is not writable (Operation not permitted)")
+    assert ".partial" not in result.output
+    if os.geteuid() != 0:  # (root writes anywhere)
+        (tmp_path / "ro").mkdir(mode=0o555)
+        assert_one_line_error(invoke("quantize", src, tmp_path / "ro" / "out", "--no-progress"), "is not writable")
+    assert sorted(os.listdir(tmp_path)) == ["file.txt"] + (["ro"] if os.geteuid() != 0 else [])
+    assert_one_line_error(invoke("quantize", src, "", "--no-progress"), "DST is an empty path")
+    assert_one_line_error(invoke("quantize", "", tmp_path / "out", "--no-progress"), "SRC is an empty path")
+    assert_one_line_error(invoke("generate", "", "--prompt", "a", "--device", "cpu"), "the model path is empty")
+
+
 def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_failed_to_replace(
         bf16_checkpoint, tmp_path):
     """Without --overwrite a DST that appears meanwhile (another run's) is left alone, not swapped out and

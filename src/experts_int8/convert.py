@@ -171,6 +171,8 @@ def _weight_files(p: Path) -> list[Path]:
 
 def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
     """Check ``path`` is a Hugging Face model directory; returns (dir, config dict, safetensors files)."""
+    if str(path) == "":  # (the current folder to the OS: the errors below named a blank)
+        raise ValueError("the model path is empty: give a model directory")
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"{path}: no such file or directory")
@@ -345,6 +347,9 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     """
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r} (choose one of {', '.join(FORMATS)})")
+    for name, path in (("SRC", src), ("DST", dst)):
+        if str(path) == "":  # (an empty path is the current folder to the OS: the errors named a blank)
+            raise ValueError(f"{name} is an empty path: give a folder")
     start = time.perf_counter()
     src_dir, config, files = read_model_dir(src)
     if not files:
@@ -357,9 +362,10 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError("DST must differ from SRC")
     if src_dir.resolve().is_relative_to(dst_dir.resolve()):  # replacing DST would delete the source
         raise ValueError(f"DST {dst} holds SRC {src}: choose a DST outside the source checkpoint's folders")
+    _check_replaceable(dst_dir)  # (first: a DST --overwrite would refuse too is not told to pass it)
     if dst_dir.exists() and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
-    _check_replaceable(dst_dir)
+    _check_dst_folder(dst, dst_dir.parent)
     max_bytes = parse_size(max_shard_size)
     device = torch.device(device)
 
@@ -425,8 +431,12 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     made = missing_folders(parent)  # removed on failure
     tmp = None
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{dst_dir.name}.", suffix=".partial", dir=parent))
+        except OSError as exc:  # (the OS's message named our temporary folder, not DST)
+            raise OSError(f"DST {dst}: its parent folder {parent} is not writable ({exc.strerror}); choose another "
+                          f"DST") from None
         writer = _Writer(tmp, max_bytes)
         snr: dict[str, float] = {}
         from tqdm.auto import tqdm
@@ -691,9 +701,23 @@ def _check_replaceable(dst: Path) -> None:
     if dst.exists():
         if os.path.ismount(dst):
             raise ValueError(f"DST {dst} is a mount point, which a rename cannot replace; write into a folder in it")
-        if not dst.is_dir() or (any(dst.iterdir()) and not (dst / "config.json").is_file()):
+        if not dst.is_dir():  # (no word of --overwrite, which would refuse it too)
+            raise ValueError(f"DST {dst} is an existing file, not a folder; choose another DST")
+        if any(dst.iterdir()) and not (dst / "config.json").is_file():
             raise ValueError(f"DST {dst} is not a model checkpoint folder (no config.json), and --overwrite replaces "
                              f"only one; choose another DST")
+
+
+def _check_dst_folder(dst, parent: Path) -> None:
+    """Refuse, before any work, a DST whose parent folder cannot be made or written to: a part of its path that is
+    a file, or a folder this user may not write in (the OS's own errors named a temporary folder)."""
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"DST {dst}: a part of its path, {existing}, is a file, not a folder; choose another DST")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"DST {dst}: {existing}, where it would be written, is not writable; choose another DST")
 
 
 def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
