@@ -92,6 +92,25 @@ def test_bad_input_is_refused_before_the_model_is_built(tmp_path, monkeypatch):
         assert bad.exit_code == 2 and "--batch" in bad.output, (batch, bad.output)
 
 
+def test_a_decode_lost_in_timing_noise_is_reported_not_nan(tmp_path, monkeypatch):
+    """A prefill timed longer than the whole run printed "decode nan tok/s" (and NaN, which is not JSON) with no
+    word of why."""
+    times = iter([0.010, 0.012])  # the whole run, then the prefill alone
+    monkeypatch.setattr(bench_e2e, "_timed", lambda fn, device, reps: next(times))
+    lines = []
+    result = bench_e2e.run("mixtral-8x7b", device="cpu", batches=(1,), prompt_len=4, new_tokens=2, reps=1,
+                           overrides=TINY, columns=("ours-bf16",), out=str(tmp_path), log=lines.append)
+    assert result["rows"][0]["decode_tok_s"] is None
+    assert "nan" not in "\n".join(lines).lower()
+    assert ("decode n/a (the prefill alone took 0.012 s, no less than the whole run's 0.010 s: the decode time could "
+            "not be separated from timing noise; give more --new-tokens or --reps)") in lines[0]
+    assert bench_e2e.table(result).splitlines()[-2:] == [
+        "    1 | 0.010, n/a", "n/a: the decode time could not be separated from timing noise; give more --new-tokens "
+                             "or --reps"]
+    (written,) = tmp_path.glob("bench_e2e_*.json")
+    assert json.loads(written.read_text())["rows"][0]["decode_tok_s"] is None  # (null: strict JSON)
+
+
 def test_columns_run_in_their_order():
     """int8 quantizes the model in place, so a bf16 column after it would time int8 weights: refused."""
     with pytest.raises(ValueError, match="in that order"):

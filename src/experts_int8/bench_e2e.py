@@ -167,9 +167,21 @@ def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, re
         run(new_tokens)  # warm-up: compiles the decode step for this shape
         total = _timed(lambda: run(new_tokens), device, reps)
         prefill = _timed(lambda: run(1), device, reps)
-    decode_s = total - prefill  # timing noise can make this <= 0 for tiny runs: then no rate
+    decode_s = total - prefill
+    # Timing noise can make decode_s <= 0 in tiny runs: then no rate (None, as JSON holds no NaN; see decode_rate)
     return dict(batch=batch, decode=decode, e2e_s=total, prefill_s=prefill,
-                decode_tok_s=batch * (new_tokens - 1) / decode_s if decode_s > 0 else float("nan"))
+                decode_tok_s=batch * (new_tokens - 1) / decode_s if decode_s > 0 else None)
+
+
+UNMEASURED = "the decode time could not be separated from timing noise; give more --new-tokens or --reps"
+
+
+def decode_rate(row: dict) -> str:
+    """A row's decode tokens/s, or why there is none: the prefill alone timed as long as the whole run."""
+    if row["decode_tok_s"] is not None:
+        return f"{row['decode_tok_s']:.1f} tok/s"
+    return (f"n/a (the prefill alone took {row['prefill_s']:.3f} s, no less than the whole run's {row['e2e_s']:.3f} "
+            f"s: {UNMEASURED})")
 
 
 def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int = 1024, new_tokens: int = 128,
@@ -231,7 +243,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
                 r["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
             rows.append(r)
             log(f"{column:10s} batch {batch}: e2e {r['e2e_s']:.3f} s, prefill {r['prefill_s']:.3f} s, "
-                f"decode {r['decode_tok_s']:.1f} tok/s")
+                f"decode {decode_rate(r)}")
         torch._dynamo.reset()  # the next column recompiles against its own experts
     result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
                   gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
@@ -256,6 +268,10 @@ def table(result: dict) -> str:
              f"decode via {result.get('decode', 'generate')}{split}",
              "batch | " + " | ".join(f"{c} e2e s, tok/s" for c in columns)]
     for b in batches:
-        cells = [f"{by[(c, b)]['e2e_s']:.3f}, {by[(c, b)]['decode_tok_s']:.1f}" for c in columns if (c, b) in by]
+        cells = [f"{by[(c, b)]['e2e_s']:.3f}, " + ("n/a" if by[(c, b)]["decode_tok_s"] is None
+                                                   else f"{by[(c, b)]['decode_tok_s']:.1f}")
+                 for c in columns if (c, b) in by]
         lines.append(f"{b:5d} | " + " | ".join(cells))
+    if any(r["decode_tok_s"] is None for r in result["rows"]):
+        lines.append(f"n/a: {UNMEASURED}")
     return "\n".join(lines)
