@@ -111,6 +111,29 @@ def test_a_decode_lost_in_timing_noise_is_reported_not_nan(tmp_path, monkeypatch
     assert json.loads(written.read_text())["rows"][0]["decode_tok_s"] is None  # (null: strict JSON)
 
 
+def test_more_layers_or_positions_than_the_model_has_are_refused_before_it_is_built(tmp_path, monkeypatch):
+    """--layers 9 on a 4-layer model built 9 layers though the help says "fewer layers"; the default
+    --prompt-len 1024 --new-tokens 128 ran past a model's max_position_embeddings unchecked."""
+    from click.testing import CliRunner
+    from transformers import MixtralConfig
+
+    from experts_int8.cli import main
+
+    built = []
+    monkeypatch.setattr(bench_e2e, "random_model", lambda *a, **k: built.append(a))
+    MixtralConfig(**dict(TINY, num_hidden_layers=4, max_position_embeddings=1024)).save_pretrained(tmp_path / "m")
+    args = ["bench-e2e", "--config", str(tmp_path / "m"), "--random-weights", "--device", "cpu", "--out", ""]
+    bad = CliRunner().invoke(main, args + ["--layers", "9", "--prompt-len", "8"])
+    assert bad.exit_code == 1 and bad.output.startswith(f"Error: --layers 9 is more than the 4 layers of "
+                                                        f"{tmp_path / 'm'}; give at most 4"), bad.output
+    bad = CliRunner().invoke(main, args)
+    assert bad.exit_code == 1 and ("Error: --prompt-len 1024 and --new-tokens 128 take 1152 positions, past the "
+                                   "model's max_position_embeddings (1024)") in bad.output, bad.output
+    with pytest.raises(ValueError, match="--layers 33 is more than the 32 layers of mixtral-8x7b"):
+        bench_e2e.run("mixtral-8x7b", device="cpu", overrides=dict(num_hidden_layers=33))
+    assert built == []
+
+
 def test_columns_run_in_their_order():
     """int8 quantizes the model in place, so a bf16 column after it would time int8 weights: refused."""
     with pytest.raises(ValueError, match="in that order"):

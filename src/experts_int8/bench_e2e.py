@@ -56,19 +56,41 @@ CONFIGS = {
 def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Optional[dict] = None):
     """A model with random weights, built directly on ``device``: a named architecture (``CONFIGS``), or
     any model's ``config.json`` (the file or its folder), so that no checkpoint is needed."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    if name in CONFIGS:
-        config = AutoConfig.for_model(**dict(CONFIGS[name], **(overrides or {})))
-    elif config_dir(name) is not None:
-        config = AutoConfig.from_pretrained(str(config_dir(name)))
-        for key, value in (overrides or {}).items():
-            setattr(config.get_text_config(), key, value)
-    else:
-        raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)} or give a model's config.json")
+    config = model_config(name, overrides)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
+
+
+def model_config(name: str, overrides: Optional[dict] = None):
+    """The transformers config :func:`random_model` builds: a named architecture's or a config.json's, with
+    ``overrides`` on its language model's settings."""
+    from transformers import AutoConfig
+
+    if name in CONFIGS:
+        return AutoConfig.for_model(**dict(CONFIGS[name], **(overrides or {})))
+    if config_dir(name) is None:
+        raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)} or give a model's config.json")
+    config = AutoConfig.from_pretrained(str(config_dir(name)))
+    for key, value in (overrides or {}).items():
+        setattr(config.get_text_config(), key, value)
+    return config
+
+
+def check_settings(name: str, prompt_len: int, new_tokens: int, overrides: Optional[dict] = None) -> None:
+    """Refuse, before the model is built, more layers than the model has (``--layers`` only takes some away)
+    and more positions than its ``max_position_embeddings``."""
+    from .run import check_context
+
+    text = model_config(name).get_text_config()
+    have, want = getattr(text, "num_hidden_layers", None), (overrides or {}).get("num_hidden_layers")
+    if isinstance(have, int) and want is not None and want > have:
+        raise ValueError(f"--layers {want} is more than the {have} layers of {name}; give at most {have} "
+                         f"(it builds fewer layers, never more)")
+    check_context(text.to_dict(), prompt_len + new_tokens,
+                  f"--prompt-len {prompt_len} and --new-tokens {new_tokens}")
 
 
 def check_fits(name: str, device: str, overrides: Optional[dict] = None) -> None:
@@ -211,6 +233,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
         world_size = torch.distributed.get_world_size()
         if torch.distributed.get_rank() != 0:
             log, out = (lambda s: None), None  # rank 0 reports
+    check_settings(config, prompt_len, new_tokens, overrides)
     check_fits(config, device, overrides)
     model = random_model(config, device, overrides=overrides)
     if not find_experts(model):
