@@ -281,7 +281,7 @@ Examples:
 @click.option("--tp", type=click.IntRange(1), default=1, show_default=True,
               help="Tensor-parallel size: the experts' intermediate size is split this many ways.")
 @click.option("--dtypes", default="int8,bf16", show_default=True, help="Weight formats to tune.")
-@click.option("--m", "ms", default=None, metavar="LIST", help="Comma-separated token counts. Default: 1,4,16,...,4096.")
+@click.option("--m", "ms", default=None, metavar="LIST", help="Comma-separated token counts. Default: 1,2,4,...,8192.")
 @click.option("--out-dir", type=click.Path(file_okay=False), default=None,
               help="Where to write the tables. Default: the user cache, which get_config reads (see above).")
 @click.option("--max-candidates", type=click.IntRange(1), default=32, show_default=True,

@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
+from .bench import DEFAULT_MS as BENCH_MS
 from .files import write_atomic
 from .kernels import configs, fused_moe
 
@@ -53,7 +54,9 @@ BLOCK_K = (64, 128, 256)
 GROUP_M = (1, 8, 16)
 NUM_WARPS = (4, 8)
 NUM_STAGES = (2, 3, 4, 5)
-DEFAULT_MS = (1, 4, 16, 64, 256, 1024, 2048, 4096)
+# The bench's rows, every power of two: the lookup serves an M between tuned ones from the entry below it, which
+# on 1, 4, 16, ..., 4096 alone ran some rows up to 25% slower than the heuristic (benchmarks/NOTES.md item 219)
+DEFAULT_MS = BENCH_MS
 DTYPES = {"int8": torch.int8, "bf16": torch.bfloat16}
 DEFAULT_SMEM = 232448  # bytes per block on H100/H200 (opt-in maximum)
 MAX_ACC_REGS = 128  # fp32 accumulator registers per thread in GEMM1 (gate and up tiles)
