@@ -133,6 +133,9 @@ def test_bad_arguments_are_named():
             select_experts(logits, **kw)
     with pytest.raises(TypeError, match="routed_scaling_factor must be a number"):
         select_experts(logits, 2, routed_scaling_factor="2")
+    for factor in (float("nan"), float("inf"), 0.0, -1.0):  # (it scales every token's weights: all would be off)
+        with pytest.raises(ValueError, match="routed_scaling_factor must be a finite number above 0"):
+            select_experts(logits, 2, routed_scaling_factor=factor)
 
 
 def test_custom_routing_function_is_checked_and_exclusive():

@@ -12,6 +12,7 @@ Everything stays on the device with no host synchronisation.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -31,6 +32,8 @@ def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, corre
         raise ValueError(f"top_k must be an int in [1, E={num_experts}], got {top_k!r}")
     if not isinstance(routed_scaling_factor, (int, float)) or isinstance(routed_scaling_factor, bool):
         raise TypeError(f"routed_scaling_factor must be a number, got {routed_scaling_factor!r}")
+    if not math.isfinite(routed_scaling_factor) or routed_scaling_factor <= 0:  # (every token's weights would be)
+        raise ValueError(f"routed_scaling_factor must be a finite number above 0, got {routed_scaling_factor!r}")
     if scoring not in SCORINGS:
         raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
     if (num_expert_group is None) != (topk_group is None):
