@@ -379,6 +379,68 @@ def test_ranks_on_cpu_match_one_process(world_size, tmp_path):
     _check(_run_ranks(_models_match, world_size, tmp_path), world_size, tol=1e-5)
 
 
+def _gradients(rank: int, device: torch.device, out_dir: str) -> dict:
+    """The embedding's gradient through a split model against the whole one's, both modes: every rank's part
+    sees the same inputs, so their gradients are summed over the ranks, and the summed output's is not."""
+    results = {}
+    for mode in ("tp", "ep"):
+        model = tiny_model("mixtral", seed=0)
+        quantize_(model)
+        grads = []
+        for split in (False, True):
+            if split:
+                parallelize_experts(model, mode)
+            model.zero_grad()
+            _logits(model, device).square().mean().backward()
+            grads.append(model.get_input_embeddings().weight.grad.clone())
+        results[mode] = ((grads[1] - grads[0]).norm() / grads[0].norm()).item()
+    return results
+
+
+def test_gradients_through_a_split_model_are_the_whole_models(tmp_path):
+    for errors in _run_ranks(_gradients, 2, tmp_path):
+        assert set(errors) == {"tp", "ep"} and max(errors.values()) < 1e-5, errors
+
+
+def _disagreeing(rank: int, device: torch.device, out_dir: str) -> dict:
+    """Ranks asked to split different things: another mode, or another checkpoint's experts."""
+    said = {}
+    for case in ("mode", "shapes"):
+        model = tiny_model("mixtral", seed=0, **({"intermediate_size": 32 + 16 * rank} if case == "shapes" else {}))
+        quantize_(model)
+        try:
+            parallelize_experts(model, ("tp", "ep")[rank] if case == "mode" else "tp")
+            said[case] = None
+        except ValueError as e:
+            said[case] = str(e)
+    return said
+
+
+def test_ranks_that_would_split_different_things_are_refused(tmp_path):
+    """The all-reduce needs only equal output shapes: without the check, such ranks gave wrong logits silently."""
+    for said in _run_ranks(_disagreeing, 2, tmp_path):
+        assert "ranks 0 and 1 disagree" in said["mode"] or "ranks 1 and 0 disagree" in said["mode"], said
+        assert "mode 'tp' against 'ep'" in said["mode"] or "mode 'ep' against 'tp'" in said["mode"]
+        assert "disagree" in said["shapes"] and "of shapes" in said["shapes"], said
+
+
+def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_group():
+    model = tiny_model("mixtral", seed=0)
+    quantize_(model)
+    name, module = next((n, m) for n, m in model.named_modules() if isinstance(m, Int8Experts))
+    model.set_submodule(name, ParallelExperts(shard_experts(module, "tp", 0, 2), "tp"))
+    assert "mode=tp, world_size=2" in repr(model.get_submodule(name))  # (no call into a process group)
+    with pytest.raises(ValueError, match="split over ranks.*quantize_ the whole model before splitting it"):
+        quantize_(model)
+
+
+def test_load_model_refuses_a_split_before_loading_anything(tmp_path):
+    from experts_int8.run import load_model
+
+    with pytest.raises(RuntimeError, match="load_model needs torch.distributed initialized"):
+        load_model(tmp_path / "not even read", parallel="tp")
+
+
 def test_ranks_compile_fullgraph(tmp_path):
     # Triton's interpreter runs only where there is no GPU: there, both ranks share GPU 0 (gloo moves CUDA tensors)
     where = "one_gpu" if torch.cuda.is_available() else "cpu"

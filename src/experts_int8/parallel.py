@@ -40,7 +40,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .checkpoint import CheckpointKeys
-from .layer import Int8Experts
+from .layer import Int8Experts, w13_name
 
 MODES = ("tp", "ep")
 
@@ -147,12 +147,47 @@ class ParallelExperts(nn.Module):
         self.register_state_dict_pre_hook(_refuse_saving_a_part)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        if torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad):
+            # every rank holds the same inputs and, after the sum, the same output: a gradient through its
+            # part alone is that part's share, so the inputs' gradients are summed over the ranks, the output's not
+            hidden_states, top_k_weights = (_SameOnEveryRank.apply(t, self.group) for t in (hidden_states,
+                                                                                              top_k_weights))
+            return _SumOverRanks.apply(self.local(hidden_states, top_k_index, top_k_weights), self.group)
         out = self.local(hidden_states, top_k_index, top_k_weights)
         dist.all_reduce(out, group=self.group)
         return out
 
-    def extra_repr(self) -> str:
-        return f"mode={self.mode}, world_size={dist.get_world_size(self.group)}"
+    def extra_repr(self) -> str:  # (from the split: no call into a process group, which may be gone)
+        return f"mode={self.mode}, world_size={self.local.part_of.world_size}"
+
+
+class _SumOverRanks(torch.autograd.Function):
+    """The ranks' partial outputs summed; the sum's gradient passes to each rank's part unchanged."""
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, group) -> torch.Tensor:
+        total = partial.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+class _SameOnEveryRank(torch.autograd.Function):
+    """An input every rank holds alike: its gradient is the sum of what each rank's part gives it."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        total = grad.clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total, None
 
 
 def _refuse_saving_a_part(module: "ParallelExperts", prefix: str, keep_vars: bool) -> None:
@@ -180,6 +215,27 @@ def _split_over(group: Optional[dist.ProcessGroup], mode: str, what: str) -> "Sp
         raise ValueError(f"{what}: this process (global rank {dist.get_rank()}) is not in the group given; call it "
                          f"on the group's ranks only")
     return Split(mode, dist.get_rank(group), dist.get_world_size(group))
+
+
+def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str):
+    """Refuse ranks that would split different things (another mode, checkpoint or model): each would add its
+    part of another model into the all-reduce, which needs only equal output shapes, and give wrong text silently.
+    One exchange of shapes at split time; weights of equal shapes are not compared."""
+    text = model.config.get_text_config() if hasattr(getattr(model, "config", None), "get_text_config") else None
+    dims = tuple(getattr(text, key, None) for key in ("vocab_size", "hidden_size", "num_hidden_layers"))
+    mine = (split.mode, split.world_size, (type(model).__name__, *dims),
+            [(name, tuple(m.get_parameter(w13_name(m)).shape), tuple(m.down_proj.shape)) for name, m in modules])
+    everyone = [None] * split.world_size
+    dist.all_gather_object(everyone, mine, group=group)
+    for rank, theirs in enumerate(everyone):
+        if theirs != mine:
+            labels = ("mode", "world size", "model (class, vocab, hidden size, layers)")
+            said = next((f"{label} {a!r} against {b!r}" for label, a, b in zip(labels, mine, theirs) if a != b), None)
+            said = said or next((f"{a[0]} of shapes {a[1:]} against {b[0]} of shapes {b[1:]}"
+                                 for a, b in zip(mine[3], theirs[3]) if a != b), None)
+            said = said or f"{len(mine[3])} experts modules against {len(theirs[3])}"
+            raise ValueError(f"{what}: ranks {split.rank} and {rank} disagree ({said}); every rank must load the "
+                             f"same checkpoint and split it with the same mode")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -244,6 +300,7 @@ def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[d
     pending = [(name, m) for name, m in model.named_modules() if isinstance(m, PendingShard)]
     if not pending:
         return 0
+    _check_ranks_agree(model, [(name, slot.like) for name, slot in pending], split, group, "split_while_loading")
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files
                    if str(f).endswith(".safetensors")]
@@ -282,6 +339,7 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     split_already = [(name, m.part_of) for name, m in targets if m.part_of is not None]
     if split_already:
         raise ValueError(f"{split_already[0][0]} is already {split_already[0][1]}: split the whole model once")
+    _check_ranks_agree(model, targets, split, group, "parallelize_experts")
     for name, module in targets:
         model.set_submodule(name, part(module))
     if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained asks it before writing anything

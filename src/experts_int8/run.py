@@ -93,8 +93,10 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     ``group``'s ranks (:mod:`experts_int8.parallel`). An int8 checkpoint is read split, each rank only its
     part of the experts; a float one loads whole on the CPU, is quantized, and then split."""
     from .integrations.transformers import ExpertsInt8Config, NoExpertsError, verify_int8_model
-    from .parallel import parallelize_experts, split_while_loading
+    from .parallel import _split_over, parallelize_experts, split_while_loading
 
+    if parallel is not None:  # the mode and the process group, before a load that can take minutes
+        _split_over(group, parallel, "load_model")
     _, config, files = read_model_dir(path)
     kind = checkpoint_kind(config, files)
     if not files:

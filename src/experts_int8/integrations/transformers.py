@@ -918,6 +918,10 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     config = config if config is not None else ExpertsInt8Config()
     if not isinstance(config, ExpertsInt8Config):
         raise TypeError(f"config must be an ExpertsInt8Config, got {type(config).__name__}")
+    split = [name for name, m in model.named_modules() if isinstance(m, ParallelExperts)]
+    if split:  # (a new quantizer would also forget the split, which keeps save_pretrained from writing a part)
+        raise ValueError(f"{split[0]} is already int8 and split over ranks (experts_int8.parallel): quantize_ the "
+                         f"whole model before splitting it")
     converted = [name for name, m in find_experts(model) if isinstance(m, Int8Experts) and config.skips(name)]
     if converted:
         raise ValueError(f"{converted[0]} is already int8, but this config's modules_to_not_convert names it: a "
