@@ -459,6 +459,26 @@ def test_bench_e2e_parallel_over_two_ranks(tmp_path):
     assert len(list((tmp_path / "json").glob("bench_e2e_*.json"))) == 1
 
 
+def _bench_e2e_too_many_ranks(rank: int, device: torch.device, out_dir: str) -> dict:
+    """``bench_e2e.run(parallel="ep")`` over more ranks than experts: refused before any column runs."""
+    from experts_int8 import bench_e2e
+
+    lines = []
+    try:
+        bench_e2e.run("mixtral-8x7b", device="cpu", batches=(1,), prompt_len=4, new_tokens=2, reps=1,
+                      cache="dynamic", columns=("ours-bf16", "ours-int8"), out=None, log=lines.append, parallel="ep",
+                      overrides=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_local_experts=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+    except ValueError as e:
+        return {"error": str(e), "timed": [line for line in lines if "batch" in line]}
+    return {"error": None}
+
+
+def test_bench_e2e_refuses_more_ranks_than_experts_before_timing_anything(tmp_path):
+    for r in _run_ranks(_bench_e2e_too_many_ranks, 3, tmp_path):
+        assert r["error"] and "cannot split 2 experts over 3 ranks" in r["error"] and r["timed"] == [], r
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_ranks_on_two_gpus_match_one_gpu(tmp_path):

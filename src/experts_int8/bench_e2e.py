@@ -214,7 +214,7 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     from transformers import CompileConfig
 
     from .integrations.transformers import find_experts, quantize_
-    from .parallel import MODES, parallelize_experts
+    from .parallel import MODES, Split, parallelize_experts
 
     if decode not in ("generate", "loop"):
         raise ValueError(f"decode must be 'generate' or 'loop', got {decode!r}")
@@ -239,6 +239,9 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
     if not find_experts(model):
         raise ValueError(f"{config} builds a {type(model).__name__} with no routed MoE experts: bench-e2e times "
                          f"MoE models")
+    if parallel == "ep":  # refused before the columns that run whole, not after them (E leads every layout)
+        fewest = min(m.down_proj.shape[0] for _, m in find_experts(model))
+        Split("ep", torch.distributed.get_rank(), world_size).bounds(fewest, 1)
     if parallel is not None:
         with torch.no_grad():  # one model on every rank: rank 0's random weights
             for t in list(model.parameters()) + list(model.buffers()):
