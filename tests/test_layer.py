@@ -65,3 +65,36 @@ def test_dtype_casts_keep_the_scales_and_biases_fp32():
     assert module.to("meta").down_proj_scale.device.type == "meta"
     with pytest.raises(ValueError, match="backend must be one of"):
         Int8Experts(E, H, I, backend="cuda")
+
+
+def test_type_casts_keep_the_int8_weights_and_fp32_scales():
+    """nn.Module.type() casts every tensor, integers too: float copies of the int8 values ran without their
+    scales (outputs 1e9 off, or NaN in fp16), and a checkpoint saved from them did not load."""
+    module = Int8Experts.from_float(torch.randn(4, 16, 16) * 0.05, torch.randn(4, 16, 8) * 0.05)
+    x, ids, w = torch.randn(3, 16), torch.randint(0, 4, (3, 2)), torch.rand(3, 2)
+    want = module(x, ids, w)
+    for dtype in (torch.float32, torch.float16, torch.float64):
+        module.type(dtype)
+        assert module.gate_up_proj.dtype == module.down_proj.dtype == torch.int8
+        assert module.gate_up_proj_scale.dtype == module.down_proj_scale.dtype == torch.float32
+        assert torch.equal(module(x, ids, w), want)
+
+
+def test_a_forward_on_weights_that_are_not_int8_is_refused():
+    module = Int8Experts.from_float(torch.randn(4, 16, 16) * 0.05, torch.randn(4, 16, 8) * 0.05)
+    module.down_proj = torch.nn.Parameter(module.down_proj.float(), requires_grad=False)
+    with pytest.raises(TypeError, match="down_proj of Int8Experts is torch.float32, not int8"):
+        module(torch.randn(3, 16), torch.randint(0, 4, (3, 2)), torch.rand(3, 2))
+
+
+def test_scales_left_out_of_a_load_are_nan_and_other_float_dtypes_load_as_fp32():
+    full = Int8Experts.from_float(torch.randn(4, 16, 16) * 0.05, torch.randn(4, 16, 8) * 0.05)
+    partial = Int8Experts(4, 16, 8)
+    state = {k: v for k, v in full.state_dict().items() if k != "down_proj_scale"}
+    assert partial.load_state_dict(state, strict=False).missing_keys == ["down_proj_scale"]
+    assert partial(torch.randn(3, 16), torch.randint(0, 4, (3, 2)), torch.rand(3, 2)).isnan().all()
+    assigned = Int8Experts(4, 16, 8)
+    state = {k: (v.bfloat16() if k.endswith("_scale") else v) for k, v in full.state_dict().items()}
+    assigned.load_state_dict(state, assign=True)
+    assert assigned.gate_up_proj_scale.dtype == assigned.down_proj_scale.dtype == torch.float32
+    assert state["down_proj_scale"].dtype == torch.bfloat16  # (the caller's dict is left as given)

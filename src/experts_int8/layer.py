@@ -117,12 +117,16 @@ class Int8Experts(nn.Module):
         self.register_parameter(self.w13_name, int8(e, rows, h))
         self.down_proj = int8(e, h, i)
         # Scales are buffers: transformers' loader keeps buffers as plain tensors (never trainable).
-        self.register_buffer(f"{self.w13_name}_scale", torch.empty(e, rows, dtype=torch.float32, device=device))
-        self.register_buffer("down_proj_scale", torch.empty(e, h, dtype=torch.float32, device=device))
+        # NaN until loaded: one left out of a load (strict=False) gives NaN outputs, not whatever memory held
+        def unloaded(*shape):
+            return torch.full(shape, float("nan"), dtype=torch.float32, device=device)
+
+        self.register_buffer(f"{self.w13_name}_scale", unloaded(e, rows))
+        self.register_buffer("down_proj_scale", unloaded(e, h))
         self.has_bias = bias
         if bias:
-            self.register_buffer(f"{self.w13_name}_bias", torch.empty(e, rows, dtype=torch.float32, device=device))
-            self.register_buffer("down_proj_bias", torch.empty(e, h, dtype=torch.float32, device=device))
+            self.register_buffer(f"{self.w13_name}_bias", unloaded(e, rows))
+            self.register_buffer("down_proj_bias", unloaded(e, h))
         # Expert parallelism: global expert id -> local index or -1. None: all experts are local. (A buffer once
         # set, by set_expert_map; a None buffer would trip accelerate's offload_buffers.)
         self.expert_map: Optional[torch.Tensor] = None
@@ -146,6 +150,10 @@ class Int8Experts(nn.Module):
                                   f"to integers); load them into the float model and quantize_ it, or dequantize() "
                                   f"this one first")
                 return
+        other = {key: t for key, t in state_dict.items() if key.startswith(prefix) and key[len(prefix):] in
+                 self._buffers and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float32}
+        if other:  # (assign=True would put them in as they are: scales and biases stay fp32, as _apply keeps them)
+            state_dict = {**state_dict, **{key: t.float() for key, t in other.items()}}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -158,6 +166,10 @@ class Int8Experts(nn.Module):
             after = self._buffers[name]
             if after is not None and after.dtype != torch.float32:
                 self._buffers[name] = before.to(after.device)
+        for name in (self.w13_name, "down_proj"):
+            weight = self._parameters.get(name)  # (None under a parametrization, whose original is its own)
+            if weight is not None and weight.dtype != torch.int8:
+                weight.data = weight.data.to(torch.int8)  # (.type() casts every tensor: [-127, 127] returns exactly)
         return self
 
     @classmethod
@@ -234,6 +246,10 @@ class Int8Experts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         """``hidden_states [T, H]``, ``top_k_index [T, k]``, ``top_k_weights [T, k]`` -> ``[T, H]``."""
+        for name in (self.w13_name, "down_proj"):  # (float weights would run as float, the scales ignored)
+            if getattr(self, name).dtype != torch.int8:
+                raise TypeError(f"{name} of Int8Experts is {getattr(self, name).dtype}, not int8: it was replaced or "
+                                f"cast; load int8 weights, or dequantize() the model for float experts")
         return int8_experts_forward(self, hidden_states, top_k_index, top_k_weights)
 
 
