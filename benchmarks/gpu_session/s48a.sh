@@ -9,7 +9,7 @@
 source benchmarks/gpu_session/common.sh "$1"
 step "tests not yet passed on a GPU (test_parallel.py; session 48's)"
 timeout 560 python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/test_parallel.py tests/test_validation.py \
-  tests/test_transformers.py tests/test_cli.py tests/test_bench_tune.py -k "test_parallel or test_validation or \
+  tests/test_layer.py tests/test_transformers.py tests/test_cli.py tests/test_bench_tune.py -k "test_parallel or test_validation or test_layer or \
 fresh_process or too_old or offload or missing_from_the_files or leaves_the_callers or missing_optional or \
 in_their_form or no_matplotlib" 2>&1 | tail -15
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
