@@ -4,6 +4,7 @@ GPUs) gives the single-process model's logits."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import socket
@@ -121,7 +122,9 @@ def _in_group(rank: int, worker, world_size: int, port: int, backend: str, out_d
     device = torch.device({"cpu": "cpu", "gpu": f"cuda:{rank}", "one_gpu": "cuda:0"}[where])
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None)
+    # (a bounded wait: a rank left out of a collective fails the test instead of holding it for half an hour)
+    dist.init_process_group(backend, rank=rank, world_size=world_size, device_id=device if backend == "nccl" else None,
+                            timeout=datetime.timedelta(seconds=300))
     try:
         result = worker(rank, device, out_dir)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -400,6 +403,28 @@ def _gradients(rank: int, device: torch.device, out_dir: str) -> dict:
 def test_gradients_through_a_split_model_are_the_whole_models(tmp_path):
     for errors in _run_ranks(_gradients, 2, tmp_path):
         assert set(errors) == {"tp", "ep"} and max(errors.values()) < 1e-5, errors
+
+
+def _gradients_with_an_idle_rank(rank: int, device: torch.device, out_dir: str) -> dict:
+    """ep, every pair routed to rank 0's experts: rank 1's part is zeros linked to nothing, and its backward must
+    still join the inputs' all-reduce (it hung there, and rank 1's gradients lacked rank 0's part)."""
+    torch.manual_seed(0)  # the same layer and inputs on every rank
+    full = experts(e=4, h=32, i=24)
+    x = torch.randn(5, 32)
+    ids = torch.randint(0, 2, (5, 2))  # experts 0 and 1: rank 0's of 2
+    w = torch.rand(5, 2)
+    grads = []
+    for module in (full, parallelize_experts(full, "ep")):
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        (xg + module(xg, ids, wg)).square().sum().backward()
+        grads.append((xg.grad, wg.grad))
+    return {"x": ((grads[1][0] - grads[0][0]).norm() / grads[0][0].norm()).item(),
+            "w": ((grads[1][1] - grads[0][1]).norm() / grads[0][1].norm()).item()}
+
+
+def test_gradients_reach_every_rank_when_one_gets_no_tokens(tmp_path):
+    for errors in _run_ranks(_gradients_with_an_idle_rank, 2, tmp_path):
+        assert max(errors.values()) < 1e-5, errors
 
 
 def _disagreeing(rank: int, device: torch.device, out_dir: str) -> dict:

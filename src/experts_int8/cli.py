@@ -315,15 +315,16 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
         raise click.UsageError("give exactly one of --shape E,H,I,k or --model-config PATH")
     e, h, i, k = parse_shape_option(shape) if shape else shape_from_model_config(model_config)
     form = experts_form(model_config) if model_config else None
-    if form is not None:  # the model's own form; an option against it would tune a table the model never reads
+    if form is not None:  # the model's own form; an option against it would time another (for --no-gate, into
+        # a table the model never reads; for the others, into the model's own table)
         against = [("--no-gate (its experts have a gate)", no_gate and form["gated"]),
                    (f"--activation {activation} (its experts' is {form['activation']})",
                     activation is not None and activation != form["activation"]),
                    ("--biases (its experts have none)", biases and not form["biases"])]
         said = [option for option, conflict in against if conflict]
         if said:
-            raise click.UsageError(f"{model_config}: {'; '.join(said)}: the model would never read that table; leave "
-                                   f"the option out, or tune another form with --shape E,H,I,k")
+            raise click.UsageError(f"{model_config}: {'; '.join(said)}: that would time other experts than this "
+                                   f"model's; leave the option out")
         no_gate = no_gate or not form["gated"]
         activation = activation or form["activation"]
         biases = biases or form["biases"]

@@ -27,7 +27,7 @@ try:
                                      sum_last_counts, tma_layout_fits)
     TRITON_MISSING = None
 except ImportError as e:  # no Triton (it ships for Linux only): the torch path still runs everywhere
-    if e.name is None or e.name.split(".")[0] != "triton":
+    if e.name != "triton":  # (a part of an installed Triton missing: too old or broken, said as it is)
         raise
     TRITON_MISSING = f"Triton is not installed ({e}); it ships for Linux only. Use backend='torch' (the reference)"
 
@@ -205,11 +205,13 @@ def _capability_ok(device: int) -> bool:
 
 
 def _warn_caller(message: str) -> None:
-    """warnings.warn, attributed to the first frame outside this package: the caller's line, however many of
-    the package's calls lie between (fused_moe, fused_experts, a layer's forward)."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    """warnings.warn, attributed to the first frame outside this package, torch and transformers: the caller's
+    line, however many calls lie between (fused_moe, fused_experts, a layer's forward through nn.Module's call,
+    a transformers model's forward)."""
+    libraries = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+                      for m in (sys.modules[__package__], torch, sys.modules.get("transformers")) if m is not None)
     frame, level = sys._getframe(1), 2  # (level 2: the frame that called this function)
-    while frame is not None and frame.f_code.co_filename.startswith(package + os.sep):
+    while frame is not None and frame.f_code.co_filename.startswith(libraries):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, stacklevel=level)
 

@@ -29,7 +29,7 @@ Two ways in (``torchrun --nproc-per-node 2 script.py``, after ``dist.init_proces
 
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Optional
@@ -149,10 +149,12 @@ class ParallelExperts(nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
         if torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad):
             # every rank holds the same inputs and, after the sum, the same output: a gradient through its
-            # part alone is that part's share, so the inputs' gradients are summed over the ranks, the output's not
-            hidden_states, top_k_weights = (_SameOnEveryRank.apply(t, self.group) for t in (hidden_states,
-                                                                                              top_k_weights))
-            return _SumOverRanks.apply(self.local(hidden_states, top_k_index, top_k_weights), self.group)
+            # part alone is that part's share, so the inputs' gradients are summed over the ranks, the output's not.
+            # The sum takes the inputs too, so that every rank's backward reaches the inputs' all-reduce, also a
+            # rank none of whose experts got a token (its part is zeros, linked to nothing).
+            hidden_states, top_k_weights = _SameOnEveryRank.apply(hidden_states, top_k_weights, self.group)
+            part = self.local(hidden_states, top_k_index, top_k_weights)
+            return _SumOverRanks.apply(part, hidden_states, top_k_weights, self.group)
         out = self.local(hidden_states, top_k_index, top_k_weights)
         dist.all_reduce(out, group=self.group)
         return out
@@ -162,32 +164,36 @@ class ParallelExperts(nn.Module):
 
 
 class _SumOverRanks(torch.autograd.Function):
-    """The ranks' partial outputs summed; the sum's gradient passes to each rank's part unchanged."""
+    """The ranks' partial outputs summed; the sum's gradient passes to each rank's part unchanged (and nothing
+    to the inputs given alongside, which only keep every rank's backward going through them)."""
 
     @staticmethod
-    def forward(ctx, partial: torch.Tensor, group) -> torch.Tensor:
+    def forward(ctx, partial: torch.Tensor, hidden_states: torch.Tensor, weights: torch.Tensor, group):
+        ctx.inputs = [(t.shape, t.dtype, t.device) for t in (hidden_states, weights)]
         total = partial.clone()
         dist.all_reduce(total, group=group)
         return total
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad, None
+        return (grad, *(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.inputs), None)
 
 
 class _SameOnEveryRank(torch.autograd.Function):
-    """An input every rank holds alike: its gradient is the sum of what each rank's part gives it."""
+    """Inputs every rank holds alike: their gradients are the sums of what each rank's part gives them (one
+    backward, two all-reduces in a fixed order on every rank)."""
 
     @staticmethod
-    def forward(ctx, t: torch.Tensor, group) -> torch.Tensor:
+    def forward(ctx, hidden_states: torch.Tensor, weights: torch.Tensor, group):
         ctx.group = group
-        return t.view_as(t)
+        return hidden_states.view_as(hidden_states), weights.view_as(weights)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        total = grad.clone()
-        dist.all_reduce(total, group=ctx.group)
-        return total, None
+    def backward(ctx, grad_hidden: torch.Tensor, grad_weights: torch.Tensor):
+        sums = [grad_hidden.clone(), grad_weights.clone()]
+        for total in sums:
+            dist.all_reduce(total, group=ctx.group)
+        return (*sums, None)
 
 
 def _refuse_saving_a_part(module: "ParallelExperts", prefix: str, keep_vars: bool) -> None:
@@ -217,16 +223,20 @@ def _split_over(group: Optional[dist.ProcessGroup], mode: str, what: str) -> "Sp
     return Split(mode, dist.get_rank(group), dist.get_world_size(group))
 
 
-def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str):
+def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str,
+                       device: Optional[torch.device] = None):
     """Refuse ranks that would split different things (another mode, checkpoint or model): each would add its
     part of another model into the all-reduce, which needs only equal output shapes, and give wrong text silently.
-    One exchange of shapes at split time; weights of equal shapes are not compared."""
+    One exchange of shapes at split time; weights of equal shapes are not compared. (NCCL exchanges objects
+    through the current CUDA device: ``device``, this rank's, where given.)"""
     text = model.config.get_text_config() if hasattr(getattr(model, "config", None), "get_text_config") else None
     dims = tuple(getattr(text, key, None) for key in ("vocab_size", "hidden_size", "num_hidden_layers"))
     mine = (split.mode, split.world_size, (type(model).__name__, *dims),
             [(name, tuple(m.get_parameter(w13_name(m)).shape), tuple(m.down_proj.shape)) for name, m in modules])
     everyone = [None] * split.world_size
-    dist.all_gather_object(everyone, mine, group=group)
+    device = torch.device(device) if device is not None else None
+    with torch.cuda.device(device) if device is not None and device.type == "cuda" else nullcontext():
+        dist.all_gather_object(everyone, mine, group=group)
     for rank, theirs in enumerate(everyone):
         if theirs != mine:
             labels = ("mode", "world size", "model (class, vocab, hidden size, layers)")
@@ -300,7 +310,8 @@ def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[d
     pending = [(name, m) for name, m in model.named_modules() if isinstance(m, PendingShard)]
     if not pending:
         return 0
-    _check_ranks_agree(model, [(name, slot.like) for name, slot in pending], split, group, "split_while_loading")
+    _check_ranks_agree(model, [(name, slot.like) for name, slot in pending], split, group, "split_while_loading",
+                       device_for(pending[0][0]))
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files
                    if str(f).endswith(".safetensors")]
@@ -331,6 +342,7 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
         return ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
 
     if isinstance(model, Int8Experts):  # a lone experts module: its part, wrapped
+        _check_ranks_agree(model, [("", model)], split, group, "parallelize_experts", device or model.down_proj.device)
         return part(model)
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, Int8Experts)]
     if not targets:
@@ -339,7 +351,7 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     split_already = [(name, m.part_of) for name, m in targets if m.part_of is not None]
     if split_already:
         raise ValueError(f"{split_already[0][0]} is already {split_already[0][1]}: split the whole model once")
-    _check_ranks_agree(model, targets, split, group, "parallelize_experts")
+    _check_ranks_agree(model, targets, split, group, "parallelize_experts", device or targets[0][1].down_proj.device)
     for name, module in targets:
         model.set_submodule(name, part(module))
     if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained asks it before writing anything
