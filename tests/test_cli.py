@@ -588,7 +588,7 @@ def test_quantize_names_what_is_wrong_with_dst_or_an_empty_path(bf16_checkpoint,
     (tmp_path / "file.txt").write_text("x")
     for dst in (tmp_path / "file.txt" / "out", tmp_path / "file.txt" / "a" / "b"):
         assert_one_line_error(invoke("quantize", src, dst, "--no-progress"),
-                              f"a part of its path, {tmp_path / 'file.txt'}, is a file, not a folder")
+                              f"{tmp_path / 'file.txt'} is a file, not a folder; choose another folder")
     for more in ([], ["--overwrite"]):
         result = invoke("quantize", src, tmp_path / "file.txt", "--no-progress", *more)
         assert_one_line_error(result, "is an existing file, not a folder; choose another DST")

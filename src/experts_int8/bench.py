@@ -42,7 +42,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .files import atomic_path, write_atomic
+from .files import atomic_path, check_writable_dir, write_atomic
 from .reference import ACTIVATIONS, GATED_ONLY
 
 logger = logging.getLogger(__name__)
@@ -623,18 +623,6 @@ def result_stem(result: dict) -> str:
     gpu = str(result.get("gpu", "gpu")).replace(" ", "_").replace("/", "_")
     stamp = result.get("time_utc", "").replace(":", "").replace("-", "").replace("+0000", "Z")
     return f"bench_kernel_{gpu}_{stamp}"
-
-
-def check_writable_dir(path: str | os.PathLike, what: str) -> None:
-    """Refuse, before any GPU time is spent, an output folder that cannot be made or written to (creating
-    nothing: the nearest folder that exists must be one, and writable)."""
-    existing = Path(path).expanduser().absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"{what} {path}: {existing} is a file, not a folder; choose another folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{what} {path}: {existing} is not writable; choose another folder")
 
 
 def write_results(result: dict, out_dir: str | os.PathLike, *, plot: bool = True) -> list[Path]:

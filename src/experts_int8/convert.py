@@ -72,7 +72,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .checkpoint import to_fused_layout
-from .files import missing_folders, remove_empty
+from .files import check_writable_dir, missing_folders, remove_empty
 from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
 
@@ -365,7 +365,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     _check_replaceable(dst_dir)  # (first: a DST --overwrite would refuse too is not told to pass it)
     if dst_dir.exists() and not overwrite:
         raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
-    _check_dst_folder(dst, dst_dir.parent)
+    check_writable_dir(dst_dir.parent, f"DST {dst}: its folder")
     max_bytes = parse_size(max_shard_size)
     device = torch.device(device)
 
@@ -706,18 +706,6 @@ def _check_replaceable(dst: Path) -> None:
         if any(dst.iterdir()) and not (dst / "config.json").is_file():
             raise ValueError(f"DST {dst} is not a model checkpoint folder (no config.json), and --overwrite replaces "
                              f"only one; choose another DST")
-
-
-def _check_dst_folder(dst, parent: Path) -> None:
-    """Refuse, before any work, a DST whose parent folder cannot be made or written to: a part of its path that is
-    a file, or a folder this user may not write in (the OS's own errors named a temporary folder)."""
-    existing = parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"DST {dst}: a part of its path, {existing}, is a file, not a folder; choose another DST")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"DST {dst}: {existing}, where it would be written, is not writable; choose another DST")
 
 
 def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:

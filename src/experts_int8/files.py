@@ -58,3 +58,16 @@ def write_atomic(path: Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def check_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before any work, an output folder that cannot be made or written to (creating nothing: the
+    nearest folder that exists must be one, and writable); the OS's own errors come late or name a temporary
+    folder. ``what`` names the folder in the message."""
+    existing = Path(path).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path}: {existing} is a file, not a folder; choose another folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{what} {path}: {existing} is not writable; choose another folder")
