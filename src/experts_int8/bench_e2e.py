@@ -84,12 +84,12 @@ def check_settings(name: str, prompt_len: int, new_tokens: int, overrides: Optio
     and more positions than its ``max_position_embeddings``."""
     from .run import check_context
 
-    have, want = getattr(model_config(name).get_text_config(), "num_hidden_layers", None), \
-        (overrides or {}).get("num_hidden_layers")
+    text, overrides = model_config(name).get_text_config().to_dict(), overrides or {}
+    have, want = text.get("num_hidden_layers"), overrides.get("num_hidden_layers")
     if isinstance(have, int) and want is not None and want > have:
         raise ValueError(f"--layers {want} is more than the {have} layers of {name}; give at most {have} "
                          f"(it builds fewer layers, never more)")
-    check_context(model_config(name, overrides).get_text_config().to_dict(), prompt_len + new_tokens,
+    check_context({**text, **overrides}, prompt_len + new_tokens,  # (the overrides are the text config's settings)
                   f"--prompt-len {prompt_len} and --new-tokens {new_tokens}")
 
 

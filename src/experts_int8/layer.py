@@ -150,8 +150,9 @@ class Int8Experts(nn.Module):
                                   f"to integers); load them into the float model and quantize_ it, or dequantize() "
                                   f"this one first")
                 return
-        other = {key: t for key, t in state_dict.items() if key.startswith(prefix) and key[len(prefix):] in
-                 self._buffers and isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float32}
+        given = ((prefix + name, state_dict.get(prefix + name)) for name in self._buffers)  # (not the whole dict)
+        other = {key: t for key, t in given
+                 if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float32}
         if other:  # (assign=True would put them in as they are: scales and biases stay fp32, as _apply keeps them)
             state_dict = {**state_dict, **{key: t.float() for key, t in other.items()}}
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
