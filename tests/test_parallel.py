@@ -129,6 +129,7 @@ def _in_group(rank: int, worker, world_size: int, port: int, backend: str, out_d
         result = worker(rank, device, out_dir)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump(result, f)
+        dist.barrier()  # (rank 0 hosts the store: leaving first broke a slower rank's group set-up, "Broken pipe")
     finally:
         dist.destroy_process_group()
 
