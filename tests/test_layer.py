@@ -65,6 +65,8 @@ def test_dtype_casts_keep_the_scales_and_biases_fp32():
     assert module.to("meta").down_proj_scale.device.type == "meta"
     with pytest.raises(ValueError, match="backend must be one of"):
         Int8Experts(E, H, I, backend="cuda")
+    with pytest.raises(ValueError, match="num_experts must be a positive int, got True"):
+        Int8Experts(True, H, I)  # (a bool is an int to isinstance; it passed into torch's own error)
 
 
 def test_type_casts_keep_the_int8_weights_and_fp32_scales():

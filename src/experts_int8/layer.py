@@ -92,7 +92,7 @@ class Int8Experts(nn.Module):
         super().__init__()
         for name, value in (("num_experts", num_experts), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size)):
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
