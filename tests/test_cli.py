@@ -264,6 +264,26 @@ def test_quantize_reads_the_files_the_index_names(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_unsharded_save_over_a_sharded_one_is_read_as_transformers_reads_it(tmp_path):
+    """save_pretrained without shards over a sharded save deletes the shards but leaves their index beside the new
+    model.safetensors; transformers loads model.safetensors, and so must quantize and generate (they refused the
+    folder: 'the index names ..., missing')."""
+    src = tmp_path / "src"
+    tiny_model("qwen3_moe", dtype=torch.bfloat16, seed=1).save_pretrained(src, max_shard_size="60KB")
+    tiny_model("qwen3_moe", dtype=torch.bfloat16).save_pretrained(src)
+    assert (src / "model.safetensors").is_file() and (src / "model.safetensors.index.json").is_file()
+    result = invoke("quantize", src, tmp_path / "int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    fly = AutoModelForCausalLM.from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path / "int8")(ids).logits, fly(ids).logits)
+    fly.save_pretrained(src)  # the int8 model over the same folder: its index is still there
+    model, kind = run_module.load_model(src)
+    with torch.no_grad():
+        assert kind == "int8" and torch.equal(model(ids).logits, fly(ids).logits)
+
+
 FP8_LINEAR = re.compile(r"_proj\.weight$|\.w[123]\.weight$")  # (DeepSeek-V3's FP8 set: not embeddings,
 # norms, the router or lm_head)
 

@@ -150,9 +150,14 @@ def format_bytes(n: float) -> str:
 
 
 def _weight_files(p: Path) -> list[Path]:
-    """The safetensors files transformers loads from ``p``: those its index names (each must be there), else
-    model.safetensors, else every *.safetensors. Another file beside an index (a consolidated.safetensors from
-    another release) is not the model's: read, its keys would overwrite the model's."""
+    """The safetensors files transformers loads from ``p``: model.safetensors, else those its index names (each
+    must be there), else every *.safetensors. (transformers reads model.safetensors first: an unsharded
+    save_pretrained over a sharded one leaves the old index beside it, naming shards it deleted.) Another file
+    beside an index (a consolidated.safetensors from another release) is not the model's: read, its keys would
+    overwrite the model's."""
+    single = p / "model.safetensors"
+    if single.is_file():
+        return [single]
     index = p / INDEX_NAME
     if index.is_file():
         try:
@@ -165,8 +170,7 @@ def _weight_files(p: Path) -> list[Path]:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             raise ValueError(f"{index} names {missing[0]}{more}, missing from {p}; download the checkpoint again")
         return [p / n for n in names]
-    single = p / "model.safetensors"
-    return [single] if single.is_file() else sorted(p.glob("*.safetensors"))
+    return sorted(p.glob("*.safetensors"))
 
 
 def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
