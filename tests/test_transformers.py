@@ -344,6 +344,19 @@ def test_adapters_train_through_the_int8_experts():
     assert torch.allclose(grads["triton"], grads["torch"], **tol)
 
 
+def test_a_sharded_int8_save_over_an_unsharded_float_one_says_which_file_was_read(tmp_path):
+    """save_pretrained with shards leaves an earlier unsharded save's model.safetensors in the folder, and
+    transformers reads that one first: the refusal of its float experts says so (it only said 'not found')."""
+    tiny_model("olmoe", dtype=torch.bfloat16).save_pretrained(tmp_path)
+    quantize_(tiny_model("olmoe", dtype=torch.bfloat16)).save_pretrained(tmp_path, max_shard_size="60KB")
+    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "model.safetensors.index.json").is_file()
+    with pytest.raises(ValueError, match="not found in the checkpoint(.|\n)*model.safetensors left by an earlier "
+                                         "save_pretrained"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    os.remove(tmp_path / "model.safetensors")
+    AutoModelForCausalLM.from_pretrained(tmp_path)  # (the shards hold the int8 model)
+
+
 def test_bare_import_is_enough_to_reload_an_int8_checkpoint(tmp_path):
     # transformers skips an unknown quant_method with only a warning and loads the int8 tensors as float
     # weights, so `import experts_int8` alone must register it (a fresh interpreter: this one has it already).

@@ -38,6 +38,7 @@ checkpoint dtype. :data:`ARCHITECTURES` lists the supported model types with the
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -560,6 +561,20 @@ def _source_key(full_name: str, sources, targets, expert: int, rows: str) -> str
     return prefix + src.replace("*", str(expert))
 
 
+def _stale_single_file(files) -> str:
+    """A note for a failed int8 load whose one file is a model.safetensors beside a shards' index: transformers reads
+    model.safetensors first, and save_pretrained with shards leaves an earlier unsharded save's file in the folder."""
+    files = [str(f) for f in files or ()]
+    if len(files) != 1 or os.path.basename(files[0]) != "model.safetensors":
+        return ""
+    index = os.path.join(os.path.dirname(files[0]), "model.safetensors.index.json")
+    if not os.path.isfile(index):
+        return ""
+    return (f"\n  transformers read {files[0]}, not the shards {os.path.basename(index)} beside it names: a "
+            f"model.safetensors left by an earlier save_pretrained into this folder (a sharded save keeps it)? "
+            f"Delete whichever of the two is stale")
+
+
 class Int8Quantize(ConversionOps):
     """Loading op: a fused float experts tensor ``[E, N, K]`` -> int8 + ``<name>_scale`` fp32 ``[E, N]``."""
 
@@ -721,7 +736,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
             # (transformers would re-initialize it and only log a report).
-            check_int8_checkpoint(read_headers(checkpoint_files), expected)
+            try:
+                check_int8_checkpoint(read_headers(checkpoint_files), expected)
+            except ValueError as e:
+                raise ValueError(f"{e}{_stale_single_file(checkpoint_files)}") from None
         return model
 
     def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
