@@ -739,7 +739,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             try:
                 check_int8_checkpoint(read_headers(checkpoint_files), expected)
             except ValueError as e:
-                raise ValueError(f"{e}{_stale_single_file(checkpoint_files)}") from None
+                note = _stale_single_file(checkpoint_files)
+                if not note:
+                    raise
+                raise ValueError(f"{e}{note}") from None
         return model
 
     def param_needs_quantization(self, model, param_name: str, **kwargs) -> bool:
