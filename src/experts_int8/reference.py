@@ -126,10 +126,3 @@ def _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, acti
         out[tok, slot] = y.to(x.dtype).to(acc)  # the kernel stores each expert's output in x's dtype
     return out.sum(dim=1).to(x.dtype)
 
-
-def fused_moe(x, router_logits, w13, w2, top_k, *, routing: Optional[dict] = None, **kwargs):
-    """``select_experts`` + :func:`fused_experts`; ``routing`` holds select_experts' options."""
-    from .routing import select_experts
-
-    topk_weights, topk_ids = select_experts(router_logits, top_k, **(routing or {}))
-    return fused_experts(x, w13, w2, topk_weights, topk_ids, **kwargs)
