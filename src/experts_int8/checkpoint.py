@@ -8,7 +8,8 @@ from typing import Iterable, Optional
 import torch
 from safetensors import safe_open
 
-SAFETENSORS_DTYPES = {"int8": "I8", "float32": "F32"}
+SAFETENSORS_DTYPES = {torch.int8: "I8", torch.float32: "F32"}  # the dtypes of an int8 experts checkpoint's tensors
+FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # safetensors' names of the float dtypes a checkpoint can convert
 
 
 def read_headers(files: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...]]]:

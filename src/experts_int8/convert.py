@@ -71,7 +71,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .checkpoint import to_fused_layout
+from .checkpoint import FLOAT_DTYPES, to_fused_layout
 from .files import check_writable_dir, missing_folders, remove_empty
 from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
@@ -227,6 +227,11 @@ def plan_groups(keys, layout: str = "fused", renames=()) -> dict[str, ExpertsGro
     return groups
 
 
+def _require_float(key: str, dtype: str) -> None:
+    if dtype not in FLOAT_DTYPES:
+        raise ValueError(f"{key} is {dtype}, not a float tensor (is this checkpoint already quantized?)")
+
+
 def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple[int, int, int]:
     """Validate one block's keys and shapes; returns (E, H, I)."""
     if g.per_expert and g.fused:
@@ -245,9 +250,7 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
         if missing:
             raise ValueError(f"{g.prefix}: fused experts tensor {g.prefix}.{min(missing)} is missing")
         for key in g.fused.values():
-            if headers[key][0] not in ("F32", "F16", "BF16", "F64"):
-                raise ValueError(f"{key} is {headers[key][0]}, not a float tensor (is this checkpoint already "
-                                 f"quantized?)")
+            _require_float(key, headers[key][0])
         s13, s2 = headers[g.fused[w13]][1], headers[g.fused["down_proj"]][1]
         if len(s13) != 3 or len(s2) != 3:
             raise ValueError(f"{g.prefix}: expected fused experts tensors of 3 dims, got {list(s13)} and {list(s2)}")
@@ -270,8 +273,7 @@ def _check_group(g: ExpertsGroup, headers: dict, hidden: Optional[int]) -> tuple
     shapes = {}
     for (role, e), key in sorted(g.per_expert.items()):
         dtype, shape = headers[key]
-        if dtype not in ("F32", "F16", "BF16", "F64"):
-            raise ValueError(f"{key} is {dtype}, not a float tensor (is this checkpoint already quantized?)")
+        _require_float(key, dtype)
         shapes.setdefault(role, set()).add(tuple(shape))
     for role in ("gate", "up", "down") if g.w13 == "gate_up_proj" else ("up", "down"):
         have = [e for e in experts if (role, e) in g.per_expert]

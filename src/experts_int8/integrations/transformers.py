@@ -62,7 +62,8 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..checkpoint import check_int8_checkpoint, from_fused_layout, read_headers, to_fused_layout
+from ..checkpoint import (SAFETENSORS_DTYPES, check_int8_checkpoint, from_fused_layout, read_headers,
+                          to_fused_layout)
 from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
@@ -722,8 +723,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                         new.down_proj_bias = torch.empty_like(module.down_proj_bias)
             if self.pre_quantized:
                 for t, value in new.state_dict().items():
-                    expected[f"{name}.{t}"] = ({torch.int8: "I8", torch.float32: "F32"}[value.dtype],
-                                               tuple(value.shape))
+                    expected[f"{name}.{t}"] = (SAFETENSORS_DTYPES[value.dtype], tuple(value.shape))
             _keep_float_module(new, module)
             if self._loading is not None:  # this rank's part is read after loading (fill_pending_shards)
                 model.set_submodule(name, PendingShard(new))
