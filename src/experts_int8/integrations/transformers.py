@@ -110,7 +110,7 @@ def _deepseek_v2(c) -> dict:
     return opts
 
 
-def _deepseek_v3(c) -> dict:  # also GLM-4.5/5, dots.llm1, MiMo-V2-Flash, Solar Open: sigmoid, biased choice, groups
+def _deepseek_v3(c) -> dict:  # sigmoid, biased choice, groups (the _DEEPSEEK_V3 rows of ARCHITECTURES)
     return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": bool(c.norm_topk_prob),
             "num_expert_group": c.n_group, "topk_group": c.topk_group,
             "routed_scaling_factor": float(c.routed_scaling_factor)}
@@ -162,6 +162,9 @@ def _afmoe(c) -> dict:  # sigmoid, biased choice, always renormalized, scaled by
     return {**_sigmoid_topk(c), "renormalize": True, "routed_scaling_factor": float(c.route_scale)}
 
 
+# DeepSeek-V3's router, which many architectures reuse: sigmoid scores, grouped top-k, a selection-only bias
+_DEEPSEEK_V3 = Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias")
+
 ARCHITECTURES: dict[str, Arch] = {
     "mixtral": Arch("gate", _ALWAYS),
     "qwen2_moe": Arch("gate", _NORM_TOPK_PROB),
@@ -171,17 +174,17 @@ ARCHITECTURES: dict[str, Arch] = {
     "qwen3_vl_moe_text": Arch("gate", _ALWAYS),  # (vision-language models: the text model's type)
     "olmoe": Arch("gate", _NORM_TOPK_PROB),
     "deepseek_v2": Arch("gate", _deepseek_v2),
-    "deepseek_v3": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "glm4_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "glm4_moe_lite": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "glm4v_moe_text": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "dots1": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "exaone_moe": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "kimi_linear": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "deepseek_v32": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "glm_moe_dsa": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "mimo_v2_flash": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
-    "solar_open": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),
+    "deepseek_v3": _DEEPSEEK_V3,
+    "glm4_moe": _DEEPSEEK_V3,
+    "glm4_moe_lite": _DEEPSEEK_V3,
+    "glm4v_moe_text": _DEEPSEEK_V3,
+    "dots1": _DEEPSEEK_V3,
+    "exaone_moe": _DEEPSEEK_V3,
+    "kimi_linear": _DEEPSEEK_V3,
+    "deepseek_v32": _DEEPSEEK_V3,
+    "glm_moe_dsa": _DEEPSEEK_V3,
+    "mimo_v2_flash": _DEEPSEEK_V3,
+    "solar_open": _DEEPSEEK_V3,
     "mistral4": Arch("gate", _mistral4),  # (Mistral Small 4: the text model of a mistral3 model)
     "afmoe": Arch("router", _afmoe, correction_bias="expert_bias"),
     "cohere2_moe": Arch("gate", _cohere2_moe),
@@ -199,7 +202,7 @@ ARCHITECTURES: dict[str, Arch] = {
     "granitemoeshared": Arch("router", _ALWAYS),
     "phimoe": Arch("router", lambda c: {"top_k": c.num_experts_per_tok, "renormalize": False,
                                         "custom_routing_function": sparsemixer(c.router_jitter_noise)}),
-    "nemotron_h": Arch("gate", _deepseek_v3, correction_bias="gate.e_score_correction_bias"),  # (no gate: relu2(up))
+    "nemotron_h": _DEEPSEEK_V3,  # (no gate: relu2(up))
     "gpt_oss": Arch("router", _ALWAYS, layout="gpt_oss"),
     "aria_text": Arch("router", lambda c: {"top_k": c.moe_topk, "renormalize": True}, layout="transposed"),
 }
