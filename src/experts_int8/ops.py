@@ -63,15 +63,33 @@ def _global_experts(num_experts: int, expert_map, global_num_experts) -> int:
 def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend, w13_bias=None, w2_bias=None,
               apply_router_weight_on_input=False) -> None:
-    _require_tensor("x", x, 2)
-    _require_tensor("w13", w13, 3)
-    _require_tensor("w2", w2, 3)
-    _require_tensor("topk_weights", topk_weights, 2)
-    _require_tensor("topk_ids", topk_ids, 2)
+    for name, t, ndim in (("x", x, 2), ("w13", w13, 3), ("w2", w2, 3), ("topk_weights", topk_weights, 2),
+                          ("topk_ids", topk_ids, 2)):
+        _require_tensor(name, t, ndim)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    _validate_experts(x, w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, activation, apply_router_weight_on_input)
+    total = _validate_routing(x, topk_weights, topk_ids, expert_map, global_num_experts, w13.shape[0])
+    tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids,
+               "w13_scale": w13_scale, "w2_scale": w2_scale, "expert_map": expert_map,
+               "w13_bias": w13_bias, "w2_bias": w2_bias}
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        raise ValueError(f"all tensors must be on one device, got {devices}")
+    for name in ("x", "w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
+        t = tensors[name]
+        if t is not None and t.numel() and t.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
+    # Value checks: on CPU only (no device sync; meta tensors hold no values) and not while torch.compile traces.
+    if x.device.type not in ("cuda", "meta") and topk_ids.numel() and not torch.compiler.is_compiling():
+        _check_id_values(topk_ids, expert_map, total, w13.shape[0])
+
+
+def _validate_experts(x, w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, activation,
+                      apply_router_weight_on_input) -> None:
+    """The weights' dtypes and shapes against each other and x's, with their scales and biases."""
     if x.dtype not in ACTIVATION_DTYPES:
         raise TypeError(f"x must be bfloat16, float16 or float32, got {x.dtype}")
     for name, w in (("w13", w13), ("w2", w2)):
@@ -122,6 +140,10 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
         raise ValueError("expert biases need the routing weight applied to the output "
                          "(apply_router_weight_on_input=False): w * (x W + b) != (w x) W + b")
 
+
+def _validate_routing(x, topk_weights, topk_ids, expert_map, global_num_experts, num_experts: int) -> int:
+    """The top-k tensors' shapes and dtypes and the expert map's; returns how many experts the router chooses
+    among."""
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(
             f"topk_weights and topk_ids must both be [M={x.shape[0]}, k]; got {_shape(topk_weights)} and "
@@ -151,26 +173,18 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
         )
     if topk_ids.shape[1] > total:
         raise ValueError(f"top_k={topk_ids.shape[1]} exceeds the number of experts ({total})")
+    return total
 
-    tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids,
-               "w13_scale": w13_scale, "w2_scale": w2_scale, "expert_map": expert_map,
-               "w13_bias": w13_bias, "w2_bias": w2_bias}
-    devices = {name: t.device for name, t in tensors.items() if t is not None}
-    if len(set(devices.values())) > 1:
-        raise ValueError(f"all tensors must be on one device, got {devices}")
-    for name in ("x", "w13", "w2", "w13_scale", "w2_scale", "w13_bias", "w2_bias"):
-        t = tensors[name]
-        if t is not None and t.numel() and t.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension (stride 1), got strides {t.stride()}")
-    # Value checks: on CPU only (no device sync; meta tensors hold no values) and not while torch.compile traces.
-    if x.device.type not in ("cuda", "meta") and topk_ids.numel() and not torch.compiler.is_compiling():
-        lo, hi = int(topk_ids.min()), int(topk_ids.max())
-        if lo < 0 or hi >= total:
-            raise ValueError(f"topk_ids must lie in [0, {total}), got values in [{lo}, {hi}]")
-        if expert_map is not None:
-            emin, emax = int(expert_map.min()), int(expert_map.max())
-            if emin < -1 or emax >= num_experts:
-                raise ValueError(f"expert_map entries must be -1 or a local index < {num_experts}, got [{emin}, {emax}]")
+
+def _check_id_values(topk_ids, expert_map, total: int, num_experts: int) -> None:
+    """The ids' and the map's values in range (reads them: host tensors only)."""
+    lo, hi = int(topk_ids.min()), int(topk_ids.max())
+    if lo < 0 or hi >= total:
+        raise ValueError(f"topk_ids must lie in [0, {total}), got values in [{lo}, {hi}]")
+    if expert_map is not None:
+        emin, emax = int(expert_map.min()), int(expert_map.max())
+        if emin < -1 or emax >= num_experts:
+            raise ValueError(f"expert_map entries must be -1 or a local index < {num_experts}, got [{emin}, {emax}]")
 
 
 def _check_triton_runs(x: torch.Tensor) -> None:
