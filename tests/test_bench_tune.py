@@ -18,6 +18,7 @@ import torch
 import experts_int8
 from experts_int8 import reference
 from experts_int8.kernels import configs, fused_moe
+from experts_int8.files import check_writable_dir
 
 from conftest import DEVICE, HAS_CUDA
 
@@ -457,8 +458,8 @@ def test_tune_and_bench_refuse_an_output_folder_they_cannot_write_before_any_gpu
     if os.geteuid() != 0:  # (root writes anywhere)
         (tmp_path / "ro").mkdir(mode=0o555)
         with pytest.raises(ValueError, match=r"/ro is not writable; choose another folder"):
-            bench.check_writable_dir(tmp_path / "ro" / "a" / "b", "the output folder")
-    bench.check_writable_dir(tmp_path / "new" / "sub", "the output folder")
+            check_writable_dir(tmp_path / "ro" / "a" / "b", "the output folder")
+    check_writable_dir(tmp_path / "new" / "sub", "the output folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] + (["ro"] if os.geteuid() != 0 else [])
 
 

@@ -714,7 +714,8 @@ def bench_e2e_command(config_name, random_weights, device, batches, prompt_len, 
     if config_name not in CONFIGS and config_dir(config_name) is None:
         raise click.BadParameter(f"choose one of {sorted(CONFIGS)}, or give a model's config.json (or its folder)",
                                  param_hint="--config")
-    from .bench import check_writable_dir, parse_int_list
+    from .bench import parse_int_list
+    from .files import check_writable_dir
     from .run import check_device
 
     try:

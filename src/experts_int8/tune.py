@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .bench import DEFAULT_MS as BENCH_MS
-from .files import write_atomic
+from .files import check_writable_dir, write_atomic
 from .kernels import configs, fused_moe
 
 logger = logging.getLogger(__name__)
@@ -686,7 +686,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
 
-    bench.check_writable_dir(out_dir if out_dir is not None else configs.user_config_dir(), "the tables' folder")
+    check_writable_dir(out_dir if out_dir is not None else configs.user_config_dir(), "the tables' folder")
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = configs.device_name(device)
     smem = _smem_limit()
