@@ -310,7 +310,6 @@ def measure_copy_bandwidth(nbytes: int = 2**30, reps: int = 20) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     dst = torch.empty_like(src)
     seconds = _median_event_time(lambda: dst.copy_(src), reps, warmup=3)
-    del src, dst
     return 2 * nbytes / seconds
 
 
@@ -320,7 +319,6 @@ def measure_matmul_rate(n: int = 8192, reps: int = 10) -> float:
     b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda")
     c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
     seconds = _median_event_time(lambda: torch.mm(a, b, out=c), reps, warmup=3)
-    del a, b, c
     return 2 * n**3 / seconds
 
 

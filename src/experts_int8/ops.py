@@ -36,7 +36,7 @@ try:
 except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON/WSRR entries run the Triton kernels
     gluon_moe = gluon_wsrr = None
 from .reference import ACTIVATIONS, GATED_ONLY, is_gated
-from .routing import select_experts
+from .routing import select_experts, shape_str
 
 BACKENDS = ("auto", "triton", "torch")
 MIN_CAPABILITY = (8, 0)  # bf16 tensor-core dots (Ampere and newer)
@@ -44,15 +44,11 @@ ACTIVATION_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 WEIGHT_DTYPES = (torch.int8, torch.bfloat16, torch.float16, torch.float32)
 
 
-def _shape(t) -> str:
-    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
-
-
 def _require_tensor(name: str, t, ndim: int) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {_shape(t)}")
+        raise ValueError(f"{name} must be {ndim}-D, got shape {shape_str(t)}")
 
 
 def _global_experts(num_experts: int, expert_map, global_num_experts) -> int:
@@ -107,13 +103,13 @@ def _validate_experts(x, w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, activa
     if rows13 not in (inter, 2 * inter) or w2.shape[0] != num_experts or w2.shape[1] != hidden:
         raise ValueError(
             f"expected w13 [E, 2I, H] (gate then up rows; [E, I, H] for experts without a gate) and w2 [E, H, I] "
-            f"with the same E, H and I; got w13 {_shape(w13)}, w2 {_shape(w2)}"
+            f"with the same E, H and I; got w13 {shape_str(w13)}, w2 {shape_str(w2)}"
         )
     if not is_gated(w13, w2) and activation in GATED_ONLY:
-        raise ValueError(f"activation {activation!r} needs gate and up rows (w13 [E, 2I, H]); w13 {_shape(w13)} "
+        raise ValueError(f"activation {activation!r} needs gate and up rows (w13 [E, 2I, H]); w13 {shape_str(w13)} "
                          f"holds up rows only")
     if x.shape[1] != hidden:
-        raise ValueError(f"x has hidden size {x.shape[1]} but the experts have H={hidden} (w13 {_shape(w13)})")
+        raise ValueError(f"x has hidden size {x.shape[1]} but the experts have H={hidden} (w13 {shape_str(w13)})")
 
     quantized = w13.dtype == torch.int8
     for name, scale, rows in (("w13_scale", w13_scale, rows13), ("w2_scale", w2_scale, hidden)):
@@ -124,7 +120,7 @@ def _validate_experts(x, w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, activa
         if scale is not None:
             _require_tensor(name, scale, 2)
             if tuple(scale.shape) != (num_experts, rows):
-                raise ValueError(f"{name} must have shape ({num_experts}, {rows}), got {_shape(scale)}")
+                raise ValueError(f"{name} must have shape ({num_experts}, {rows}), got {shape_str(scale)}")
             if scale.dtype != torch.float32:
                 raise TypeError(f"{name} must be float32, got {scale.dtype}")
 
@@ -133,7 +129,7 @@ def _validate_experts(x, w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, activa
             continue
         _require_tensor(name, bias, 2)
         if tuple(bias.shape) != (num_experts, rows):
-            raise ValueError(f"{name} must have shape ({num_experts}, {rows}), got {_shape(bias)}")
+            raise ValueError(f"{name} must have shape ({num_experts}, {rows}), got {shape_str(bias)}")
         if not bias.is_floating_point():
             raise TypeError(f"{name} must be a float tensor, got {bias.dtype}")
     if apply_router_weight_on_input and (w13_bias is not None or w2_bias is not None):
@@ -146,8 +142,8 @@ def _validate_routing(x, topk_weights, topk_ids, expert_map, global_num_experts,
     among."""
     if topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
         raise ValueError(
-            f"topk_weights and topk_ids must both be [M={x.shape[0]}, k]; got {_shape(topk_weights)} and "
-            f"{_shape(topk_ids)}"
+            f"topk_weights and topk_ids must both be [M={x.shape[0]}, k]; got {shape_str(topk_weights)} and "
+            f"{shape_str(topk_ids)}"
         )
     if topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_ids must be int32 or int64, got {topk_ids.dtype}")

@@ -20,11 +20,15 @@ import torch
 SCORINGS = ("softmax", "sigmoid")
 
 
+def shape_str(t) -> str:
+    """A tensor's shape for an error message; what was given instead of a tensor, by its type."""
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias,
               routed_scaling_factor=1.0):
     if not isinstance(router_logits, torch.Tensor) or router_logits.dim() != 2:
-        shape = tuple(router_logits.shape) if isinstance(router_logits, torch.Tensor) else type(router_logits).__name__
-        raise ValueError(f"router_logits must be a 2-D tensor [M, E], got {shape}")
+        raise ValueError(f"router_logits must be a 2-D tensor [M, E], got {shape_str(router_logits)}")
     if not router_logits.is_floating_point():
         raise TypeError(f"router_logits must be floating point, got {router_logits.dtype}")
     num_experts = router_logits.shape[1]
@@ -52,8 +56,8 @@ def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, corre
             )
     if correction_bias is not None and (not isinstance(correction_bias, torch.Tensor)
                                         or tuple(correction_bias.shape) != (num_experts,)):
-        got = tuple(correction_bias.shape) if isinstance(correction_bias, torch.Tensor) else type(correction_bias).__name__
-        raise ValueError(f"correction_bias must be a tensor of shape ({num_experts},), got {got}")
+        raise ValueError(f"correction_bias must be a tensor of shape ({num_experts},), got "
+                         f"{shape_str(correction_bias)}")
 
 
 def select_experts(
