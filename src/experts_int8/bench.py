@@ -592,7 +592,8 @@ def format_table(result: dict) -> str:
     """One line per (shape, M): time, % of copy bandwidth, % of matmul rate per dtype, speed-up."""
     rows = result["rows"]
     dtypes = [d for d in DTYPES if any(r["dtype"] == d for r in rows)]
-    head = f"{'shape':<18} {'M':>5} " + "".join(f"| {d + ' us':>10} {'%copy':>6} {'%mm':>6} {'%roof':>6} " for d in dtypes)
+    head = f"{'shape':<18} {'M':>5} " + "".join(f"| {d + ' us':>10} {'%copy':>6} {'%mm':>6} {'%roof':>6} "
+                                               for d in dtypes)
     head += "| int8/bf16" if len(dtypes) == 2 else ""
     form = "" if all(r.get("gated", True) for r in rows) else "; experts without a gate"
     lines = [f"ceilings: copy {result['ceilings']['copy_GBps']:.0f} GB/s, "
@@ -661,7 +662,8 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
                 continue
             ms = [r["M"] for r in sel]
             top.plot(ms, [r["time_us"] for r in sel], "o-", color=colors[dtype], label=dtype)
-            bottom.plot(ms, [r["bw_frac"] for r in sel], "o-", color=colors[dtype], label=f"{dtype} weight bytes / copy")
+            bottom.plot(ms, [r["bw_frac"] for r in sel], "o-", color=colors[dtype],
+                        label=f"{dtype} weight bytes / copy")
             bottom.plot(ms, [r["flop_frac"] for r in sel], "s--", color=colors[dtype], label=f"{dtype} FLOP/s / matmul")
         e, h, i, k = (rows[[r["shape"] for r in rows].index(shape)][key] for key in ("E", "H", "I", "k"))
         top.set_title(f"{shape}\nE={e} H={h} I={i} k={k}", fontsize=9)
@@ -733,7 +735,7 @@ def build_parser(prog: Optional[str] = None) -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     factory = Settings.quick if args.quick else Settings
-    kw = dict(shapes=[s for s in args.shapes], ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
+    kw = dict(shapes=list(args.shapes), ms=parse_int_list(args.m), dtypes=parse_dtypes(args.dtypes), out_dir=args.out,
               pool_gb=args.pool_gb, settle_s=args.settle_s, settle_every_row=args.settle_every_row, warm_s=args.warm_s,
               use_graph=not args.eager, plot=not args.no_plot, gated=not args.no_gate, activation=args.activation,
               biases=args.biases)

@@ -271,7 +271,8 @@ def run(config: str, *, device: str = "cuda", batches=(1, 4, 8), prompt_len: int
             log(f"{column:10s} batch {batch}: e2e {r['e2e_s']:.3f} s, prefill {r['prefill_s']:.3f} s, "
                 f"decode {decode_rate(r)}")
         torch._dynamo.reset()  # the next column recompiles against its own experts
-    result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl, overrides=overrides or {}, device=device,
+    result = dict(benchmark="bench_e2e", config=config, hf_experts_implementation=default_impl,
+                  overrides=overrides or {}, device=device,
                   gpu=torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                   torch=torch.__version__, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache, decode=decode,
                   compile_mode=compile_mode, parallel=parallel, world_size=world_size,
@@ -290,7 +291,8 @@ def table(result: dict) -> str:
     batches = sorted({r["batch"] for r in result["rows"]})
     split = (f"; int8 experts split ({result['parallel']}) over {result['world_size']} ranks"
              if result.get("parallel") else "")
-    lines = [f"{result['config']} on {result['gpu']}: {result['prompt_len']} prompt + {result['new_tokens']} new tokens, "
+    lines = [f"{result['config']} on {result['gpu']}: {result['prompt_len']} prompt + {result['new_tokens']} new "
+             f"tokens, "
              f"decode via {result.get('decode', 'generate')}{split}",
              "batch | " + " | ".join(f"{c} e2e s, tok/s" for c in columns)]
     for b in batches:

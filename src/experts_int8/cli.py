@@ -662,7 +662,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
         click.echo(f"first window ({window} tokens), logits SNR: {q['logits_snr_db_free_running']:.1f} dB, "
                    f"{q['logits_snr_db_reference_routing']:.1f} dB with the float model's routing")
         click.echo(f"  MoE layers with the float routing: min {layers[0]:.1f} dB, median "
-                   f"{statistics.median(layers):.1f} dB over {len(layers)}; top-k changed for {max(changed):.1%} of tokens in the worst layer,"
+                   f"{statistics.median(layers):.1f} dB over {len(layers)}; top-k changed for {max(changed):.1%} of "
+                   f"tokens in the worst layer,"
                    f" {sum(changed) / len(changed):.1%} on average")
 
 
@@ -685,7 +686,8 @@ Examples:
 @click.option("--prompt-len", type=click.IntRange(1), default=1024, show_default=True)
 @click.option("--new-tokens", type=click.IntRange(2), default=128, show_default=True)
 @click.option("--layers", type=click.IntRange(1), default=None, help="Fewer layers than the real model (quicker runs).")
-@click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="Timed generations per cell (median).")
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True,
+              help="Timed generations per cell (median).")
 @click.option("--cache", type=click.Choice(["static", "dynamic"]), default="static", show_default=True,
               help="KV cache; static compiles the decode step (transformers' fastest path).")
 @click.option("--decode", type=click.Choice(["generate", "loop"]), default="generate", show_default=True,

@@ -171,13 +171,15 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
         return f"{format_bytes(b)}  ({b / a:.2f}x)"
 
     rows = [
-        ("routed experts (weights + scales)", format_bytes(mem_b["experts"]), ratio(mem_b["experts"], mem_q["experts"])),
+        ("routed experts (weights + scales)", format_bytes(mem_b["experts"]),
+         ratio(mem_b["experts"], mem_q["experts"])),
         ("all parameters + buffers", format_bytes(mem_b["total"]), ratio(mem_b["total"], mem_q["total"])),
         ("checkpoint on disk", format_bytes(disk_b), ratio(disk_b, disk_q)),
         ("logits SNR vs bf16", "-", f"{snr:.1f} dB"),
         (f"top-1 agreement ({ids.shape[1]} positions)", "-", f"{100 * top1:.1f} %"),
         ("greedy tokens equal to bf16", "-", f"{same}/{new_tokens} before the first difference"),
-        (f"tokens/s ({new_tokens} new, batch 1)", f"{gens['bf16'].tokens_per_s:.1f}", f"{gens['int8'].tokens_per_s:.1f}"),
+        (f"tokens/s ({new_tokens} new, batch 1)", f"{gens['bf16'].tokens_per_s:.1f}",
+         f"{gens['int8'].tokens_per_s:.1f}"),
     ]
     result = DemoResult(rows, snr, top1, reload_identical, str(dev), time.perf_counter() - start, str(root),
                         router_scale, keep is not None)

@@ -9,8 +9,9 @@ Two splits (``mode``):
 - ``"tp"`` (tensor parallel): every rank keeps all E experts and a contiguous slice of I: the matching
   gate rows and up rows of ``gate_up_proj`` with their scales, and the matching columns of
   ``down_proj`` with ``down_proj_scale`` unchanged (scales come from full rows, so the int8 values are
-  the same on one GPU or many; experts without a gate: the slice's rows of ``up_proj``). The down products of the slices add up to the full one. Decode
-  reads 1/W of every hit expert on each rank, so all ranks stay busy at any M.
+  the same on one GPU or many; experts without a gate: the slice's rows of ``up_proj``). The down products of
+  the slices add up to the full one. Decode reads 1/W of every hit expert on each rank, so all ranks stay busy
+  at any M.
 - ``"ep"`` (expert parallel): every rank keeps E/W whole experts; ``expert_map`` sends pairs routed to
   other ranks' experts to the kernel's absent group, where they contribute zero.
 

@@ -699,7 +699,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     # table entry is only replaced by one measured faster here.
     plan = {(d, m): candidate_configs(m, num_experts, hidden, inter, top_k, DTYPES[d], smem_limit=smem,
                                       max_candidates=max_candidates,
-                                      default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device, gated))
+                                      default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device,
+                                                                 gated))
             for d in dtypes for m in ms}
     form = bench.form_label(gated, activation, biases)
     log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{', ' + form if form else ''} on {gpu}: "

@@ -422,7 +422,8 @@ def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr
 
 @triton.jit
 def _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows, row_mask, stride_se,
-                            stride_be, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr):
+                            stride_be, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                            MUL_ROUTED_WEIGHT: tl.constexpr):
     """The down epilogue's loads: the weight rows' scales, the biases, the routing weights (1.0 / 0.0 when absent)."""
     scale, bias, rw = 1.0, 0.0, 1.0
     if HAS_SCALE:
@@ -460,7 +461,8 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
     w_row = (expert * H + n0).to(tl.int32)  # TMA: the tile's first row in the (E*H, I) view
     if not LATE_EPILOGUE:  # the epilogue's operands before the K loop, as in the gate_up kernel
         scale, bias, rw = _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows,
-                                                  row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT)
+                                                  row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS,
+                                                  MUL_ROUTED_WEIGHT)
     if PREFETCH_TILES:  # the weights do not depend on gate_up: in flight to L2 before the wait
         k0 = kb_start * BLOCK_K
         _prefetch_rows_l2(w_ptr + expert * stride_we + offs_wn.to(tl.int64) * stride_wn, k0,
@@ -482,7 +484,8 @@ def _down_tile(a_ptr, w_ptr, w_desc, scale_ptr, bias_ptr, topk_weights_ptr, rows
 
     if LATE_EPILOGUE:
         scale, bias, rw = _down_epilogue_operands(scale_ptr, bias_ptr, topk_weights_ptr, expert, offs_wn, rows,
-                                                  row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS, MUL_ROUTED_WEIGHT)
+                                                  row_mask, stride_se, stride_be, HAS_SCALE, HAS_BIAS,
+                                                  MUL_ROUTED_WEIGHT)
     if HAS_SCALE:
         acc *= scale[None, :]
     if HAS_BIAS:
@@ -974,7 +977,8 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     pointers.update(w_ptr="*i8", scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32", x_inv_scale_ptr="*fp32",
                     sorted_token_ids_ptr="*i32", block_expert_ids_ptr="*i32", num_tokens_post_padded_ptr="*i32",
                     counts_ptr="*i32",
-                    # with TMA the weights come as a descriptor of (BLOCK_SIZE_N, BLOCK_SIZE_K) tiles (weight_descriptor)
+                    # with TMA the weights come as a descriptor of (BLOCK_SIZE_N, BLOCK_SIZE_K) tiles
+                    # (weight_descriptor)
                     w_desc=f"tensordesc<i8[{cfg['BLOCK_SIZE_N']}, {cfg['BLOCK_SIZE_K']}]>")
     return compile_for_sm90(kernel, constexprs, pointers, num_warps, num_stages=num_stages)
 

@@ -348,7 +348,8 @@ def moe_gate_up_wgmma_kernel(
     x_inv_scale_ptr,  # (M,) fp32, read only when ROW_SCALE (FP16_DOT: x's rows were scaled by 1 / this)
     bias_ptr, stride_be,  # [E, 2I] ([E, I] without a gate), read only when HAS_BIAS
     TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr, ROW_SCALE: gl.constexpr,
-    HAS_BIAS: gl.constexpr, FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    HAS_BIAS: gl.constexpr, FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, TRIM_TAIL: gl.constexpr,
+    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
     SWIGLU_LIMIT: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
     HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
@@ -407,7 +408,8 @@ def moe_down_wgmma_kernel(
     a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr, block_expert_ids_ptr,
     num_tokens_post_padded_ptr, num_valid, num_sorted, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
     bias_ptr, stride_be,  # [E, H], read only when HAS_BIAS
-    MUL_ROUTED_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+    MUL_ROUTED_WEIGHT: gl.constexpr, HAS_BIAS: gl.constexpr, TRIM_TAIL: gl.constexpr, BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, A_SMEM: gl.constexpr,
     W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
@@ -419,11 +421,13 @@ def moe_down_wgmma_kernel(
     if TRIM_TAIL and gl.load(sorted_token_ids_ptr + first_row + BLOCK_M // 2) >= num_valid:  # as in GEMM1
         _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                    block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-                   bias_ptr, stride_be, MUL_ROUTED_WEIGHT, HAS_BIAS, BLOCK_M // 2, BLOCK_N, BLOCK_K, STAGES, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
+                   bias_ptr, stride_be, MUL_ROUTED_WEIGHT, HAS_BIAS, BLOCK_M // 2, BLOCK_N, BLOCK_K, STAGES,
+                   HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
     else:
         _down_tile(first_row, pid_m, n0, a_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                    block_expert_ids_ptr, num_valid, H, I, stride_am, stride_we, stride_wn, stride_se, stride_om,
-                   bias_ptr, stride_be, MUL_ROUTED_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, A_SMEM, W_SMEM, B_SMEM, num_warps)
+                   bias_ptr, stride_be, MUL_ROUTED_WEIGHT, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K, STAGES, A_SMEM, W_SMEM,
+                   B_SMEM, num_warps)
 
 
 def _smem_layouts(config: dict, act_dtype: torch.dtype, num_b: int) -> dict:
