@@ -423,8 +423,9 @@ class TensorMismatchError(ValueError):
 
 def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[str, nn.Module]]]:
     """The float experts modules to convert. None: nothing to do (no experts and allowed)."""
-    experts = [(n, m) for n, m in find_experts(model) if not isinstance(m, Int8Experts)]
-    if not find_experts(model):
+    found = find_experts(model)
+    experts = [(n, m) for n, m in found if not isinstance(m, Int8Experts)]
+    if not found:
         msg = (f"{type(model).__name__} has no MoE experts modules (fused gate_up_proj [E, 2I, H] + "
                f"down_proj [E, H, I]); experts_int8 only quantizes routed experts")
         if config.allow_no_experts:
@@ -440,7 +441,7 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
             raise ValueError(f"experts_int8 does not support model_type {model_type!r}: {custom[0]} is not a "
                              f"transformers standard experts module; supported: {sorted(ARCHITECTURES)}. Adding one "
                              f"is a row in experts_int8.integrations.transformers.ARCHITECTURES.")
-    names = [name for name, _ in find_experts(model)]
+    names = [name for name, _ in found]
     unused = [m for m in config.modules_to_not_convert or () if not any(_names(m, name) for name in names)]
     if unused:
         logger.warning(f"experts_int8: modules_to_not_convert {unused} name no routed experts module (e.g. "
