@@ -343,6 +343,38 @@ class _Writer:
         (self.out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n")
 
 
+def _check_dst(src, dst, src_dir: Path, overwrite: bool) -> Path:
+    """DST as an absolute path, refused where writing it would clash with SRC, replace a folder without
+    ``overwrite``, or fail for want of a writable folder."""
+    dst_dir = Path(os.path.abspath(dst))  # (".." taken lexically: the final rename goes where the checks looked)
+    if dst_dir.resolve() == src_dir.resolve():
+        raise ValueError("DST must differ from SRC")
+    if src_dir.resolve().is_relative_to(dst_dir.resolve()):  # replacing DST would delete the source
+        raise ValueError(f"DST {dst} holds SRC {src}: choose a DST outside the source checkpoint's folders")
+    _check_replaceable(dst_dir)  # (first: a DST --overwrite would refuse too is not told to pass it)
+    if dst_dir.exists() and not overwrite:
+        raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
+    check_writable_dir(dst_dir.parent, f"DST {dst}: its folder")
+    return dst_dir
+
+
+def _tensor_index(files) -> tuple[dict[str, tuple[str, tuple]], dict[str, Path], list[str]]:
+    """``(headers, key_file, order)`` of the source's safetensors ``files``: each key's (dtype, shape) and file,
+    and the keys file by file (no tensor data read)."""
+    headers: dict[str, tuple[str, tuple]] = {}
+    key_file: dict[str, Path] = {}
+    order: list[str] = []
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            for key in sorted(handle.keys()):
+                if key in key_file:
+                    raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
+                s = handle.get_slice(key)
+                headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
+                order.append(key)
+    return headers, key_file, order
+
+
 def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_shard_size="5GB",
                         overwrite: bool = False, progress: bool = True,
                         log: Callable[[str], None] = print) -> ConversionReport:
@@ -363,29 +395,10 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(f"{src} has no *.safetensors weights" + (f" (found {', '.join(others[:3])}; only "
                          f"safetensors checkpoints can be converted)" if others else ""))
     encoding = release_encoding(config, src)
-    dst_dir = Path(os.path.abspath(dst))  # (".." taken lexically: the final rename goes where the checks looked)
-    if dst_dir.resolve() == src_dir.resolve():
-        raise ValueError("DST must differ from SRC")
-    if src_dir.resolve().is_relative_to(dst_dir.resolve()):  # replacing DST would delete the source
-        raise ValueError(f"DST {dst} holds SRC {src}: choose a DST outside the source checkpoint's folders")
-    _check_replaceable(dst_dir)  # (first: a DST --overwrite would refuse too is not told to pass it)
-    if dst_dir.exists() and not overwrite:
-        raise FileExistsError(f"{dst} already exists (pass --overwrite to replace it)")
-    check_writable_dir(dst_dir.parent, f"DST {dst}: its folder")
+    dst_dir = _check_dst(src, dst, src_dir, overwrite)
     max_bytes = parse_size(max_shard_size)
     device = torch.device(device)
-
-    headers: dict[str, tuple[str, tuple]] = {}
-    key_file: dict[str, Path] = {}
-    order: list[str] = []  # the source's keys, file by file
-    for f in files:
-        with safe_open(str(f), framework="pt") as handle:
-            for key in sorted(handle.keys()):
-                if key in key_file:
-                    raise ValueError(f"tensor {key} appears in both {key_file[key].name} and {f.name}")
-                s = handle.get_slice(key)
-                headers[key], key_file[key] = (s.get_dtype(), tuple(s.get_shape())), f
-                order.append(key)
+    headers, key_file, order = _tensor_index(files)
 
     decoders = float_decoders(encoding, headers, text_config(config)) if encoding else {}
     first = {keys[0]: key for key, (keys, _) in decoders.items()}  # (a decoded tensor takes its first's place)
