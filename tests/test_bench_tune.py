@@ -229,6 +229,27 @@ def test_results_on_a_full_disk_leave_nothing(tmp_path, monkeypatch):
     assert oct(old.stat().st_mode & 0o777) == oct(0o644)
 
 
+def test_bench_plot_names_the_gpu_the_commit_and_the_command(tmp_path, monkeypatch):
+    """The PNG carries the GPU, the library commit and the command that made it (the spec's plot), not
+    only the JSON: a plot passed around alone must say how to make it again."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    texts = []
+    real = Figure.savefig
+
+    def savefig(fig, *args, **kw):
+        texts.extend(t.get_text() for t in fig.findobj(lambda o: hasattr(o, "get_text")))
+        return real(fig, *args, **kw)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    paths = bench.write_results(dict(_fake_result(), dirty=True), tmp_path)
+    assert [p.suffix for p in paths] == [".json", ".png"]
+    text = "\n".join(texts)
+    assert "NVIDIA H200" in text and "abc" in text and "dirty" in text
+    assert "python3 benchmarks/bench_kernel.py --quick" in text
+
+
 def test_bench_plot_is_skipped_with_a_log_line_without_matplotlib(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # (import matplotlib -> ImportError)
     paths = bench.write_results(_fake_result(), tmp_path)

@@ -681,8 +681,11 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
             bottom.legend(fontsize=7)
     ceil = result["ceilings"]
     fig.suptitle(f"experts_int8 fused_experts on {result.get('gpu', '?')} (copy {ceil['copy_GBps']:.0f} GB/s, "
-                 f"matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s) @ {str(result.get('commit', '?'))[:10]}", fontsize=10)
-    fig.tight_layout()
+                 f"matmul {ceil['matmul_TFLOPs']:.0f} TFLOP/s) @ {str(result.get('commit', '?'))[:10]}"
+                 f"{' (dirty)' if result.get('dirty') else ''}", fontsize=10)
+    # the command that made the numbers, under the panels (the JSON holds it too)
+    fig.text(0.01, 0.005, f"$ {result.get('command', '?')}", fontsize=7, family="monospace", ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
     try:
         with atomic_path(path) as tmp:  # (a full disk leaves no part of a PNG)
             fig.savefig(tmp, dpi=110, format="png")
