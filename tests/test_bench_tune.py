@@ -145,6 +145,51 @@ def test_bench_pool_reaches_past_l2_within_budget():
     assert bench.layers_for_pool(8, 8192, 32768, 2, "bf16", l2_bytes=l2, budget_bytes=1e9) == 1
 
 
+def test_tune_pools_reach_past_l2_as_the_benchs_do():
+    """The tuner's weight pools are the bench's: its budget by default, so each candidate reads from HBM where
+    the bench's row does. With 2 GB qwen3-30b-a3b's bf16 pool held one layer (1.2 GB): 8 experts, 75 MB a
+    sweep at M=1, 1.4x L2, against the bench's three layers (4.3x L2)."""
+    import inspect
+
+    from experts_int8 import tune
+
+    l2 = 50 * 2**20
+    pool_gb = inspect.signature(tune.tune).parameters["pool_gb"].default
+    assert pool_gb == bench.Settings.pool_gb
+    for name, (e, h, i, k) in bench.SHAPES.items():
+        for dtype in bench.DTYPES:
+            n = bench.pool_layers_that_fit(e, h, i, k, dtype, l2_bytes=l2, budget_bytes=pool_gb * 1e9,
+                                           free_bytes=140e9)
+            assert n == bench.layers_for_pool(e, h, i, k, dtype, l2_bytes=l2, budget_bytes=4e9)
+            assert n * k * bench.expert_bytes(h, i, dtype) > 4 * l2, (name, dtype)
+    # a device with little free memory still gets one layer, and never more than 60% of what is free
+    assert bench.pool_layers_that_fit(128, 2048, 768, 8, "bf16", l2_bytes=l2, budget_bytes=4e9, free_bytes=1e9) == 1
+    assert bench.pool_layers_that_fit(128, 2048, 768, 8, "int8", l2_bytes=l2, budget_bytes=4e9, free_bytes=2.5e9) == 2
+
+
+def test_tune_times_as_many_calls_a_replay_as_the_bench(monkeypatch):
+    """A candidate's graph holds the bench's calls per replay (calls_per_graph), not one sweep of the pool: a
+    one-layer pool made each replay a single call, its launch gap and the PDL overlap between calls unlike
+    the bench's rows."""
+    from experts_int8 import tune
+
+    seen = {}
+
+    def time_calls(x, layers, routing, num_calls, **kw):
+        seen["calls"] = num_calls
+        return 1e-5, "cuda_graph"
+
+    monkeypatch.setattr(bench, "time_calls", time_calls)
+    monkeypatch.setattr(tune, "checked_call", lambda *a, **kw: None)
+    layers = bench.make_layers(1, 4, 32, 16, "bf16", "cpu")
+    routing = bench.make_routing(2, 4, 2, 1, device="cpu")
+    x = torch.randn(2, 32, dtype=torch.bfloat16)
+    calls = bench.calls_per_graph(1, 5e-6)
+    assert calls > 1
+    measure = tune._gpu_measure(x, layers, routing, 3, "silu", calls)
+    assert measure(dict(PINNED), math.inf) == 1e-5 and seen["calls"] == calls
+
+
 def test_bench_layer_pool_sizes_the_pool_for_the_shape():
     l2 = 2**20
     shape, layers = bench.layer_pool("4:64:32:2", "int8", l2, budget_bytes=1e6, device="cpu")

@@ -107,6 +107,16 @@ def layers_for_pool(num_experts: int, hidden: int, inter: int, top_k: int, dtype
     return max(1, min(wanted, affordable, max_layers))
 
 
+def pool_layers_that_fit(num_experts: int, hidden: int, inter: int, top_k: int, dtype: str, *, l2_bytes: int,
+                         budget_bytes: float, free_bytes: float, gated: bool = True) -> int:
+    """The layers a timing pool holds on the device: :func:`layers_for_pool` within ``budget_bytes``, and
+    within 60% of the device's ``free_bytes`` (at least one). The bench sizes its pools this way, and the
+    tuner times its candidates on pools sized the same, so a config wins where the bench's rows run."""
+    n = layers_for_pool(num_experts, hidden, inter, top_k, dtype, l2_bytes=l2_bytes, budget_bytes=budget_bytes,
+                        gated=gated)
+    return max(1, min(n, int(0.6 * free_bytes // layer_bytes(num_experts, hidden, inter, dtype, gated))))
+
+
 def layer_pool(shape: str, dtype: str, l2_bytes: int, budget_bytes: float = 4e9, device: torch.device | str = "cuda",
                gated: bool = True) -> tuple[tuple[int, int, int, int], list[Layer]]:
     """A named (or E:H:I:k) shape's ``(E, H, I, k)`` and random layers enough to stream from HBM
@@ -517,10 +527,8 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                 break
             weight_dtype = torch.int8 if dtype == "int8" else torch.bfloat16
             gated = settings.gated
-            num_layers = layers_for_pool(e, h, i, k, dtype, l2_bytes=l2, budget_bytes=settings.pool_gb * 1e9,
-                                         gated=gated)
-            free, _ = torch.cuda.mem_get_info()
-            num_layers = max(1, min(num_layers, int(0.6 * free // layer_bytes(e, h, i, dtype, gated))))
+            num_layers = pool_layers_that_fit(e, h, i, k, dtype, l2_bytes=l2, budget_bytes=settings.pool_gb * 1e9,
+                                              free_bytes=torch.cuda.mem_get_info()[0], gated=gated)
             layers = make_layers(num_layers, e, h, i, dtype, "cuda", gated, settings.biases)
             pool_gb = num_layers * layer_bytes(e, h, i, dtype, gated) / 1e9
             form = form_label(gated, settings.activation, settings.biases)

@@ -16,11 +16,11 @@ and, for int8 at prefill sizes, FP16_DOT and the dequantize-once path (DEQUANT_O
 wins is refined once more the same way, so two variants that each help can meet in one entry. The
 config serving M before the run (the shipped or cached table's) and the heuristic are always the
 first candidates, so a table never loses to what it replaces on the tuning inputs. Configs that fail to compile or run
-out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: a sweep
-over the layers captured in a CUDA graph, replays between events.
+out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: the bench's
+calls per replay, cycling over the layers, captured in a CUDA graph, replays between events.
 
-Weights are cycled over a pool of distinct layers (as in :mod:`experts_int8.bench`) so small-M
-timings read from HBM, not L2. Most of the cost is Triton compiling each candidate once (a few
+Weights are cycled over a pool of distinct layers, sized as :mod:`experts_int8.bench` sizes its pools (the
+device's L2, the same budget), so small-M timings read from HBM, not L2. Most of the cost is Triton compiling each candidate once (a few
 seconds for both kernels); Triton's on-disk cache makes a second run, or another shape with the same
 k, much faster. ``budget_s`` bounds the whole search: the remaining time is shared by the remaining
 (dtype, M) searches, each of which stops early (keeping the best so far) when its share is spent.
@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import random
+import statistics
 import time
 import zlib
 from pathlib import Path
@@ -620,9 +621,11 @@ def check_output(got: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2, r
                           f"{row_err:.3g})")
 
 
-def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu") -> Callable[[dict, float], float]:
+def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
+                 calls: Optional[int] = None) -> Callable[[dict, float], float]:
     """Seconds per ``fused_experts`` call (with ``activation`` and the layers' biases) under a forced config,
-    timed as the benchmark times it: one sweep over the layers captured in a CUDA graph, replays between
+    timed as the benchmark times it: ``calls`` calls cycling over the layers (the bench's
+    :func:`~experts_int8.bench.calls_per_graph`; default one sweep) captured in a CUDA graph, replays between
     events. (Eager calls would measure the host at decode sizes, where a call's launches take longer than
     its kernels.) Each config's output on the first layer is first checked against the torch reference path."""
     from . import bench
@@ -640,7 +643,7 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu") -> Cal
     def measure(cfg: dict, best_s: float) -> float:
         checked_call(cfg, first_layer, expected)
         with configs.override_config(cfg):
-            seconds, _ = bench.time_calls(x, layers, routing, len(layers), reps=reps, warmup=1,
+            seconds, _ = bench.time_calls(x, layers, routing, calls or len(layers), reps=reps, warmup=1,
                                           give_up_above_s=2 * best_s, activation=activation)
         return seconds
 
@@ -649,7 +652,7 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu") -> Cal
 
 def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable[str] = ("int8", "bf16"),
          ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
-         reps: int = 5, pool_gb: float = 2.0, budget_s: Optional[float] = 300.0, progress: bool = True,
+         reps: int = 5, pool_gb: float = 4.0, budget_s: Optional[float] = 300.0, progress: bool = True,
          settle_s: float = 1.0, gated: bool = True, activation: str = "silu", biases: bool = False,
          log: Callable[[str], None] = print) -> dict[str, Path]:
     """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU
@@ -695,6 +698,10 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     tma_ok = tma_usable(device)
     pdl_ok = fused_moe.pdl_supported(device)
     started = time.perf_counter()
+    # Candidates are timed as the bench times its rows: pools sized for this device's L2 within the bench's
+    # budget, and as many calls a graph replay as the bench captures (from the same two ceilings)
+    l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", None) or bench.DEFAULT_L2_BYTES
+    copy_bps, matmul_fps = bench.measure_copy_bandwidth(), bench.measure_matmul_rate()
     # The config serving each M now (shipped or cached table, else the heuristic) goes first, so a
     # table entry is only replaced by one measured faster here.
     plan = {(d, m): candidate_configs(m, num_experts, hidden, inter, top_k, DTYPES[d], smem_limit=smem,
@@ -713,8 +720,9 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     failed: list[str] = []
     try:
         for d in dtypes:
-            num_layers = bench.layers_for_pool(num_experts, hidden, inter, top_k, d, budget_bytes=pool_gb * 1e9,
-                                               gated=gated)
+            num_layers = bench.pool_layers_that_fit(num_experts, hidden, inter, top_k, d, l2_bytes=l2,
+                                                    budget_bytes=pool_gb * 1e9,
+                                                    free_bytes=torch.cuda.mem_get_info(device)[0], gated=gated)
             layers = bench.make_layers(num_layers, num_experts, hidden, inter, d, device, gated, biases)
             bench.settle(settle_s)
             results: dict[int, SearchResult] = {}
@@ -722,6 +730,11 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
                 routing = bench.make_routing(m, num_experts, top_k, len(layers), device)  # as the bench routes
+                distinct = statistics.fmean(bench.distinct_experts(ids) for _, ids in routing)
+                floor = bench.row_metrics(m=m, hidden=hidden, inter=inter, top_k=top_k, dtype=d, time_s=1.0,
+                                          distinct=distinct, copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps,
+                                          gated=gated)["floor_us"] / 1e6
+                calls = bench.calls_per_graph(len(layers), floor)
                 float_config = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device, gated)
                 deadline = math.inf
                 if budget_s is not None:
@@ -744,7 +757,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                             + pdl_variants(cfg, m, top_k, pdl_ok))
 
                 try:
-                    result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation),
+                    result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation, calls),
                                     deadline=deadline, refine=variants, on_more=bar.extend,
                                     on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best
                                                                else "none yet"))
