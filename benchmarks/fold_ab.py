@@ -2,7 +2,11 @@
 ``variant_ab_<variant>.json`` where a variant ran at least --min-gain faster than value 0 (the
 shipped config), and in every round faster than the shipped config's fastest where the A/B ran
 several, the table entry at that M becomes the variant applied to the config the A/B started from.
-Run on the GPU the A/B ran on (the tables are per device).
+Run on the GPU the A/B ran on (the tables are per device; another GPU is refused). The entry written is the
+one the A/B timed (recorded per value in its JSON), and only where the table still serves that M the entry
+the A/B started from: a table changed since (another fold, a tune) would take a combination never timed.
+A/B files without the recorded entries are refused unless --unrecorded-base (then the variant is re-applied
+to the current entry, which must be the one the A/B ran on).
 
     PYTHONPATH=src python3 benchmarks/fold_ab.py /tmp/gpu_session/variant_ab_gluon.json \
         --out-dir src/experts_int8/kernels/configs
@@ -10,6 +14,7 @@ Run on the GPU the A/B ran on (the tables are per device).
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -46,9 +51,15 @@ def main() -> None:
     ap.add_argument("ab_json")
     ap.add_argument("--out-dir", default=str(configs.PACKAGE_DIR))
     ap.add_argument("--min-gain", type=float, default=0.02)
+    ap.add_argument("--unrecorded-base", action="store_true",
+                    help="fold an A/B file that does not record the entries it timed (older variant_ab.py): the "
+                         "variant is applied to the table's current entry, unchecked")
     args = ap.parse_args()
     with open(args.ab_json) as f:
         ab = json.load(f)
+    device = configs.device_name()
+    if ab.get("gpu") is not None and re.sub(r"[^\w.-]", "_", ab["gpu"]) != device:
+        sys.exit(f"the A/B ran on {ab['gpu']}, this is {device}: fold it on the GPU it measured (tables are per device)")
     variant = ab["variant"]
     if variant == "mma_v2":
         sys.exit(f"{variant} is a process-wide switch, not a table entry: nothing to fold")
@@ -56,7 +67,6 @@ def main() -> None:
     values = tuple(ab.get("values", values))  # the values the A/B timed, the first its baseline
     if values[0] != 0:
         sys.exit(f"the A/B's baseline is {variant}={values[0]}, not the shipped config (0): nothing to fold")
-    device = configs.device_name()
     folded = 0
     for row in ab["rows"]:
         value = winner(row, variant, values, args.min_gain)
@@ -65,7 +75,20 @@ def main() -> None:
         _, (e, _h, i, k) = bench.parse_shape(row["shape"])
         m, dtype = row["M"], DTYPES[row["dtype"]]
         base = configs.get_config(m, e, i, k, dtype)
-        new = apply(base, value, m, e, i, k, dtype)
+        if "base_config" in row:
+            if configs.check_config(row["base_config"]) != base:
+                print(f"{row['shape']:16s} M={m:<5d} skipped: the table's entry is no longer the one the A/B started "
+                      f"from ({tune._short(row['base_config'])} then, {tune._short(base)} now); re-run the A/B")
+                continue
+            new = row.get(f"{variant}={value}_config")
+            if new is None:
+                print(f"{row['shape']:16s} M={m:<5d} skipped: the A/B recorded no entry for {variant}={value}")
+                continue
+        elif args.unrecorded_base:
+            new = apply(base, value, m, e, i, k, dtype)
+        else:
+            sys.exit(f"{args.ab_json} does not record the entries it timed (an older variant_ab.py): re-run the A/B, "
+                     f"or pass --unrecorded-base if the tables are as they were when it ran")
         tune.write_table({m: new}, e, i, device, configs.weight_format(dtype), args.out_dir)
         folded += 1
         print(f"{row['shape']:16s} M={m:<5d} {variant}={value}: "

@@ -128,6 +128,8 @@ import torch  # noqa: E402
 from experts_int8 import bench, ops, tune  # noqa: E402
 from experts_int8.kernels import configs, fused_moe  # noqa: E402
 
+DTYPES = {"int8": torch.int8, "bf16": torch.bfloat16}
+
 
 def split_k(cfg: dict, value: int, *lookup) -> dict:
     return configs.with_down(cfg, SPLIT_K=value) if value > 1 else cfg
@@ -495,7 +497,13 @@ def main() -> None:
         values = chosen
     base_get_config = configs.get_config
     current = {"value": values[0]}
-    ops.get_config = lambda *a, **kw: apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
+    served = {}  # the last config the patched lookup gave (recorded per value, for fold_ab.py to write)
+
+    def get_config(*a, **kw):
+        served["config"] = apply(base_get_config(*a, **kw), current["value"], *a, *kw.values())
+        return served["config"]
+
+    ops.get_config = get_config
 
     launches = []  # Gluon gate_up launches while the current variant is timed (eager warm-up included)
     gluon_variant = args.variant in ("gluon", "fused_tiles", "down_gluon", "untrim")
@@ -511,7 +519,8 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
             routing = bench.make_routing(m, e, k, n)
-            row = dict(shape=name, M=m, dtype=args.dtype)
+            # the entry the A/B starts from: fold_ab.py folds a winner only onto this same entry
+            row = dict(shape=name, M=m, dtype=args.dtype, base_config=base_get_config(m, e, i, k, DTYPES[args.dtype]))
             layer, (weights, ids) = layers[0], routing[0]
             first_layer = lambda backend="auto": ops.fused_experts(  # noqa: E731
                 x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
@@ -521,8 +530,11 @@ def main() -> None:
             for value in values:
                 current["value"] = value
                 try:  # as the tuner does: a variant is timed only once it computes the layer correctly
+                    served.clear()
                     tune.check_output(first_layer(), expected)
                     correct.append(value)
+                    if "config" in served:  # the entry this value ran: what a fold writes, never re-derived
+                        row[f"{args.variant}={value}_config"] = served["config"]
                 except Exception as err:  # a wrong result, or blocks that do not compile
                     if tune._is_fatal(err):  # a CUDA fault poisons the context: stop
                         raise

@@ -1435,7 +1435,8 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
         dict(row, M=4096, **{"gluon=0_wrong": "differs", "gluon=2_us": 50.0, "gluon=2_ran": True})])
     (tmp_path / "ab.json").write_text(json.dumps(ab))
     script = str(Path(__file__).parent.parent / "benchmarks" / "fold_ab.py")
-    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables)])
+    # (A/B files that do not record the entries they timed: the variant re-applied to the current entry)
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables), "--unrecorded-base"])
     runpy.run_path(script, run_name="__main__")
     got = json.loads((tables / name).read_text())
     assert got["1024"] == dict(base, num_stages=3, GLUON=1)  # 3 stages on the Gluon kernels: 10% faster
@@ -1456,6 +1457,51 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     got = json.loads((tables / name).read_text())
     assert got["1024"] == base and got["2048"] == dict(base, num_stages=3, GLUON=1)
     configs.clear_table_cache()
+
+
+def test_fold_ab_writes_the_entry_the_ab_timed_onto_the_entry_it_started_from(tmp_path, monkeypatch, capsys):
+    """benchmarks/fold_ab.py writes the entry the A/B timed for the winning value (variant_ab.py records it with
+    the entry it started from), and only where the table still serves that entry: a table changed since the A/B
+    (another variant folded first, a tune) would get the variant on top of the change, a combination never
+    timed (PDL 2 on an entry that had since taken SPLIT_K 2, say). An A/B from another GPU is refused, and so is
+    one that records no entries (unless --unrecorded-base)."""
+    import runpy
+    import sys
+
+    base = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=3)
+    split = configs.with_down(base, SPLIT_K=2)  # M=4's entry after a split_k fold that came after the pdl A/B
+    name = configs.table_name(8, 14336, "Fake_GPU", "int8_w8a16")
+    monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
+    tables = configs.user_config_dir()
+    tables.mkdir(parents=True)
+    (tables / name).write_text(json.dumps({"2": base, "4": split}))
+    monkeypatch.setattr(configs, "device_name", lambda device=None: "Fake_GPU")
+    configs.clear_table_cache()
+    row = dict(shape="mixtral-8x7b", dtype="int8", base_config=base)
+    timed = {"pdl=0_us": 100.0, "pdl=1_us": 99.0, "pdl=2_us": 90.0, "pdl=0_config": base,
+             "pdl=1_config": dict(base, PDL=1), "pdl=2_config": dict(base, PDL=2)}
+    ab = dict(variant="pdl", values=[0, 1, 2], gpu="Fake GPU", rows=[dict(row, M=2, **timed), dict(row, M=4, **timed)])
+    (tmp_path / "ab.json").write_text(json.dumps(ab))
+    script = str(Path(__file__).parent.parent / "benchmarks" / "fold_ab.py")
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables)])
+    try:
+        runpy.run_path(script, run_name="__main__")
+        got = json.loads((tables / name).read_text())
+        assert got["2"] == dict(base, PDL=2)  # the entry timed 10% faster
+        assert got["4"] == split  # not PDL 2 on SPLIT_K 2, which nobody timed
+        assert "no longer the one the A/B started from" in capsys.readouterr().out
+        (tables / name).write_text(json.dumps({"2": base, "4": split}))
+        configs.clear_table_cache()
+        (tmp_path / "ab.json").write_text(json.dumps(dict(ab, gpu="NVIDIA H100 80GB HBM3")))
+        with pytest.raises(SystemExit, match="ran on NVIDIA H100"):
+            runpy.run_path(script, run_name="__main__")
+        legacy = [{key: v for key, v in r.items() if not key.endswith("config")} for r in ab["rows"]]
+        (tmp_path / "ab.json").write_text(json.dumps(dict(ab, rows=legacy)))
+        with pytest.raises(SystemExit, match="does not record"):
+            runpy.run_path(script, run_name="__main__")
+        assert json.loads((tables / name).read_text()) == {"2": base, "4": split}
+    finally:
+        configs.clear_table_cache()
 
 
 @pytest.mark.parametrize("programs,block", [(1, 64), (3, 64), (7, 128), (64, 64)])
