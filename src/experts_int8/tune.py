@@ -450,7 +450,8 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
            refine: Optional[Callable[[dict], list[dict]]] = None, refine_rounds: int = 2,
            deadline: float = math.inf, clock: Callable[[], float] = time.perf_counter,
            on_step: Optional[Callable[[SearchResult], None]] = None,
-           on_more: Optional[Callable[[int], None]] = None) -> SearchResult:
+           on_more: Optional[Callable[[int], None]] = None, min_gain: float = 0.02,
+           confirm_rounds: int = 3) -> SearchResult:
     """Time candidates with ``measure(cfg, best_so_far_s) -> seconds`` and keep the fastest.
 
     The first candidate is taken to be the default config and is always timed. A candidate whose
@@ -459,8 +460,15 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
     ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well; while a
     variant wins, its own variants are timed too, up to ``refine_rounds`` rounds while the deadline
     allows, so two changes that each help (a down split and a PDL form, say) can meet in one entry. No
-    config is timed twice. ``on_step(result)`` follows every timing; ``on_more(n)`` announces the ``n``
+    config is timed twice before the confirmation below. ``on_step(result)`` follows every timing; ``on_more(n)`` announces the ``n``
     variants a round adds (a progress bar's total counts them too).
+
+    A winner other than the default is then confirmed: it and the default are timed again ``confirm_rounds``
+    times each, alternating, and it replaces the default only where its median of those fresh timings is at
+    least ``min_gain`` below the default's (``best_s`` and ``default_s`` become those medians). Each timing is
+    one noisy draw (a few % at some rows), and the fastest of dozens of configs no faster than the default
+    would otherwise beat it almost every time, replacing a table's entry by chance; the winner's own first
+    timing is the luckiest of its draws, so only fresh ones judge it (the fold of an A/B keeps the same 2%).
     """
     result = SearchResult()
     seen: set[str] = set()  # the configs attempted, as canonical JSON
@@ -500,6 +508,22 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
             on_more(len(variants))
         for cfg in variants:
             attempt(cfg, False)
+    if result.default_s is not None and result.best is not None and result.best != candidates[0] and confirm_rounds:
+        fresh: dict[int, list[float]] = {0: [], 1: []}  # 0: the default, 1: the winner
+        try:
+            for round_ in range(confirm_rounds):
+                for which in ((0, 1) if round_ % 2 == 0 else (1, 0)):
+                    fresh[which].append(measure(candidates[0] if which == 0 else result.best, math.inf))
+        except Exception as exc:  # noqa: BLE001 - a config that ran once and not again is not a winner
+            if _is_fatal(exc):
+                raise
+            fresh[1] = [math.inf]
+        default_s, best_s = (statistics.median(fresh[0] or [result.default_s]), statistics.median(fresh[1]))
+        result.default_s = default_s
+        if best_s <= default_s * (1 - min_gain):
+            result.best_s = best_s
+        else:  # no winner clear of the noise: the config serving M stays
+            result.best, result.best_s = dict(candidates[0]), default_s
     if result.best is None:
         raise NothingRan(f"all {len(candidates)} candidate configs failed; the first error was {result.first_error}")
     return result
