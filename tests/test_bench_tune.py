@@ -301,9 +301,12 @@ def test_bench_plot_is_skipped_with_a_log_line_without_matplotlib(tmp_path, monk
     assert [p.suffix for p in paths] == [".json"] and "matplotlib is not installed" in caplog.text
 
 
-def test_bench_commit_is_reported():
+def test_bench_commit_is_reported(monkeypatch):
+    monkeypatch.delenv("EXPERTS_INT8_COMMIT", raising=False)  # (the GPU sessions set it, to a short sha)
     commit, _ = bench.library_commit()
     assert commit == "unknown" or len(commit) == 40
+    monkeypatch.setenv("EXPERTS_INT8_COMMIT", "a4e6ac9")  # a copied tree's commit, as given
+    assert bench.library_commit() == ("a4e6ac9", None)
 
 
 def test_bench_script_parses_options():

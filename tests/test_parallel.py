@@ -321,9 +321,12 @@ def _transformers_expert_parallel(rank: int, device: torch.device, out_dir: str)
         return {"error": str(e)}
 
 
-def test_transformers_expert_parallelism_is_refused_with_the_way_that_works(tmp_path):
+def test_transformers_expert_parallelism_is_refused_with_the_way_that_works(tmp_path, monkeypatch):
     """transformers' own expert parallelism does not split int8 experts: it failed late with a shape error."""
     tiny_model("qwen3_moe", dtype=torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    # The ranks see no GPU: transformers sets up its tensor parallelism (before any quantizer runs) on the
+    # machine's accelerator, one GPU per rank by torchrun's LOCAL_RANK, which these spawned gloo ranks lack
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     for rank in _run_ranks(_transformers_expert_parallel, 2, tmp_path):
         assert rank["error"] is not None and "does not split int8 experts" in rank["error"], rank["error"]
         assert "experts_int8.parallel" in rank["error"]
