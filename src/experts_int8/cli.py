@@ -289,9 +289,9 @@ Examples:
 @click.option("--reps", type=click.IntRange(1), default=5, show_default=True, help="Timed runs per config (median).")
 @click.option("--budget-s", type=click.FloatRange(0), default=300.0, show_default=True,
               help="Search time in all (0: no limit), shared evenly by the M values left; past its share an M "
-                   "still times its current config and one round of variants of its winner, so a tune runs "
-                   "over, the more so the shorter the budget (150 s took about twice that over 28 M and "
-                   "format pairs). The best so far is kept.")
+                   "still times its current config, one round of variants of its winner and the winner's "
+                   "confirmation against the current config, so a tune runs over, the more so the shorter the "
+                   "budget (200 s took 215-257 s over 14 M of one format). The best so far is kept.")
 @click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH).")
 @click.option("--activation", default=None,
               help="The experts' activation each candidate is timed and checked with (silu, gelu, gelu_tanh, "

@@ -19,11 +19,12 @@ first candidates, so a table never loses to what it replaces on the tuning input
 out of resources are skipped. Each candidate is timed as :mod:`experts_int8.bench` times a row: the bench's
 calls per replay, cycling over the layers, captured in a CUDA graph, replays between events.
 
-Weights are cycled over a pool of distinct layers, sized as :mod:`experts_int8.bench` sizes its pools (the
-device's L2, the same budget), so small-M timings read from HBM, not L2. Most of the cost is Triton compiling each candidate once (a few
-seconds for both kernels); Triton's on-disk cache makes a second run, or another shape with the same
-k, much faster. ``budget_s`` bounds the whole search: the remaining time is shared by the remaining
-(dtype, M) searches, each of which stops early (keeping the best so far) when its share is spent.
+Weights are cycled over a pool of distinct layers, sized as :mod:`experts_int8.bench` sizes its pools
+(the device's L2, the same budget), so small-M timings read from HBM, not L2. Most of the cost is Triton
+compiling each candidate once (a few seconds for both kernels); Triton's on-disk cache makes a second
+run, or another shape with the same k, much faster. ``budget_s`` bounds the whole search: the remaining
+time is shared by the remaining (dtype, M) searches, each of which stops early (keeping the best so far)
+when its share is spent.
 """
 
 from __future__ import annotations
@@ -460,8 +461,8 @@ def search(candidates: Sequence[dict], measure: Callable[[dict, float], float], 
     ``not_tried``). ``refine(best)`` then gives a few variants of the winner to time as well; while a
     variant wins, its own variants are timed too, up to ``refine_rounds`` rounds while the deadline
     allows, so two changes that each help (a down split and a PDL form, say) can meet in one entry. No
-    config is timed twice before the confirmation below. ``on_step(result)`` follows every timing; ``on_more(n)`` announces the ``n``
-    variants a round adds (a progress bar's total counts them too).
+    config is timed twice before the confirmation below. ``on_step(result)`` follows every timing;
+    ``on_more(n)`` announces the ``n`` variants a round adds (a progress bar's total counts them too).
 
     A winner other than the default is then confirmed: it and the default are timed again ``confirm_rounds``
     times each, alternating, and it replaces the default only where its median of those fresh timings is at
@@ -688,12 +689,13 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
     ``get_config``) and returns ``{dtype: path}``. ``budget_s`` (None: unbounded) bounds the search
     time: each M gets an even share of what is left, and past its share still times its current config
-    and one round of variants of its winner (:func:`search`), so a tune runs over, the more so the
-    shorter the budget (200 s took 270 on GPT-OSS-120B's TP=4 shard, 240 over 330 on TP=2:
-    benchmarks/results/s42; 150 s took 290 on deepseek-v2-lite's 28 M and format pairs, results/s44b); a
-    search cut short keeps its best config so far and says so in the summary. ``settle_s``: the GPU
-    idles that long after each weight pool's fill, whose power cap would otherwise slow the first M's
-    first timings (the config serving it now among them; :func:`bench.settle`).
+    and one round of variants of its winner, then confirms a new winner (:func:`search`), so a tune runs
+    over, the more so the shorter the budget (200 s took 270 on GPT-OSS-120B's TP=4 shard, 240 over 330
+    on TP=2: benchmarks/results/s42; 150 s took 290 on deepseek-v2-lite's 28 M and format pairs,
+    results/s44b; 200 s took 215-257 over 14 M of bf16, results/s49); a search cut short keeps its best
+    config so far and says so in the summary. ``settle_s``: the GPU idles that long after each weight
+    pool's fill, whose power cap would otherwise slow the first M's first timings (the config serving it
+    now among them; :func:`bench.settle`).
     """
     from . import bench
 
