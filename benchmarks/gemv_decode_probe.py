@@ -129,7 +129,7 @@ def main() -> None:
         n = len(layers)
         for m in (int(v) for v in args.m.split(",")):
             x = torch.randn(m, hdim, dtype=torch.bfloat16, device="cuda")
-            routing = bench.make_routing(m, e, k, n)
+            routing = [bench.routing_draws(m, e, k)[0]] * n  # (one draw for every layer, as this probe's runs)
             distinct = bench.distinct_experts(routing[0][1])
             floor_us = bench.weight_bytes_read(distinct, hdim, idim, "int8") / copy_bps * 1e6
             lib_s, _ = bench.time_calls(x, layers, routing, n, reps=10, warmup=2)

@@ -32,7 +32,7 @@ def main() -> None:
     _, (e, h, i, k) = bench.parse_shape(args.shape)
     (layer,) = bench.make_layers(1, e, h, i, args.dtype)
     x = torch.randn(args.m, h, dtype=torch.bfloat16, device="cuda")
-    ((weights, ids),) = bench.make_routing(args.m, e, k, 1)
+    weights, ids = bench.routing_draws(args.m, e, k)[0]
     with configs.override_config(forced) if forced else contextlib.nullcontext():
         for _ in range(args.calls):
             ops.fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,

@@ -66,7 +66,7 @@ def graph_time(op, num_calls: int, reps: int = 20) -> float:
 def layer_bytes_int8(name: str, m: int) -> float:
     """Weight bytes the int8 layer reads at M (the benchmark's routing, its distinct experts)."""
     _, (e, h, i, k) = bench.parse_shape(name)
-    routing = bench.make_routing(m, e, k, 1)
+    routing = bench.routing_draws(m, e, k, device="cpu")
     return bench.weight_bytes_read(statistics.mean(bench.distinct_experts(ids) for _, ids in routing), h, i, "int8")
 
 

@@ -73,7 +73,7 @@ def time_us(run, num_calls) -> float:
 def probe_row(name, e, k, layers, m, tails, device) -> dict:
     n = max(len(layers), 4)
     x = torch.randn(m, layers[0].w2.shape[1], dtype=torch.bfloat16, device=device)
-    weights, ids = bench.make_routing(m, e, k, 1, device=device)[0]
+    weights, ids = bench.routing_draws(m, e, k, device=device)[0]
     inter = layers[0].w2.shape[2]
     entry = configs.get_config(m, e, inter, k, torch.int8, x.device)
     rows = tile_rows(entry)

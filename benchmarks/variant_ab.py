@@ -118,6 +118,7 @@ counts (one run's noise is up to ~7% at some rows: NOTES item 111).
 import argparse
 import functools
 import json
+import math
 import os
 import statistics
 import sys
@@ -518,7 +519,8 @@ def main() -> None:
         n = len(layers)
         for m in ms:
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
-            routing = bench.make_routing(m, e, k, n)
+            routing = bench.routing_draws(m, e, k)
+            unit = math.lcm(n, len(routing))  # (every replay sweeps the layers and the draws whole)
             # the entry the A/B starts from: fold_ab.py folds a winner only onto this same entry
             row = dict(shape=name, M=m, dtype=args.dtype, base_config=base_get_config(m, e, i, k, DTYPES[args.dtype]))
             layer, (weights, ids) = layers[0], routing[0]
@@ -548,7 +550,8 @@ def main() -> None:
                     current["value"] = value
                     launches.clear()
                     bench.settle(args.settle_s)
-                    seconds, _ = bench.time_calls(x, layers, routing, max(n, 4), reps=10, warmup=2, warm_s=args.warm_s)
+                    seconds, _ = bench.time_calls(x, layers, routing, unit * math.ceil(4 / unit), reps=10, warmup=2,
+                                                  warm_s=args.warm_s)
                     samples[value].append(seconds * 1e6)
                     if gluon_variant:  # a GLUON entry the Gluon kernels cannot take runs Triton's
                         row[f"{args.variant}={value}_ran"] = bool(launches)

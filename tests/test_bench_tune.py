@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -182,9 +183,9 @@ def test_tune_times_as_many_calls_a_replay_as_the_bench(monkeypatch):
     monkeypatch.setattr(bench, "time_calls", time_calls)
     monkeypatch.setattr(tune, "checked_call", lambda *a, **kw: None)
     layers = bench.make_layers(1, 4, 32, 16, "bf16", "cpu")
-    routing = bench.make_routing(2, 4, 2, 1, device="cpu")
+    routing = bench.routing_draws(2, 4, 2, device="cpu")
     x = torch.randn(2, 32, dtype=torch.bfloat16)
-    calls = bench.calls_per_graph(1, 5e-6)
+    calls = bench.calls_per_graph(1, 5e-6, draws=len(routing))
     assert calls > 1
     measure = tune._gpu_measure(x, layers, routing, 3, "silu", calls)
     assert measure(dict(PINNED), math.inf) == 1e-5 and seen["calls"] == calls
@@ -1261,11 +1262,37 @@ def test_tune_candidates_start_from_the_config_serving_m():
 
 
 
-def test_bench_routing_is_the_same_for_every_layer_and_weight_format():
-    a = bench.make_routing(4, 8, 2, 3, device="cpu")
-    b = bench.make_routing(4, 8, 2, 1, device="cpu")
-    assert len(a) == 3 and all(torch.equal(ids, b[0][1]) and torch.equal(w, b[0][0]) for w, ids in a)
-    assert not torch.equal(bench.make_routing(5, 8, 2, 1, device="cpu")[0][1][:4], b[0][1])
+def test_bench_routing_draws_are_seeded_and_vary_at_decode_sizes():
+    """Both weight formats route the same draws (seeded by M, E, k and the draw); at decode sizes a row cycles
+    through several, so its time and the table tuned on it are not one draw's luck: on the single draw the
+    rows used, two tokens of jamba's shape (top-2 of 16) shared no expert, which a quarter of steps do."""
+    a, b = bench.routing_draws(2, 16, 2, device="cpu"), bench.routing_draws(2, 16, 2, device="cpu")
+    assert len(a) == bench.ROUTING_DRAWS > 1
+    assert all(torch.equal(wa, wb) and torch.equal(ia, ib) for (wa, ia), (wb, ib) in zip(a, b))
+    assert len({tuple(ids.flatten().tolist()) for _, ids in a}) > 1  # the draws differ
+    assert {bench.distinct_experts(ids) for _, ids in a} == {3, 4}  # (some draws share an expert)
+    assert not torch.equal(bench.routing_draws(3, 16, 2, device="cpu")[0][1][:2], a[0][1])
+    # past the decode sizes every draw hits (nearly) every expert: one draw, as before
+    big = bench.routing_draws(bench.DRAWS_UP_TO_M * 2, 8, 2, device="cpu")
+    assert len(big) == 1 and bench.distinct_experts(big[0][1]) == 8
+
+
+def test_bench_calls_cycle_the_layers_and_the_draws_apart(monkeypatch):
+    """Every replay takes each draw equally often whatever the pool's layers (an int8 pool holds twice a bf16
+    one's), so both formats of a row do the same work."""
+    seen = []
+    layers = [types.SimpleNamespace(w13=n, w2=None, w13_scale=None, w2_scale=None, w13_bias=None, w2_bias=None)
+              for n in range(3)]
+    routing = [(None, d) for d in range(4)]
+    calls = bench.calls_per_graph(len(layers), floor_s=1e-3, draws=len(routing))
+    assert calls == 12  # one sweep of both: lcm(3, 4)
+    monkeypatch.setattr(experts_int8.ops, "fused_experts",
+                        lambda x, w13, w2, weights, ids, **kw: seen.append((w13, ids)))
+    bench._layer_calls(None, layers, routing, calls)()
+    assert sorted(seen) == sorted((n, d) for n in range(3) for d in range(4))  # every pairing once
+    for num_layers in (1, 2, 3, 6, 7):
+        n = bench.calls_per_graph(num_layers, floor_s=1e-6, draws=16)
+        assert n % 16 == 0 and n % num_layers == 0
 
 
 def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):

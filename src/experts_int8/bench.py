@@ -10,10 +10,11 @@ Method (see DESIGN.md, "Measuring speed"):
    do not change the speed; int8 weights come with fp32 scales). The pool is sized so that the
    weights read between two visits of the same layer exceed the L2 cache many times over (at M=1
    only k experts per layer are read), capped by a memory budget; it is freed before the next one.
-3. For each M: route M random tokens per layer (softmax top-k of random logits), capture a CUDA
-   graph that calls ``fused_experts`` on the layers back to back, replay it, time each replay with
-   CUDA events and keep the median time per call.
-4. Account: weight bytes = distinct experts hit (unique ``topk_ids``, per layer) x 3HI x bytes per
+3. For each M: route M random tokens (softmax top-k of seeded random logits; at decode sizes 16
+   draws the calls cycle through, as the experts hit vary from step to step), capture a CUDA graph
+   that calls ``fused_experts`` on the layers back to back, replay it, time each replay with CUDA
+   events and keep the median time per call.
+4. Account: weight bytes = distinct experts hit (unique ``topk_ids``, mean over the draws) x 3HI x bytes per
    weight; FLOPs = 2 * M * k * 3 * H * I. Report both as fractions of the ceilings, the roofline
    floor ``max(bytes / copy, flops / matmul)`` over the measured time, and the int8 / bf16 speed-up.
 
@@ -126,12 +127,16 @@ def layer_pool(shape: str, dtype: str, l2_bytes: int, budget_bytes: float = 4e9,
     return (e, h, i, k), make_layers(n, e, h, i, dtype, device, gated)
 
 
-def calls_per_graph(num_layers: int, floor_s: float, *, target_s: float = 1e-3, max_calls: int = 128) -> int:
-    """Calls captured in one graph: whole sweeps over the layers, enough that one replay lasts about
-    ``target_s`` when the call runs at its roofline floor ``floor_s`` (launch cost amortised)."""
-    sweeps = max(1, math.ceil(target_s / max(num_layers * floor_s, 1e-9)))
-    sweeps = min(sweeps, max(1, max_calls // num_layers))
-    return num_layers * sweeps
+def calls_per_graph(num_layers: int, floor_s: float, *, draws: int = 1, target_s: float = 1e-3,
+                    max_calls: int = 128) -> int:
+    """Calls captured in one graph: whole sweeps over the layers and over the routing ``draws``
+    (:func:`routing_draws`; so that both weight formats, whose pools differ, route every draw as often),
+    enough that one replay lasts about ``target_s`` when the call runs at its roofline floor ``floor_s``
+    (launch cost amortised)."""
+    unit = math.lcm(num_layers, draws)
+    sweeps = max(1, math.ceil(target_s / max(unit * floor_s, 1e-9)))
+    sweeps = min(sweeps, max(1, max_calls // unit))
+    return unit * sweeps
 
 
 def row_metrics(*, m: int, hidden: int, inter: int, top_k: int, dtype: str, time_s: float,
@@ -366,18 +371,28 @@ def make_layers(num_layers: int, num_experts: int, hidden: int, inter: int, dtyp
     return layers
 
 
-def make_routing(m: int, num_experts: int, top_k: int, num_layers: int, device="cuda"):
-    """Per layer: softmax top-k of random logits -> (topk_weights [M, k], topk_ids [M, k]).
+# Routing draws a row cycles through: at decode sizes the experts hit vary from step to step (two tokens,
+# top-2 of 16: 3 or 4 experts), so one draw would fit a row, and the table tuned on it, to that draw's luck
+# (a pairs mode that reads an expert twice when two tokens share it looked free on a draw where none did).
+# From DRAWS_UP_TO_M tokens on every draw hits (nearly) every expert of the bench's shapes: one draw.
+ROUTING_DRAWS, DRAWS_UP_TO_M = 16, 64
 
-    The logits are seeded by (M, E, k) and the same for every layer, so both weight formats of a row
-    route identically: at small M the experts hit vary a lot between draws (M=4, top-2 of 8: 4 to 8),
-    and the int8/bf16 ratio must compare equal work. The layers still hold distinct weights, so the
-    replays read from HBM."""
+
+def routing_draws(m: int, num_experts: int, top_k: int, device="cuda") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The routings a row's calls cycle through: softmax top-k of random logits -> (topk_weights [M, k],
+    topk_ids [M, k]), :data:`ROUTING_DRAWS` of them up to :data:`DRAWS_UP_TO_M` tokens, else one.
+
+    Each draw's logits are seeded by (M, E, k, draw), so both weight formats of a row route identically
+    (the int8/bf16 ratio compares equal work; :func:`calls_per_graph` makes every replay take each draw
+    equally often). Consecutive calls also read distinct layers' weights, so the replays read from HBM."""
     from .routing import select_experts
 
-    gen = torch.Generator().manual_seed(zlib.crc32(f"{m},{num_experts},{top_k}".encode()))
-    logits = torch.randn(m, num_experts, generator=gen).to(device)
-    return [select_experts(logits, top_k)] * num_layers
+    draws = []
+    for draw in range(ROUTING_DRAWS if m <= DRAWS_UP_TO_M else 1):
+        seed = f"{m},{num_experts},{top_k}" + (f",{draw}" if draw else "")  # (draw 0: the one-draw rows' seed)
+        logits = torch.randn(m, num_experts, generator=torch.Generator().manual_seed(zlib.crc32(seed.encode())))
+        draws.append(select_experts(logits.to(device), top_k))
+    return draws
 
 
 def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation: str = "silu") -> Callable[[], None]:
@@ -386,7 +401,7 @@ def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation
     def run():
         for c in range(num_calls):
             layer = layers[c % len(layers)]
-            weights, ids = routing[c % len(layers)]
+            weights, ids = routing[c % len(routing)]
             fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
                           activation=activation, w13_bias=layer.w13_bias, w2_bias=layer.w2_bias)
     return run
@@ -396,7 +411,8 @@ def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, ro
                use_graph: bool = True, give_up_above_s: float = math.inf, activation: str = "silu",
                warm_s: float = 0.0) -> tuple[float, str]:
     """Median seconds per ``fused_experts`` call (with ``activation`` and the layers' biases, if any) and the
-    method (``cuda_graph`` or ``eager``): the ``num_calls`` calls cycle over the layers (:func:`time_run`)."""
+    method (``cuda_graph`` or ``eager``): the ``num_calls`` calls cycle over the layers and, apart, over the
+    routings (:func:`routing_draws`; :func:`time_run`)."""
     return time_run(_layer_calls(x, layers, routing, num_calls, activation), num_calls, reps=reps, warmup=warmup,
                     row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s, warm_s=warm_s)
 
@@ -540,17 +556,18 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                 row = dict(shape=name, E=e, H=h, I=i, k=k, M=m, dtype=dtype, gated=gated, layers=num_layers)
                 try:
                     x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
-                    routing = make_routing(m, e, k, num_layers)
+                    routing = routing_draws(m, e, k)
                     distinct = statistics.fmean(distinct_experts(ids) for _, ids in routing)
                     floor = row_metrics(m=m, hidden=h, inter=i, top_k=k, dtype=dtype, time_s=1.0, distinct=distinct,
                                         copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps,
                                         gated=gated)["floor_us"] / 1e6
-                    calls = calls_per_graph(num_layers, floor)
+                    calls = calls_per_graph(num_layers, floor, draws=len(routing))
                     seconds, method = time_calls(x, layers, routing, calls, reps=settings.reps,
                                                  warmup=settings.warmup, use_graph=settings.use_graph,
                                                  activation=settings.activation, warm_s=settings.warm_s)
                     lookup = (m, e, i, k, weight_dtype, torch.device("cuda"), gated)
-                    row.update(calls_per_replay=calls, timing=method, config=get_config(*lookup),
+                    row.update(calls_per_replay=calls, routing_draws=len(routing), timing=method,
+                               config=get_config(*lookup),
                                config_source=config_source(*lookup))
                     row.update(row_metrics(m=m, hidden=h, inter=i, top_k=k, dtype=dtype, time_s=seconds,
                                            distinct=distinct, copy_bytes_per_s=copy_bps,

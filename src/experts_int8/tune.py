@@ -649,8 +649,8 @@ def check_output(got: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2, r
 def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
                  calls: Optional[int] = None) -> Callable[[dict, float], float]:
     """Seconds per ``fused_experts`` call (with ``activation`` and the layers' biases) under a forced config,
-    timed as the benchmark times it: ``calls`` calls cycling over the layers (the bench's
-    :func:`~experts_int8.bench.calls_per_graph`; default one sweep) captured in a CUDA graph, replays between
+    timed as the benchmark times it: ``calls`` calls cycling over the layers and the routing draws (the bench's
+    :func:`~experts_int8.bench.calls_per_graph`; default one sweep of both) captured in a CUDA graph, replays between
     events. (Eager calls would measure the host at decode sizes, where a call's launches take longer than
     its kernels.) Each config's output on the first layer is first checked against the torch reference path."""
     from . import bench
@@ -668,8 +668,8 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
     def measure(cfg: dict, best_s: float) -> float:
         checked_call(cfg, first_layer, expected)
         with configs.override_config(cfg):
-            seconds, _ = bench.time_calls(x, layers, routing, calls or len(layers), reps=reps, warmup=1,
-                                          give_up_above_s=2 * best_s, activation=activation)
+            seconds, _ = bench.time_calls(x, layers, routing, calls or math.lcm(len(layers), len(routing)),
+                                          reps=reps, warmup=1, give_up_above_s=2 * best_s, activation=activation)
         return seconds
 
     return measure
@@ -755,12 +755,12 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
             for m in ms:
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
-                routing = bench.make_routing(m, num_experts, top_k, len(layers), device)  # as the bench routes
+                routing = bench.routing_draws(m, num_experts, top_k, device)  # as the bench routes
                 distinct = statistics.fmean(bench.distinct_experts(ids) for _, ids in routing)
                 floor = bench.row_metrics(m=m, hidden=hidden, inter=inter, top_k=top_k, dtype=d, time_s=1.0,
                                           distinct=distinct, copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps,
                                           gated=gated)["floor_us"] / 1e6
-                calls = bench.calls_per_graph(len(layers), floor)
+                calls = bench.calls_per_graph(len(layers), floor, draws=len(routing))
                 float_config = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device, gated)
                 deadline = math.inf
                 if budget_s is not None:
