@@ -51,3 +51,42 @@ def test_fullgraph_compiled_backward_matches_eager():
     assert gx.abs().sum() > 0 and gl.abs().sum() > 0  # through the experts and the routing weights
     torch.testing.assert_close(gx, ex)
     torch.testing.assert_close(gl, el)
+
+
+def test_torch_path_compiles_fullgraph_forward_and_backward():
+    """The torch path loops over the experts the routing hits (a loop over the ids' values): under torch.compile
+    it is one op of its own, so a model on the CPU compiles with fullgraph=True as on the GPU (it broke the
+    graph at `torch.unique(ids).tolist()`, and transformers' compiled generate with fullgraph failed)."""
+    q13, s13 = quantize_weights(torch.randn(4, 64, 32, device=DEVICE))
+    q2, s2 = quantize_weights(torch.randn(4, 32, 32, device=DEVICE))
+    x0, logits = torch.randn(5, 32, device=DEVICE), torch.randn(5, 4, device=DEVICE)
+
+    def layer(x, logits):
+        w, ids = select_experts(logits, 2)
+        return fused_experts(x, q13, q2, w, ids, w13_scale=s13, w2_scale=s2, backend="torch")
+
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (compiled, layer):
+        x, lg = x0.clone().requires_grad_(), logits.clone().requires_grad_()
+        out = fn(x, lg)
+        out.square().sum().backward()
+        results.append((out.detach(), x.grad, lg.grad))
+    (out, gx, gl), (want, ex, el) = results
+    assert gx.abs().sum() > 0 and gl.abs().sum() > 0
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(gx, ex)
+    torch.testing.assert_close(gl, el)
+
+
+def test_quantized_model_on_the_torch_path_compiles_fullgraph():
+    from models import tiny_model
+
+    from experts_int8 import quantize_
+
+    model = quantize_(tiny_model("mixtral", seed=0)).eval()
+    tokens = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(tokens).logits
+        got = torch.compile(model.forward, fullgraph=True, backend="aot_eager")(tokens).logits
+    torch.testing.assert_close(got, want)

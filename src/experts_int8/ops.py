@@ -2,7 +2,8 @@
 
 The Triton path is registered as the custom op ``experts_int8::fused_experts`` with a fake
 (meta) implementation, so it captures in CUDA graphs and traces under ``torch.compile`` without a
-graph break. Validation reads shapes, dtypes and strides only; on CUDA no device value is read
+graph break; under ``torch.compile`` the torch path is the op ``experts_int8::fused_experts_reference``
+(its loop over the experts hit depends on the ids' values). Validation reads shapes, dtypes and strides only; on CUDA no device value is read
 back to the host, so out-of-range expert ids are refused on CPU tensors only. On the GPU they must lie in
 range: the align step routes them to the absent group (they contribute zero), but the decode modes
 (PAIRS, DEDUP_PAIRS: no align step) read the weights of the expert id given.
@@ -385,8 +386,8 @@ def _fused_experts_triton(
 
 
 @_fused_experts_triton.register_fake
-def _(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
-      expert_map, w13_bias=None, w2_bias=None):
+def _output_like(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
+                 expert_map, w13_bias=None, w2_bias=None):
     return x.new_empty((x.shape[0], w2.shape[1]))
 
 
@@ -460,6 +461,32 @@ def _backward(ctx, grad):
 _fused_experts_triton.register_autograd(_backward, setup_context=_save_for_backward)
 
 
+@torch.library.custom_op("experts_int8::fused_experts_reference", mutates_args=())
+def _fused_experts_reference(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13_scale: Optional[torch.Tensor],
+    w2_scale: Optional[torch.Tensor],
+    activation: str,
+    apply_router_weight_on_input: bool,
+    expert_map: Optional[torch.Tensor],
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """The torch path as one op, for torch.compile only: its loop over the experts the routing hits depends on
+    the ids' values, which a traced graph cannot; eager calls run it directly (autograd records it)."""
+    return reference.fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
+                                   activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
+                                   expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias)
+
+
+_fused_experts_reference.register_fake(_output_like)
+_fused_experts_reference.register_autograd(_backward, setup_context=_save_for_backward)
+
+
 def fused_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
@@ -498,6 +525,9 @@ def fused_experts(
     )
     if use_triton and x.device.type != "meta":
         _check_triton_runs(x)
+    if not use_triton and torch.compiler.is_compiling():
+        return _fused_experts_reference(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+                                        apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
     if not use_triton:
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
