@@ -118,7 +118,6 @@ counts (one run's noise is up to ~7% at some rows: NOTES item 111).
 import argparse
 import functools
 import json
-import math
 import os
 import statistics
 import sys
@@ -513,6 +512,9 @@ def main() -> None:
         ops.gluon_moe.invoke_gate_up = lambda *a: launches.append(1) or real(*a)
 
     l2 = bench.environment().get("l2_bytes") or bench.DEFAULT_L2_BYTES
+    # the bench's ceilings, for its calls per graph replay (launch gaps and PDL's overlap between calls as in
+    # the bench's rows, whose tables a fold changes)
+    copy_bps, matmul_fps = bench.measure_copy_bandwidth(), bench.measure_matmul_rate()
     rows = []
     for name in args.shapes:
         (e, h, i, k), layers = bench.layer_pool(name, args.dtype, l2)
@@ -520,9 +522,11 @@ def main() -> None:
         for m in ms:
             x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
             routing = bench.routing_draws(m, e, k)
-            unit = math.lcm(n, len(routing))  # (every replay sweeps the layers and the draws whole)
+            _, calls = bench.row_plan(routing, n, m=m, hidden=h, inter=i, top_k=k, dtype=args.dtype,
+                                      copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps)
             # the entry the A/B starts from: fold_ab.py folds a winner only onto this same entry
-            row = dict(shape=name, M=m, dtype=args.dtype, base_config=base_get_config(m, e, i, k, DTYPES[args.dtype]))
+            row = dict(shape=name, M=m, dtype=args.dtype, calls_per_replay=calls,
+                       base_config=base_get_config(m, e, i, k, DTYPES[args.dtype]))
             layer, (weights, ids) = layers[0], routing[0]
             first_layer = lambda backend="auto": ops.fused_experts(  # noqa: E731
                 x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
@@ -550,7 +554,7 @@ def main() -> None:
                     current["value"] = value
                     launches.clear()
                     bench.settle(args.settle_s)
-                    seconds, _ = bench.time_calls(x, layers, routing, unit * math.ceil(4 / unit), reps=10, warmup=2,
+                    seconds, _ = bench.time_calls(x, layers, routing, calls, reps=10, warmup=2,
                                                   warm_s=args.warm_s)
                     samples[value].append(seconds * 1e6)
                     if gluon_variant:  # a GLUON entry the Gluon kernels cannot take runs Triton's

@@ -1293,6 +1293,13 @@ def test_bench_calls_cycle_the_layers_and_the_draws_apart(monkeypatch):
     for num_layers in (1, 2, 3, 6, 7):
         n = bench.calls_per_graph(num_layers, floor_s=1e-6, draws=16)
         assert n % 16 == 0 and n % num_layers == 0
+    # a row's plan, as the bench, the tuner and the A/B script take it: the draws' mean experts, whole sweeps
+    draws = bench.routing_draws(2, 16, 2, device="cpu")
+    plan = dict(m=2, top_k=2, dtype="int8", copy_bytes_per_s=4e12, matmul_flops_per_s=8e14)
+    distinct, n = bench.row_plan(draws, 3, hidden=4096, inter=14336, **plan)
+    assert distinct == sum(bench.distinct_experts(ids) for _, ids in draws) / len(draws)
+    assert n == 48  # lcm(3 layers, 16 draws): one sweep of both already lasts past 1 ms
+    assert bench.row_plan(draws, 3, hidden=64, inter=32, **plan)[1] == 96  # tiny calls: sweeps up to 128 calls
 
 
 def test_pdl_only_on_cuda_devices_of_capability_9(monkeypatch):

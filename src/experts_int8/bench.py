@@ -139,6 +139,17 @@ def calls_per_graph(num_layers: int, floor_s: float, *, draws: int = 1, target_s
     return unit * sweeps
 
 
+def row_plan(routing, num_layers: int, *, m: int, hidden: int, inter: int, top_k: int, dtype: str,
+             copy_bytes_per_s: float, matmul_flops_per_s: float, gated: bool = True) -> tuple[float, int]:
+    """(distinct experts hit, the mean over the routing draws; calls per graph replay) of a row: what the bench
+    accounts and captures, and the tuner and the A/B script capture as it does."""
+    distinct = statistics.fmean(distinct_experts(ids) for _, ids in routing)
+    floor = row_metrics(m=m, hidden=hidden, inter=inter, top_k=top_k, dtype=dtype, time_s=1.0, distinct=distinct,
+                        copy_bytes_per_s=copy_bytes_per_s, matmul_flops_per_s=matmul_flops_per_s,
+                        gated=gated)["floor_us"] / 1e6
+    return distinct, calls_per_graph(num_layers, floor, draws=len(routing))
+
+
 def row_metrics(*, m: int, hidden: int, inter: int, top_k: int, dtype: str, time_s: float,
                 distinct: float, copy_bytes_per_s: float, matmul_flops_per_s: float, gated: bool = True) -> dict:
     """Per-call numbers of one (shape, M, dtype) row from its median time and the two ceilings."""
@@ -557,11 +568,8 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
                 try:
                     x = torch.randn(m, h, dtype=torch.bfloat16, device="cuda")
                     routing = routing_draws(m, e, k)
-                    distinct = statistics.fmean(distinct_experts(ids) for _, ids in routing)
-                    floor = row_metrics(m=m, hidden=h, inter=i, top_k=k, dtype=dtype, time_s=1.0, distinct=distinct,
-                                        copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps,
-                                        gated=gated)["floor_us"] / 1e6
-                    calls = calls_per_graph(num_layers, floor, draws=len(routing))
+                    distinct, calls = row_plan(routing, num_layers, m=m, hidden=h, inter=i, top_k=k, dtype=dtype,
+                                               copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps, gated=gated)
                     seconds, method = time_calls(x, layers, routing, calls, reps=settings.reps,
                                                  warmup=settings.warmup, use_graph=settings.use_graph,
                                                  activation=settings.activation, warm_s=settings.warm_s)

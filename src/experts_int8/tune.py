@@ -756,11 +756,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 bar.describe(f"{d} M={m}")
                 x = torch.randn(m, hidden, dtype=torch.bfloat16, device=device)
                 routing = bench.routing_draws(m, num_experts, top_k, device)  # as the bench routes
-                distinct = statistics.fmean(bench.distinct_experts(ids) for _, ids in routing)
-                floor = bench.row_metrics(m=m, hidden=hidden, inter=inter, top_k=top_k, dtype=d, time_s=1.0,
-                                          distinct=distinct, copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps,
-                                          gated=gated)["floor_us"] / 1e6
-                calls = bench.calls_per_graph(len(layers), floor, draws=len(routing))
+                _, calls = bench.row_plan(routing, len(layers), m=m, hidden=hidden, inter=inter, top_k=top_k, dtype=d,
+                                          copy_bytes_per_s=copy_bps, matmul_flops_per_s=matmul_fps, gated=gated)
                 float_config = configs.get_config(m, num_experts, inter, top_k, torch.bfloat16, device, gated)
                 deadline = math.inf
                 if budget_s is not None:
