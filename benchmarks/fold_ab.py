@@ -6,7 +6,8 @@ Run on the GPU the A/B ran on (the tables are per device; another GPU is refused
 one the A/B timed (recorded per value in its JSON), and only where the table still serves that M the entry
 the A/B started from: a table changed since (another fold, a tune) would take a combination never timed.
 A/B files without the recorded entries are refused unless --unrecorded-base (then the variant is re-applied
-to the current entry, which must be the one the A/B ran on).
+to the current entry, which must be the one the A/B ran on), and so are A/Bs of fewer than 3 rounds unless
+--allow-few-rounds (one run's noise reaches 6% at some rows; a winner must beat the baseline in every round).
 
     PYTHONPATH=src python3 benchmarks/fold_ab.py /tmp/gpu_session/variant_ab_gluon.json \
         --out-dir src/experts_int8/kernels/configs
@@ -54,9 +55,16 @@ def main() -> None:
     ap.add_argument("--unrecorded-base", action="store_true",
                     help="fold an A/B file that does not record the entries it timed (older variant_ab.py): the "
                          "variant is applied to the table's current entry, unchecked")
+    ap.add_argument("--allow-few-rounds", action="store_true",
+                    help="fold an A/B of fewer than 3 rounds (variant_ab --rounds), on its --min-gain alone")
     args = ap.parse_args()
     with open(args.ab_json) as f:
         ab = json.load(f)
+    rounds = ab.get("rounds") or max((len(v) for row in ab["rows"] for key, v in row.items()
+                                      if key.endswith("_us_rounds")), default=1)
+    if rounds < 3 and not args.allow_few_rounds:
+        sys.exit(f"{args.ab_json} timed each value in {rounds} round(s): re-run variant_ab.py with --rounds 3 (one "
+                 f"run's noise reaches 6% at some rows), or pass --allow-few-rounds")
     device = configs.device_name()
     if ab.get("gpu") is not None and re.sub(r"[^\w.-]", "_", ab["gpu"]) != device:
         sys.exit(f"the A/B ran on {ab['gpu']}, this is {device}: fold it on the GPU it measured (tables are per device)")

@@ -571,7 +571,8 @@ def main() -> None:
         del layers
         torch.cuda.empty_cache()
     with open(os.path.join(args.out, f"variant_ab_{args.variant}.json"), "w") as f:
-        json.dump(dict(benchmark="variant_ab", variant=args.variant, values=values, gpu=torch.cuda.get_device_name(),
+        json.dump(dict(benchmark="variant_ab", variant=args.variant, values=values, rounds=args.rounds,
+                       gpu=torch.cuda.get_device_name(),
                        commit=bench.library_commit()[0], command=" ".join(sys.argv), rows=rows), f, indent=1)
 
 

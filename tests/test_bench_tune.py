@@ -1494,7 +1494,11 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
     (tmp_path / "ab.json").write_text(json.dumps(ab))
     script = str(Path(__file__).parent.parent / "benchmarks" / "fold_ab.py")
     # (A/B files that do not record the entries they timed: the variant re-applied to the current entry)
-    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables), "--unrecorded-base"])
+    argv = [script, str(tmp_path / "ab.json"), "--out-dir", str(tables), "--unrecorded-base"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match="1 round"):  # one round's noise alone: refused
+        runpy.run_path(script, run_name="__main__")
+    monkeypatch.setattr(sys, "argv", argv + ["--allow-few-rounds"])
     runpy.run_path(script, run_name="__main__")
     got = json.loads((tables / name).read_text())
     assert got["1024"] == dict(base, num_stages=3, GLUON=1)  # 3 stages on the Gluon kernels: 10% faster
@@ -1511,6 +1515,7 @@ def test_fold_ab_folds_only_measured_winners(tmp_path, monkeypatch):
         dict(row, M=2048, **{"gluon=0_us": 100.0, "gluon=0_us_rounds": [100.0, 96.0, 104.0], "gluon=2_us": 90.0,
                              "gluon=2_us_rounds": [90.0, 88.0, 95.0], "gluon=2_ran": True})])
     (tmp_path / "ab.json").write_text(json.dumps(rounds))
+    monkeypatch.setattr(sys, "argv", argv)  # (three rounds: no flag needed)
     runpy.run_path(script, run_name="__main__")
     got = json.loads((tables / name).read_text())
     assert got["1024"] == base and got["2048"] == dict(base, num_stages=3, GLUON=1)
@@ -1541,7 +1546,8 @@ def test_fold_ab_writes_the_entry_the_ab_timed_onto_the_entry_it_started_from(tm
     ab = dict(variant="pdl", values=[0, 1, 2], gpu="Fake GPU", rows=[dict(row, M=2, **timed), dict(row, M=4, **timed)])
     (tmp_path / "ab.json").write_text(json.dumps(ab))
     script = str(Path(__file__).parent.parent / "benchmarks" / "fold_ab.py")
-    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables)])
+    monkeypatch.setattr(sys, "argv", [script, str(tmp_path / "ab.json"), "--out-dir", str(tables),
+                                      "--allow-few-rounds"])
     try:
         runpy.run_path(script, run_name="__main__")
         got = json.loads((tables / name).read_text())
