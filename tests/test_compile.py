@@ -90,3 +90,27 @@ def test_quantized_model_on_the_torch_path_compiles_fullgraph():
         want = model(tokens).logits
         got = torch.compile(model.forward, fullgraph=True, backend="aot_eager")(tokens).logits
     torch.testing.assert_close(got, want)
+
+
+def test_the_ops_that_read_the_ids_on_the_host_stay_out_of_cuda_graphs():
+    """The torch path's op (and the backward's) loop over the experts the routing hits, reading the ids' values
+    on the host: a CUDA graph capture cannot, so inductor's CUDA graphs (mode="reduce-overhead", transformers'
+    compiled generate with a static cache) must leave them out, as they leave out aten's syncing ops."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch._inductor.utils import get_first_incompatible_cudagraph_node
+
+    from experts_int8 import ops
+
+    q13, s13 = quantize_weights(torch.randn(4, 64, 32))
+    q2, s2 = quantize_weights(torch.randn(4, 32, 32))
+    w, ids = select_experts(torch.randn(5, 4), 2)
+    inputs = (torch.randn(5, 32), q13, q2, w, ids, s13, s2)
+    graphs = {
+        "forward": lambda x, q13, q2, w, ids, s13, s2: ops._fused_experts_reference(
+            x, q13, q2, w, ids, s13, s2, "silu", False, None),
+        "backward": lambda x, q13, q2, w, ids, s13, s2: ops._fused_experts_backward(
+            x, x, q13, q2, w, ids, s13, s2, "silu", False, None, None, None, [0])[0],
+    }
+    for name, fn in graphs.items():
+        node = get_first_incompatible_cudagraph_node(make_fx(fn, tracing_mode="fake")(*inputs))
+        assert node is not None and "experts_int8" in str(node.target), name

@@ -396,7 +396,12 @@ def _output_like(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activa
 _DIFFERENTIABLE = (0, 1, 2, 3, 5, 6, 10, 11)
 
 
-@torch.library.custom_op("experts_int8::fused_experts_backward", mutates_args=())
+# The ops that run the reference path read the ids' values on the host (its loop over the experts hit): inside a
+# CUDA graph capture that read fails, so torch.compile's CUDA graphs (mode="reduce-overhead") must leave them out
+_HOST_SYNC = (torch.Tag.cudagraph_unsafe,)
+
+
+@torch.library.custom_op("experts_int8::fused_experts_backward", mutates_args=(), tags=_HOST_SYNC)
 def _fused_experts_backward(
     grad: torch.Tensor,
     x: torch.Tensor,
@@ -461,7 +466,7 @@ def _backward(ctx, grad):
 _fused_experts_triton.register_autograd(_backward, setup_context=_save_for_backward)
 
 
-@torch.library.custom_op("experts_int8::fused_experts_reference", mutates_args=())
+@torch.library.custom_op("experts_int8::fused_experts_reference", mutates_args=(), tags=_HOST_SYNC)
 def _fused_experts_reference(
     x: torch.Tensor,
     w13: torch.Tensor,
