@@ -132,7 +132,8 @@ def calls_per_graph(num_layers: int, floor_s: float, *, draws: int = 1, target_s
     """Calls captured in one graph: whole sweeps over the layers and over the routing ``draws``
     (:func:`routing_draws`; so that both weight formats, whose pools differ, route every draw as often),
     enough that one replay lasts about ``target_s`` when the call runs at its roofline floor ``floor_s``
-    (launch cost amortised)."""
+    (launch cost amortised). ``max_calls`` caps the sweeps, not one sweep: where ``lcm(num_layers, draws)``
+    exceeds it (15 layers and 16 draws: 240) a replay holds that one sweep."""
     unit = math.lcm(num_layers, draws)
     sweeps = max(1, math.ceil(target_s / max(unit * floor_s, 1e-9)))
     sweeps = min(sweeps, max(1, max_calls // unit))
@@ -385,7 +386,7 @@ def make_layers(num_layers: int, num_experts: int, hidden: int, inter: int, dtyp
 # Routing draws a row cycles through: at decode sizes the experts hit vary from step to step (two tokens,
 # top-2 of 16: 3 or 4 experts), so one draw would fit a row, and the table tuned on it, to that draw's luck
 # (a pairs mode that reads an expert twice when two tokens share it looked free on a draw where none did).
-# From DRAWS_UP_TO_M tokens on every draw hits (nearly) every expert of the bench's shapes: one draw.
+# Past DRAWS_UP_TO_M tokens every draw hits (nearly) every expert of the bench's shapes: one draw.
 ROUTING_DRAWS, DRAWS_UP_TO_M = 16, 64
 
 
