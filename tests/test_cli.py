@@ -264,6 +264,36 @@ def test_quantize_reads_the_files_the_index_names(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_index_that_does_not_match_its_files_is_refused(tmp_path):
+    """An index that places keys in a file lacking them converted without those tensors (exit 0, a DST that does
+    not load); one naming a file outside the folder read it; file names not strings, and a folder named
+    model.safetensors, gave Python's or the OS's words ("unsupported operand", "No such device")."""
+    src = tmp_path / "src"
+    tiny_model("qwen3_moe", dtype=torch.bfloat16).save_pretrained(src, max_shard_size="60KB")
+    index = src / "model.safetensors.index.json"
+    good = json.loads(index.read_text())
+    first, last = sorted(set(good["weight_map"].values()))[0], sorted(set(good["weight_map"].values()))[-1]
+    shutil.copy(src / last, tmp_path / "x.safetensors")
+    damaged = {
+        "in a file lacking them": ({k: first for k in good["weight_map"]}, f"in {first}, missing from that file"),
+        "outside": ({k: "../x.safetensors" if v == last else v for k, v in good["weight_map"].items()},
+                    "names '../x.safetensors', not a file name in"),
+        "absolute": ({k: str(tmp_path / "x.safetensors") if v == last else v for k, v in good["weight_map"].items()},
+                     "not a file name in"),
+        "not strings": ({k: 3 for k in good["weight_map"]}, "its keys and file names must be strings"),
+    }
+    for weight_map, message in damaged.values():
+        index.write_text(json.dumps({**good, "weight_map": weight_map}))
+        for args in (("quantize", src, tmp_path / "o", "--no-progress"), ("generate", src, "--prompt", "a")):
+            assert_one_line_error(invoke(*args, "--device", "cpu"), "model.safetensors.index.json", message)
+        assert sorted(os.listdir(tmp_path)) == ["src", "x.safetensors"]
+    index.unlink()
+    (src / "model.safetensors").mkdir()
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"),
+                          "model.safetensors is a folder, not a safetensors file")
+    assert sorted(os.listdir(tmp_path)) == ["src", "x.safetensors"]
+
+
 def test_an_unsharded_save_over_a_sharded_one_is_read_as_transformers_reads_it(tmp_path):
     """save_pretrained without shards over a sharded save deletes the shards but leaves their index beside the new
     model.safetensors; transformers loads model.safetensors, and so must quantize and generate (they refused the

@@ -158,19 +158,35 @@ def _weight_files(p: Path) -> list[Path]:
     single = p / "model.safetensors"
     if single.is_file():
         return [single]
-    index = p / INDEX_NAME
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): "
-                             f"{type(e).__name__}: {e}") from None
+    weight_map = _index_map(p)
+    if weight_map is not None:
+        names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (p / n).is_file()]
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise ValueError(f"{index} names {missing[0]}{more}, missing from {p}; download the checkpoint again")
+            raise ValueError(f"{p / INDEX_NAME} names {missing[0]}{more}, missing from {p}; download the checkpoint "
+                             f"again")
         return [p / n for n in names]
     return sorted(p.glob("*.safetensors"))
+
+
+def _index_map(p: Path) -> Optional[dict[str, str]]:
+    """The weight_map of ``p``'s safetensors index (key -> file name in ``p``); None without an index."""
+    index = p / INDEX_NAME
+    if not index.is_file() or (p / "model.safetensors").is_file():
+        return None
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise TypeError("its keys and file names must be strings")
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): "
+                         f"{type(e).__name__}: {e}") from None
+    outside = sorted({n for n in weight_map.values() if Path(n).name != n or n in ("", ".", "..")})
+    if outside:  # ("../x.safetensors", an absolute path: a file that is not this checkpoint's)
+        raise ValueError(f"{index} names {outside[0]!r}, not a file name in {p}: an index names the checkpoint's own "
+                         f"files; download the checkpoint again")
+    return weight_map
 
 
 def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
@@ -192,13 +208,22 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not a model config's object")
     files = _weight_files(p)
+    weight_map = _index_map(p)
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
+        if f.is_dir():  # (safetensors' own message: "No such device (os error 19)")
+            raise ValueError(f"{f} is a folder, not a safetensors file; remove it or put the checkpoint's file there")
         try:
-            with safe_open(str(f), framework="pt"):
-                pass
+            with safe_open(str(f), framework="pt") as handle:
+                keys = set(handle.keys())
         except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
             raise ValueError(f"{f} is not a readable safetensors file ({exc}); download or convert it "
                              f"again") from None
+        # A key the index places in a file that lacks it is read nowhere: the model would miss it
+        absent = sorted(k for k, name in (weight_map or {}).items() if name == f.name and k not in keys)
+        if absent:
+            more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+            raise ValueError(f"{p / INDEX_NAME} places {absent[0]}{more} in {f.name}, missing from that file: the "
+                             f"index and the files do not match; download the checkpoint again")
     return p, config, files
 
 
