@@ -294,6 +294,18 @@ def test_an_index_that_does_not_match_its_files_is_refused(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["src", "x.safetensors"]
 
 
+def test_quantize_refuses_a_config_whose_expert_count_the_weights_do_not_have(bf16_checkpoint, tmp_path):
+    """It converted (exit 0) into a DST that no load accepts: the model is built with the config's count."""
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_local_experts": config["num_local_experts"] + 2}))
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"),
+                          f"experts holds {config['num_local_experts']} experts, but config.json says "
+                          f"{config['num_local_experts'] + 2}")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
 def test_an_unsharded_save_over_a_sharded_one_is_read_as_transformers_reads_it(tmp_path):
     """save_pretrained without shards over a sharded save deletes the shards but leaves their index beside the new
     model.safetensors; transformers loads model.safetensors, and so must quantize and generate (they refused the

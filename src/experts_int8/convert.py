@@ -88,6 +88,8 @@ ROLES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "
 PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)"
                         r"\.weight$")
 FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>(gate_up_proj|up_proj|down_proj)(_bias)?)$")
+# config.json's number of routed experts, under the names architectures give it
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 # weights of other frameworks a repository may hold beside its safetensors: not copied into the int8 checkpoint
 OTHER_WEIGHT_SUFFIXES = (".msgpack", ".h5", ".onnx", ".onnx_data", ".npz", ".ot", ".mlmodel", ".bin.gz", ".tflite")
@@ -458,6 +460,11 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     text = text_config(config)
     hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
     shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
+    counts = {text[k] for k in EXPERT_COUNT_KEYS if type(text.get(k)) is int}  # (a per-layer list: not checked)
+    wrong = next(((p, e) for p, (e, _, _) in shapes.items() if counts and e not in counts), None)
+    if wrong:  # (converted, the DST would not load: its model is built with the config's count)
+        raise ValueError(f"{wrong[0]} holds {wrong[1]} experts, but config.json says {min(counts)}: the config and "
+                         f"the weights do not belong together; download the checkpoint again")
     if format == "native":
         quant_config, emit = dict(QUANT_CONFIG), _quantize_group
     else:
