@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -836,6 +837,15 @@ def test_quantize_stopped_by_sigterm_or_a_full_disk_leaves_nothing(bf16_checkpoi
                               f"writing the converted checkpoint in {tmp_path} failed", "No space left",
                               "free space there or choose another DST")
     assert os.listdir(tmp_path) == []
+
+    def full_after_the_weights(src, dst, *args, **kwargs):  # (the tokenizer's copy, after the shards fit)
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    with mock.patch.object(convert.shutil, "copy2", full_after_the_weights):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--no-progress")
+    assert_one_line_error(result, f"writing the converted checkpoint in {tmp_path} failed (No space left on device)",
+                          "free space there or choose another DST")
+    assert ".partial" not in result.output and os.listdir(tmp_path) == []
 
 
 def test_bad_sizes_and_devices_give_one_line(bf16_checkpoint, tmp_path):

@@ -509,8 +509,14 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
             done.update(g.source_keys())
             bar.update(len(g.source_keys()))
         bar.close()
-        writer.finish()
-        _copy_side_files(src_dir, tmp, config, quant_config)
+        try:
+            writer.finish()
+            _copy_side_files(src_dir, tmp, config, quant_config)
+        except OSError as exc:  # (the OS's message named our temporary folder, and no way out)
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise OSError(f"writing the converted checkpoint in {parent} failed ({exc.strerror}); free space there "
+                          f"or choose another DST") from None
         _default_permissions(tmp)
         _move_into_place(tmp, dst_dir, overwrite)
     except BaseException:
