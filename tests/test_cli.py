@@ -307,6 +307,21 @@ def test_quantize_refuses_a_config_whose_expert_count_the_weights_do_not_have(bf
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+def test_a_tokenizer_of_another_model_is_named(demo_run, bf16_checkpoint, tmp_path):
+    """A tokenizer whose ids pass the model's vocab_size (copied from another model) failed in the embedding with
+    "index out of range in self"."""
+    _, keep = demo_run
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)  # (vocab_size 96; the demo tokenizer's ids go further)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(keep / "bf16" / f, src / f)
+    (tmp_path / "t.txt").write_text("The assert statement checks a condition. " * 4)
+    for args in (("generate", src, "--prompt", "The assert statement", "--no-progress"),
+                 ("eval", src, "--text", tmp_path / "t.txt", "--window", "64")):
+        assert_one_line_error(invoke(*args, "--device", "cpu"), "tokenizer gives token id",
+                              "past the model's vocab_size (96)", "copy the original model's tokenizer files")
+
+
 def test_an_unsharded_save_over_a_sharded_one_is_read_as_transformers_reads_it(tmp_path):
     """save_pretrained without shards over a sharded save deletes the shards but leaves their index beside the new
     model.safetensors; transformers loads model.safetensors, and so must quantize and generate (they refused the
@@ -884,7 +899,7 @@ def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
     one line that names the folder or file and what to do, not the library's inner message."""
     _, keep = demo_run
     dense = tmp_path / "dense"
-    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=64, num_hidden_layers=1,  # (the tokenizer's)
                       num_attention_heads=4, num_key_value_heads=2)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
     for f in ("tokenizer.json", "tokenizer_config.json"):

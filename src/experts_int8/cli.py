@@ -503,7 +503,8 @@ def _generate(model, config, prompt, chat, max_new_tokens, dev, dtype, parallel,
     import torch.distributed as dist
 
     from .convert import format_bytes
-    from .run import check_context, generate, load_model, load_tokenizer, peak_memory, quiet_transformers
+    from .run import (check_context, check_token_ids, generate, load_model, load_tokenizer, peak_memory,
+                      quiet_transformers)
 
     rank, world_size = (dist.get_rank(), dist.get_world_size()) if parallel else (0, 1)
 
@@ -523,6 +524,7 @@ def _generate(model, config, prompt, chat, max_new_tokens, dev, dtype, parallel,
         ids = tokenizer(prompt, return_tensors="pt").input_ids
     if ids.shape[1] == 0:
         raise ValueError("the prompt is empty after tokenization")
+    check_token_ids(config, ids, model)
     check_context(config, ids.shape[1] + max_new_tokens, f"the prompt ({ids.shape[1]} tokens) and --max-new-tokens")
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -618,8 +620,8 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
 
     from .convert import read_model_dir
     from .evaluate import compare_models, dense_mlps_as_int8_experts_, routing_quality
-    from .run import (DTYPES, check_context, check_device, checkpoint_kind, from_pretrained, has_tokenizer,
-                      load_model, load_tokenizer, quiet_transformers, read_tokens)
+    from .run import (DTYPES, check_context, check_device, check_token_ids, checkpoint_kind, from_pretrained,
+                      has_tokenizer, load_model, load_tokenizer, quiet_transformers, read_tokens)
 
     stride = window // 2 if stride is None else stride
     if stride >= window:
@@ -638,6 +640,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     ids = read_tokens(load_tokenizer(model), text, max_tokens)
     if len(ids) < 2:
         raise ValueError(f"{text_file} gives fewer than 2 tokens")
+    check_token_ids(config, ids, model)
     if dense_as_experts:
         float_model = from_pretrained(config, model, dtype=DTYPES[dtype]).to(dev).eval()
         int8_model = copy.deepcopy(float_model)

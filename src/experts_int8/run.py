@@ -195,6 +195,16 @@ def check_context(config: dict, tokens: int, what: str) -> None:
                          f"ask for fewer")
 
 
+def check_token_ids(config: dict, ids, path) -> None:
+    """Refuse token ids past the model's ``vocab_size``: a tokenizer of another model (the embedding's own error
+    said only "index out of range in self")."""
+    vocab = text_config(config).get("vocab_size")
+    top = max((int(i) for i in torch.as_tensor(ids).flatten().tolist()), default=-1)
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and top >= vocab:
+        raise ValueError(f"{path}'s tokenizer gives token id {top}, past the model's vocab_size ({vocab}): its "
+                         f"tokenizer files are not this model's; copy the original model's tokenizer files")
+
+
 def memory_bytes(model) -> dict:
     """Bytes of the routed experts (weights + scales) and of all parameters and buffers."""
     from .integrations.transformers import find_experts
