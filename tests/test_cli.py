@@ -322,6 +322,21 @@ def test_a_tokenizer_of_another_model_is_named(demo_run, bf16_checkpoint, tmp_pa
                               "past the model's vocab_size (96)", "copy the original model's tokenizer files")
 
 
+def test_a_config_size_that_is_not_a_positive_integer_is_named(demo_run, tmp_path):
+    """hidden_size 0 was told "inconsistent expert shapes" by quantize (the shapes agreed) and "0.0 cannot be
+    raised to a negative power" by generate."""
+    _, keep = demo_run
+    for value in (0, "64"):
+        src = tmp_path / f"src{value}"
+        shutil.copytree(keep / "bf16", src)
+        config = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**config, "hidden_size": value}))
+        for args in (("quantize", src, tmp_path / "o", "--no-progress"), ("generate", src, "--prompt", "a")):
+            assert_one_line_error(invoke(*args, "--device", "cpu"),
+                                  f"config.json: hidden_size is {value!r}, not a positive integer")
+    assert not (tmp_path / "o").exists()
+
+
 def test_an_unsharded_save_over_a_sharded_one_is_read_as_transformers_reads_it(tmp_path):
     """save_pretrained without shards over a sharded save deletes the shards but leaves their index beside the new
     model.safetensors; transformers loads model.safetensors, and so must quantize and generate (they refused the

@@ -209,6 +209,12 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
         raise ValueError(f"{config_file} is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not a model config's object")
+    text = text_config(config)
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
+        value = text.get(key)
+        if value is not None and (type(value) is not int or value < 1):  # (0 built a model that failed deep inside)
+            raise ValueError(f"{config_file}: {key} is {value!r}, not a positive integer; the config is damaged: "
+                             f"download it again")
     files = _weight_files(p)
     weight_map = _index_map(p)
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
