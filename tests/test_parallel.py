@@ -4,6 +4,7 @@ GPUs) gives the single-process model's logits."""
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -17,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts
-from experts_int8.parallel import ParallelExperts, parallelize_experts, shard_experts
+from experts_int8.parallel import ParallelExperts, Split, parallelize_experts, shard_experts
 from models import tiny_model
 
 
@@ -271,6 +272,14 @@ def test_split_while_loading_errors(tmp_path):
         quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
         with split_while_loading("tp"):
             model = AutoModelForCausalLM.from_pretrained(tmp_path / "int8")
+        # A split model carried into a group of another size (pickled over 2 ranks, say) ran its part alone.
+        carried = copy.deepcopy(model)
+        parts = [m for m in carried.modules() if isinstance(m, ParallelExperts)]
+        for part in parts:
+            part.local.part_of = Split("tp", 1, 2)
+        with pytest.raises(RuntimeError, match=r"hold rank 1's tp part of a split over 2 ranks, but this process is "
+                                               r"rank 0 of 1"):
+            carried(torch.tensor([[3, 4, 5]]))
         # Split again, it summed wrong parts; saved, it wrote rank 0's slice as the checkpoint.
         with pytest.raises(ValueError, match=r"experts\.local is already rank 0's tp part of a split over 1 ranks"):
             parallelize_experts(model, "ep")

@@ -148,6 +148,12 @@ class ParallelExperts(nn.Module):
         self.register_state_dict_pre_hook(_refuse_saving_a_part)
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
+        split = self.local.part_of
+        rank, world_size = dist.get_rank(self.group), dist.get_world_size(self.group)  # (local queries, no traffic)
+        if (rank, world_size) != (split.rank, split.world_size):  # (a split model pickled, then loaded elsewhere)
+            raise RuntimeError(f"these experts hold {split}, but this process is rank {rank} of {world_size} in "
+                               f"their group: the ranks' parts would sum to wrong outputs. Load and split the "
+                               f"checkpoint in this group instead (experts_int8.parallel)")
         if torch.is_grad_enabled() and (hidden_states.requires_grad or top_k_weights.requires_grad):
             # every rank holds the same inputs and, after the sum, the same output: a gradient through its
             # part alone is that part's share, so the inputs' gradients are summed over the ranks, the output's not.
