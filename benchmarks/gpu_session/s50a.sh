@@ -7,9 +7,9 @@
 # start.sh s50a.sh, then wait.sh 560 until CHAIN_DONE (~12-15 minutes warm); extract configs.tgz on an H200.
 source benchmarks/gpu_session/common.sh "$1"
 step "tests changed since their last GPU run"
-timeout 400 python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/test_parallel.py tests/test_bench_tune.py \
-  tests/test_compile.py -k "transformers_expert_parallelism or commit_is_reported or draws or test_compile or \
-runs_on_gpu or tune" 2>&1 | tail -15
+timeout 450 python3 -m pytest -q -n 12 -p no:cacheprovider -rfE tests/test_parallel.py tests/test_compile.py \
+  tests/test_bench_tune.py -k "test_parallel or test_compile or commit_is_reported or draws or runs_on_gpu or \
+tune" 2>&1 | tail -15
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
   CHAIN_NESTED=1 bash benchmarks/gpu_session/s44b.sh "$R"
 else
