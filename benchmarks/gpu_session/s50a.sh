@@ -1,7 +1,8 @@
 #!/bin/bash
-# The fiftieth session's chain. First the tests changed since their last GPU run: session 49's two test fixes
-# (the commit test, transformers' expert-parallel refusal), the torch path under torch.compile (now an op of
-# its own), the routing draws, and the GPU-marked tuner tests (tune routes 16 draws at decode sizes). Then the
+# The fiftieth session's chain. First the tests changed since their last GPU run: test_parallel.py whole (a
+# split module now checks its group's rank and size; transformers' expert-parallel refusal's fix), the commit
+# test's fix, the torch path under torch.compile (an op of its own, cudagraph_unsafe), the routing draws, and
+# the GPU-marked tuner tests (tune routes 16 draws at decode sizes). Then the
 # full bench on the routing draws (item 221's prediction), after, on an H200, item 214's A/B and fold
 # (s44b.sh's H200 branch, whose bench is that full bench).
 # start.sh s50a.sh, then wait.sh 560 until CHAIN_DONE (~12-15 minutes warm); extract configs.tgz on an H200.
