@@ -151,15 +151,15 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _weight_files(p: Path) -> list[Path]:
-    """The safetensors files transformers loads from ``p``: model.safetensors, else those its index names (each
-    must be there), else every *.safetensors. (transformers reads model.safetensors first: an unsharded
-    save_pretrained over a sharded one leaves the old index beside it, naming shards it deleted.) Another file
-    beside an index (a consolidated.safetensors from another release) is not the model's: read, its keys would
-    overwrite the model's."""
+def _weight_files(p: Path) -> tuple[list[Path], Optional[dict[str, str]]]:
+    """The safetensors files transformers loads from ``p``, and the index's weight_map where they come from one:
+    model.safetensors, else those its index names (each must be there), else every *.safetensors. (transformers
+    reads model.safetensors first: an unsharded save_pretrained over a sharded one leaves the old index beside
+    it, naming shards it deleted.) Another file beside an index (a consolidated.safetensors from another
+    release) is not the model's: read, its keys would overwrite the model's."""
     single = p / "model.safetensors"
     if single.is_file():
-        return [single]
+        return [single], None
     weight_map = _index_map(p)
     if weight_map is not None:
         names = sorted(set(weight_map.values()))
@@ -168,14 +168,14 @@ def _weight_files(p: Path) -> list[Path]:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             raise ValueError(f"{p / INDEX_NAME} names {missing[0]}{more}, missing from {p}; download the checkpoint "
                              f"again")
-        return [p / n for n in names]
-    return sorted(p.glob("*.safetensors"))
+        return [p / n for n in names], weight_map
+    return sorted(p.glob("*.safetensors")), None
 
 
 def _index_map(p: Path) -> Optional[dict[str, str]]:
     """The weight_map of ``p``'s safetensors index (key -> file name in ``p``); None without an index."""
     index = p / INDEX_NAME
-    if not index.is_file() or (p / "model.safetensors").is_file():
+    if not index.is_file():
         return None
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -215,8 +215,7 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
         if value is not None and (type(value) is not int or value < 1):  # (0 built a model that failed deep inside)
             raise ValueError(f"{config_file}: {key} is {value!r}, not a positive integer; the config is damaged: "
                              f"download it again")
-    files = _weight_files(p)
-    weight_map = _index_map(p)
+    files, weight_map = _weight_files(p)
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
         if f.is_dir():  # (safetensors' own message: "No such device (os error 19)")
             raise ValueError(f"{f} is a folder, not a safetensors file; remove it or put the checkpoint's file there")

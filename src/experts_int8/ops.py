@@ -3,8 +3,9 @@
 The Triton path is registered as the custom op ``experts_int8::fused_experts`` with a fake
 (meta) implementation, so it captures in CUDA graphs and traces under ``torch.compile`` without a
 graph break; under ``torch.compile`` the torch path is the op ``experts_int8::fused_experts_reference``
-(its loop over the experts hit depends on the ids' values). Validation reads shapes, dtypes and strides only; on CUDA no device value is read
-back to the host, so out-of-range expert ids are refused on CPU tensors only. On the GPU they must lie in
+(its loop over the experts hit depends on the ids' values). Validation reads shapes, dtypes and strides
+only; on CUDA no device value is read back to the host, so out-of-range expert ids are refused on CPU
+tensors only. On the GPU they must lie in
 range: the align step routes them to the absent group (they contribute zero), but the decode modes
 (PAIRS, DEDUP_PAIRS: no align step) read the weights of the expert id given.
 """
@@ -530,10 +531,10 @@ def fused_experts(
     )
     if use_triton and x.device.type != "meta":
         _check_triton_runs(x)
-    if not use_triton and torch.compiler.is_compiling():
-        return _fused_experts_reference(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                                        apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
     if not use_triton:
+        if torch.compiler.is_compiling():
+            return _fused_experts_reference(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+                                            apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
             activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
