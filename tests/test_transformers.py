@@ -592,6 +592,8 @@ def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_
 @pytest.mark.parametrize("damage, match", [
     ("undecorated", "is not a transformers standard experts module; supported: "),
     ("own_gating", "computes its own gating"),
+    # a forward of its own around the standard one (a per-expert norm after it, say) the int8 module would drop
+    ("own_forward", "OwnForward replaces the forward of transformers' standard experts module"),
     ("activation", r"layers\.1\.mlp\.experts: activation ReLU\(\) is none of the kernel's activations"),
 ])
 def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
@@ -601,6 +603,9 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
         del experts.is_concatenated
     elif damage == "activation":  # the experts' own function decides, whatever the config names
         experts.act_fn = torch.nn.ReLU()
+    elif damage == "own_forward":
+        standard = type(experts)
+        experts.__class__ = type("OwnForward", (standard,), {"forward": lambda self, *args: 2 * standard.forward(self, *args)})
     else:
         experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: gate_up})
     with pytest.raises(ValueError, match=match) as err:

@@ -51,7 +51,7 @@ from transformers.core_model_loading import (
     WeightConverter,
     WeightRenaming,
 )
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _default_apply_gate
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, _default_apply_gate, use_experts_implementation
 from transformers.quantizers.auto import (
     AUTO_QUANTIZATION_CONFIG_MAPPING,
     AUTO_QUANTIZER_MAPPING,
@@ -374,7 +374,19 @@ def find_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(name, m) for name, m in model.named_modules() if _is_experts_module(m)]
 
 
+@functools.cache
+def _dispatching_forward():
+    """The code of the forward ``@use_experts_implementation`` gives a class: a call of the configured experts
+    function, which computes the experts alone (the one the int8 module replaces)."""
+    probe = use_experts_implementation(type("_Probe", (nn.Module,), {"forward": lambda self, *args: None}))
+    return probe.forward.__code__
+
+
 def _check_layout(name: str, module: nn.Module, layout: str = "fused") -> None:
+    if getattr(type(module).forward, "__code__", None) is not _dispatching_forward():
+        # a subclass's own forward around the standard experts (a per-expert norm, say) would be dropped
+        raise ValueError(f"{name}: {type(module).__name__} replaces the forward of transformers' standard experts "
+                         f"module with its own, which the int8 module (the experts alone) would drop")
     if layout == "gpt_oss":
         e, h, two_i = module.gate_up_proj.shape
         ok = (two_i % 2 == 0 and tuple(module.down_proj.shape) == (e, two_i // 2, h)
