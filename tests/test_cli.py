@@ -1087,6 +1087,18 @@ def test_quantize_refuses_experts_outside_the_table_that_loading_refuses(bf16_ch
     assert not (tmp_path / "o").exists()
 
 
+def test_quantize_refuses_an_moe_whose_experts_are_modules_of_its_own(tmp_path):
+    """JetMoE's experts are its own modules: refused as an MoE experts-int8 does not support, as loading refuses it
+    (not told it has no experts)."""
+    config = transformers.JetMoeConfig(vocab_size=96, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                                       intermediate_size=32, num_hidden_layers=1, kv_channels=16, num_local_experts=4,
+                                       num_experts_per_tok=2)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "src")
+    assert_one_line_error(invoke("quantize", tmp_path / "src", tmp_path / "o", "--no-progress"),
+                          "does not support model_type 'jetmoe': its config declares num_local_experts=4")
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_remote_code_architecture_converts_its_per_expert_keys_and_names_why_not_its_fused_ones(bf16_checkpoint,
                                                                                                    demo_run, tmp_path):
     """Kimi K2's model_type is its own code: its per-expert keys (as released) convert without building the model,

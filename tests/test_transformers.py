@@ -576,6 +576,21 @@ def test_model_without_moe_warns_when_allowed(caplog):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+@pytest.mark.parametrize("allow_no_experts", [False, True])
+def test_moe_whose_experts_are_modules_of_its_own_is_refused_as_unsupported(allow_no_experts):
+    """JetMoE's experts are its own modules, not transformers' standard ones: an MoE all the same, refused as one
+    (not told it has no experts, nor left float by allow_no_experts)."""
+    config = transformers.JetMoeConfig(**{**COMMON, "num_key_value_heads": 4}, intermediate_size=32,
+                                       num_hidden_layers=1, kv_channels=16, num_local_experts=4, num_experts_per_tok=2)
+    model = AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="does not support model_type 'jetmoe': its config declares "
+                                         "num_local_experts=4 routed experts, but none is a transformers standard "
+                                         "experts module") as err:
+        quantize_(model, ExpertsInt8Config(allow_no_experts=allow_no_experts))
+    assert all(arch in str(err.value) for arch in ARCH_NAMES)
+    assert not getattr(model, "is_quantized", False)
+
+
 def test_architecture_outside_the_table_with_standard_experts_is_quantized_with_a_warning(caplog):
     model = tiny_model("mellum")
     int8_model = tiny_model("mellum")
@@ -605,7 +620,8 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
         experts.act_fn = torch.nn.ReLU()
     elif damage == "own_forward":
         standard = type(experts)
-        experts.__class__ = type("OwnForward", (standard,), {"forward": lambda self, *args: 2 * standard.forward(self, *args)})
+        experts.__class__ = type("OwnForward", (standard,),
+                                 {"forward": lambda self, *args: 2 * standard.forward(self, *args)})
     else:
         experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: gate_up})
     with pytest.raises(ValueError, match=match) as err:

@@ -10,6 +10,8 @@ from safetensors import safe_open
 
 SAFETENSORS_DTYPES = {torch.int8: "I8", torch.float32: "F32"}  # the dtypes of an int8 experts checkpoint's tensors
 FLOAT_DTYPES = ("F32", "F16", "BF16", "F64")  # safetensors' names of the float dtypes a checkpoint can convert
+# config.json's number of routed experts, under the names architectures give it
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 
 
 def read_headers(files: Iterable[str]) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -71,7 +71,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .checkpoint import FLOAT_DTYPES, to_fused_layout
+from .checkpoint import EXPERT_COUNT_KEYS, FLOAT_DTYPES, to_fused_layout
 from .files import check_writable_dir, missing_folders, remove_empty
 from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
@@ -88,8 +88,6 @@ ROLES = {"w1": "gate", "gate_proj": "gate", "w3": "up", "up_proj": "up", "w2": "
 PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<e>\d+)\.(?P<proj>w1|w2|w3|gate_proj|up_proj|down_proj)"
                         r"\.weight$")
 FUSED = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<proj>(gate_up_proj|up_proj|down_proj)(_bias)?)$")
-# config.json's number of routed experts, under the names architectures give it
-EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts")
 WEIGHT_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 # weights of other frameworks a repository may hold beside its safetensors: not copied into the int8 checkpoint
 OTHER_WEIGHT_SUFFIXES = (".msgpack", ".h5", ".onnx", ".onnx_data", ".npz", ".ot", ".mlmodel", ".bin.gz", ".tflite")

@@ -62,8 +62,8 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..checkpoint import (SAFETENSORS_DTYPES, check_int8_checkpoint, from_fused_layout, read_headers,
-                          to_fused_layout)
+from ..checkpoint import (EXPERT_COUNT_KEYS, SAFETENSORS_DTYPES, check_int8_checkpoint, from_fused_layout,
+                          read_headers, to_fused_layout)
 from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
@@ -257,7 +257,8 @@ def layout_from_config(model_dir, config: dict) -> str:
     built on the meta device (nothing allocated); raises ValueError where loading with ExpertsInt8Config would
     refuse them."""
     model = _meta_model(model_dir, config)
-    if find_experts(model):  # (none at all: the converter finds no tensors, says so)
+    # (no experts and none declared: a dense model, whose tensors the converter finds none of, and says so)
+    if find_experts(model) or _declared_experts(model.config.to_dict()):
         _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
     return _layout_of(model)
 
@@ -309,7 +310,7 @@ class ExpertsInt8Config(QuantizationConfigMixin):
             (``"layers[.](0|1)[.]"``) whose experts stay in the checkpoint dtype. Non-expert modules are never
             converted anyway; an entry that names no experts module is warned about.
         allow_no_experts: when the model has no MoE experts, warn and leave it unchanged instead of
-            raising.
+            raising (an MoE whose experts are modules of its own is refused all the same).
     """
 
     def __init__(self, modules_to_not_convert: Optional[list[str]] = None, allow_no_experts: bool = False,
@@ -438,6 +439,11 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     found = find_experts(model)
     experts = [(n, m) for n, m in found if not isinstance(m, Int8Experts)]
     if not found:
+        declared = _declared_experts(model.config.to_dict())
+        if declared:  # an MoE all the same: its experts are modules of its own (DBRX, JetMoE, Switch)
+            raise ValueError(f"experts_int8 does not support model_type {_model_type(model)!r}: its config declares "
+                             f"{declared} routed experts, but none is a transformers standard experts module (fused "
+                             f"gate_up_proj [E, 2I, H] + down_proj [E, H, I]); supported: {sorted(ARCHITECTURES)}")
         msg = (f"{type(model).__name__} has no MoE experts modules (fused gate_up_proj [E, 2I, H] + "
                f"down_proj [E, H, I]); experts_int8 only quantizes routed experts")
         if config.allow_no_experts:
@@ -470,6 +476,18 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
                        f"are transformers' standard ones, so they are quantized. Check the quality with "
                        f"experts_int8.evaluate.routing_quality (float model, int8 model, input ids).")
     return todo
+
+
+def _declared_experts(config: dict) -> Optional[str]:
+    """``key=count`` of the first routed-experts count above one that ``config`` (a config's dict) or one of its
+    sub-configs sets; None for a dense model."""
+    for key, value in config.items():
+        if key in EXPERT_COUNT_KEYS and type(value) is int and value > 1:
+            return f"{key}={value}"
+        found = _declared_experts(value) if isinstance(value, dict) else None
+        if found:
+            return found
+    return None
 
 
 def _activation_of(module: nn.Module, layout: str, name: str = "experts") -> str:
