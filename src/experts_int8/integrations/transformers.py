@@ -469,7 +469,10 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     for name, module in experts:
         if config.skips(name):
             continue
-        _check_layout(name, module, layout)
+        try:
+            _check_layout(name, module, layout)
+        except ValueError as e:  # the model type first: what a user searches for and reports
+            raise ValueError(f"experts_int8 cannot quantize this {model_type!r} model: {e}") from None
         todo.append((name, module))
     if model_type not in ARCHITECTURES:
         logger.warning(f"experts_int8: model_type {model_type!r} is not one of the tested architectures; its experts "
