@@ -1076,6 +1076,9 @@ def test_quantize_checks_expert_biases(bf16_checkpoint, tmp_path, arch, damage, 
 @pytest.mark.parametrize("arch, changes, message", [
     ("mellum", {"hidden_act": "relu"}, "is none of the kernel's activations"),  # (what loading says too)
     ("mixtral", {"model_type": "no_such_model"}, "transformers cannot build model_type 'no_such_model'"),
+    # a dense model's config over MoE weights: its model has nowhere to put the experts (loading would fail)
+    ("mixtral", {"model_type": "llama", "num_local_experts": None},
+     "config.json's model_type 'llama' builds a model without routed experts, but the weights hold experts tensors"),
 ])
 def test_quantize_refuses_experts_outside_the_table_that_loading_refuses(bf16_checkpoint, tmp_path, arch, changes,
                                                                           message):

@@ -454,12 +454,18 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
     renames = _experts_renames(config)
     groups = plan_groups(headers, "fused", renames)
+    layout = "fused"
     if any(g.fused for g in groups.values()) or not needs_remote_code(config):  # (the layout check also refuses
-        groups = plan_groups(headers, _layout(src_dir, config), renames)   # experts the kernel cannot run)
+        layout = _layout(src_dir, config)                                     # experts the kernel cannot run)
+        groups = plan_groups(headers, layout or "fused", renames)
     if not groups:
         raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                          f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
                          f"'...experts.gate_up_proj'); nothing to quantize")
+    if layout is None:  # (converted, the DST would not load: its model has no experts to put them in)
+        raise ValueError(f"{src}: config.json's model_type {_model_type(config)!r} builds a model without routed "
+                         f"experts, but the weights hold experts tensors ({next(iter(groups))}): the config and the "
+                         f"weights do not belong together; download the checkpoint again")
     text = text_config(config)
     hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
     shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
@@ -608,11 +614,11 @@ def _architectures() -> Optional[dict]:
     return ARCHITECTURES
 
 
-def _layout(src_dir: Path, config: dict) -> str:
+def _layout(src_dir: Path, config: dict) -> Optional[str]:
     """The fused experts tensors' layout of this architecture (``checkpoint.to_fused_layout``). Outside the
     table, the model's experts modules decide, built from the config on the meta device, and a model whose
-    experts the kernel cannot run is refused as loading refuses it; without transformers the plain layout
-    (another then fails _check_group's shape check)."""
+    experts the kernel cannot run is refused as loading refuses it (None: the config builds a dense model);
+    without transformers the plain layout (another then fails _check_group's shape check)."""
     architectures = _architectures()
     if architectures is None:
         return "fused"

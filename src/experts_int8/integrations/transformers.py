@@ -252,14 +252,14 @@ def experts_form(model_dir, config: dict) -> dict:
                 biases=any(name.endswith("bias") for m in experts for name, _ in m.named_parameters(recurse=False)))
 
 
-def layout_from_config(model_dir, config: dict) -> str:
+def layout_from_config(model_dir, config: dict) -> Optional[str]:
     """The experts layout of the model in ``model_dir`` (``config``: its ``config.json``), read from its modules
     built on the meta device (nothing allocated); raises ValueError where loading with ExpertsInt8Config would
-    refuse them."""
+    refuse them. None: the config builds a dense model (no experts modules, no expert count)."""
     model = _meta_model(model_dir, config)
-    # (no experts and none declared: a dense model, whose tensors the converter finds none of, and says so)
-    if find_experts(model) or _declared_experts(model.config.to_dict()):
-        _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
+    if not find_experts(model) and not _declared_experts(model.config.to_dict()):
+        return None
+    _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
     return _layout_of(model)
 
 
