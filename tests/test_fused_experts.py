@@ -1188,3 +1188,19 @@ def test_a_rank_without_local_experts_adds_zeros(backend):
     out = fused_experts(x, w13, w2, weights, ids, w13_scale=s13, w2_scale=s2, backend=backend,
                         expert_map=torch.full((4,), -1, dtype=torch.int32, device=DEVICE))
     assert torch.equal(out, torch.zeros_like(x))
+
+
+def test_the_op_makes_its_tensors_gpu_current_only_where_it_is_another(monkeypatch):
+    """Triton launches on the current CUDA device: a layer whose tensors sit on another GPU (a model spread by
+    device_map) switches to theirs for its launches, and only then (test_gpu.py runs it on two GPUs)."""
+    import contextlib
+
+    from experts_int8 import ops
+
+    switched = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: switched.append(d) or contextlib.nullcontext())
+    for device in ("cpu", "meta", "cuda", "cuda:0", "cuda:1"):
+        with ops.on_device(torch.device(device)):
+            pass
+    assert switched == [torch.device("cuda", 1)]

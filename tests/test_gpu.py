@@ -42,6 +42,24 @@ def test_bf16(m):
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("m", [1, 300])
+def test_tensors_on_another_gpu_than_the_current(m):
+    """Triton launches on the current device and its stream: tensors on the second GPU while the first is current
+    (a model spread by device_map) run on theirs, ordered after the work that made them, with the same output."""
+    torch.cuda.set_device(0)
+    ex = layer()
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    on_first = fused_experts(x, **ex, topk_weights=w, topk_ids=ids)
+    ex1 = {k: v.to("cuda:1") for k, v in ex.items()}
+    big = torch.randn(4096, 4096, device="cuda:1")
+    x1 = (big @ big)[:m, :512].to(torch.bfloat16).mul(0).add(x.to("cuda:1"))  # queued last on GPU 1's stream
+    out = fused_experts(x1, **ex1, topk_weights=w.to("cuda:1"), topk_ids=ids.to("cuda:1"))
+    assert out.device == torch.device("cuda", 1) and torch.cuda.current_device() == 0
+    assert ((out.cpu().double() - on_first.cpu().double()).norm() / on_first.cpu().double().norm()).item() < 1e-3
+
+
 KERNEL_VARIANTS = {  # optional config keys, compiled for the GPU (the CPU tests run them interpreted)
     "split_k": dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1, num_warps=4, num_stages=3,
                     down=dict(SPLIT_K=4)),

@@ -836,6 +836,24 @@ def test_gpu_model_with_a_layer_offloaded_to_the_cpu(checkpoints, source, tmp_pa
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_gpu_model_spread_over_two_gpus(checkpoints):
+    """device_map puts layer 1 on the second GPU while the first stays current: its kernels run there (Triton
+    launches on the current device), the logits are the one-GPU model's, and the current device is unchanged."""
+    kwargs = dict(quantization_config=ExpertsInt8Config(), dtype=torch.bfloat16)
+    device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "model.norm": 0,
+                  "model.rotary_emb": 0, "lm_head": 0}
+    torch.cuda.set_device(0)
+    spread = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), device_map=device_map, **kwargs)
+    whole = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), device_map="cuda:0", **kwargs)
+    assert spread.model.layers[1].mlp.experts.down_proj.device == torch.device("cuda", 1)
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.no_grad():
+        torch.testing.assert_close(spread(ids).logits.cpu(), whole(ids).logits.cpu())
+    assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "jamba", "gpt_oss"])
 def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
     import experts_int8.ops as ops

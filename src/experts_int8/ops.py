@@ -12,6 +12,7 @@ range: the align step routes them to the absent group (they contribute zero), bu
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -228,6 +229,15 @@ def _warn_caller(message: str) -> None:
     warnings.warn(message, stacklevel=level)
 
 
+def on_device(device: torch.device):
+    """``device`` as the current CUDA device inside the block: Triton launches a kernel on the current device and
+    its stream, so a model spread over GPUs (``device_map``) would run a layer on another GPU than its tensors',
+    unordered with their stream. Nothing to do on the current device or off CUDA."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def _transient_fits(nbytes: int, device: torch.device) -> bool:
     """Whether a temporary buffer of ``nbytes`` fits in the device's free memory plus what torch's
     allocator holds unused (always, off CUDA and while a graph is captured: no query there)."""
@@ -292,98 +302,99 @@ def _fused_experts_triton(
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    m, top_k = topk_ids.shape
-    num_experts, hidden, inter = w2.shape
-    if m == 0 or hidden == 0:
-        return x.new_empty((m, hidden))
-    if num_experts == 0:  # no local experts (every pair is another rank's): as the torch path, zeros
-        return x.new_zeros((m, hidden))
-    # the align kernels and pair paths read ids and the map by pointer: a strided view (reshape keeps one
-    # whose strides are uniform) would be read as the wrong ids
-    topk_ids = topk_ids.contiguous()
-    expert_map = expert_map.contiguous() if expert_map is not None else None
-    gated = is_gated(w13, w2)
-    config = _tma_where_it_fits(get_config(m, num_experts, inter, top_k, w13.dtype, x.device, gated), w13, w2)
-    if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
-        config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
-    weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
-    # TAIL_ROWS entries: an expert's last rows past its last whole block go to a second pass on a smaller
-    # entry (they write their pairs' rows of h and y) instead of a large block of their own
-    tail_cfg = (_tma_where_it_fits(tail_config(config, num_experts, inter, top_k, w13.dtype, x.device, gated), w13, w2)
-                if config.get("TAIL_ROWS") else None)
+    with on_device(x.device):  # Triton launches on the current device, not the tensors'
+        m, top_k = topk_ids.shape
+        num_experts, hidden, inter = w2.shape
+        if m == 0 or hidden == 0:
+            return x.new_empty((m, hidden))
+        if num_experts == 0:  # no local experts (every pair is another rank's): as the torch path, zeros
+            return x.new_zeros((m, hidden))
+        # the align kernels and pair paths read ids and the map by pointer: a strided view (reshape keeps one
+        # whose strides are uniform) would be read as the wrong ids
+        topk_ids = topk_ids.contiguous()
+        expert_map = expert_map.contiguous() if expert_map is not None else None
+        gated = is_gated(w13, w2)
+        config = _tma_where_it_fits(get_config(m, num_experts, inter, top_k, w13.dtype, x.device, gated), w13, w2)
+        if config.get("DEDUP_PAIRS") and m * top_k > DEDUP_MAX_PAIRS:  # a decode entry serving a large M
+            config = without(config, "PAIRS", "DEDUP_PAIRS", "SUM_LAST")  # the align path and its sum launch
+        weights = topk_weights.reshape(-1).contiguous()  # read in its own dtype: no cast launch per layer
+        # TAIL_ROWS entries: an expert's last rows past its last whole block go to a second pass on a smaller
+        # entry (they write their pairs' rows of h and y) instead of a large block of their own
+        tail_cfg = (_tma_where_it_fits(tail_config(config, num_experts, inter, top_k, w13.dtype, x.device, gated),
+                                       w13, w2) if config.get("TAIL_ROWS") else None)
 
-    def run_tail(tail, h, y):
-        if tail is not None:
-            _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, tail, top_k, activation,
-                              apply_router_weight_on_input, tail_cfg, w13_bias, w2_bias)
+        def run_tail(tail, h, y):
+            if tail is not None:
+                _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, tail, top_k, activation,
+                                  apply_router_weight_on_input, tail_cfg, w13_bias, w2_bias)
 
-    # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
-    rows = config.get("WSRR_ROWS", 256)
-    stages = config.get("WSRR_STAGES")  # (None: the tile's own ring)
-    if (config.get("WSRR") and gluon_wsrr is not None
-            and gluon_wsrr.supported(x, w13, w13_scale, w2, apply_router_weight_on_input, rows, stages)):
-        main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
-        h, y = x.new_empty((m * top_k, gluon_wsrr.h_columns(inter))), x.new_empty((m * top_k, hidden))
-        gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation,
-                                  w13_bias, w2_bias)
-        run_tail(tail, h[:, :inter], y)
-        return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
-    # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
-    # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
-    # write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md items 34, 37).
-    # One float copy at a time (w2's reuses w13's memory), and only where it fits with the layer's
-    # intermediate and output rows: else the int8 path.
-    dequant = (config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2
-               and _transient_fits((w13.numel() + m * top_k * (inter + hidden)) * x.element_size(), x.device))
-    if dequant:
-        w13, w13_scale = invoke_dequantize(w13, w13_scale, x.dtype), None
-    gate_up_config, down_config = split_config(config)
-    if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
-        sorted_token_ids = block_expert_ids = num_post_padded = _pair_experts(topk_ids, expert_map)  # 2 unread
-        tail = None
-    else:
-        (sorted_token_ids, block_expert_ids, num_post_padded), tail = _aligned(
-            topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map, config, tail_cfg)
-    h = x.new_empty((m * top_k, inter))
-    sum_last = bool(down_config.get("SUM_LAST"))  # (the Triton kernels only: configs excludes GLUON and WSRR)
-    # SUM_LAST's arrival counters, zeroed by the gate_up launch
-    counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
-    # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
-    # wgmma-sized blocks), else the Triton kernels with the same blocks
-    gluon = config.get("GLUON") and gluon_moe is not None and gluon_moe.supported(config, x, w13, w13_scale, w2)
-    if gluon:
-        gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                                 top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
-    else:
-        invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                       top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts)
-    if dequant:
-        del w13  # its float copy is free for w2's
-        w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None
-    split_k = down_config.get("SPLIT_K", 1)
-    sum_topk = bool(down_config.get("SUM_TOPK"))
-    if split_k > 1 or sum_last:  # fp32 partials over slices of I, summed with the k experts of each token
-        y = x.new_empty((split_k, m * top_k, hidden), dtype=torch.float32)
-    elif sum_topk:  # decode: each token's k experts summed inside the down GEMM
-        y = x.new_empty((m, hidden))
-    else:
-        y = x.new_empty((m * top_k, hidden))
-    if gluon:
-        gluon_moe.invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                              not apply_router_weight_on_input, down_config, w2_bias)
-    elif sum_last:  # decode: the last program to finish a token's column tile adds it up, no sum launch
-        return invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                           not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k,
-                           sums=x.new_empty((m, hidden)), counts=counts)
-    else:
-        invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                    not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
-    run_tail(tail, h, y)  # (TAIL_ROWS excludes SPLIT_K and the decode modes: y is [M * k, H] here)
-    if sum_topk or (top_k == 1 and split_k == 1):
-        return y
-    # partials and experts added and cast in one launch: torch would need two for split-K partials,
-    # and its strided reduction over k took 4.3-4.7 µs per decode layer on the H200 (NOTES item 58)
-    return invoke_sum(y if split_k > 1 else y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
+        # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
+        rows = config.get("WSRR_ROWS", 256)
+        stages = config.get("WSRR_STAGES")  # (None: the tile's own ring)
+        if (config.get("WSRR") and gluon_wsrr is not None
+                and gluon_wsrr.supported(x, w13, w13_scale, w2, apply_router_weight_on_input, rows, stages)):
+            main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
+            h, y = x.new_empty((m * top_k, gluon_wsrr.h_columns(inter))), x.new_empty((m * top_k, hidden))
+            gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation,
+                                      w13_bias, w2_bias)
+            run_tail(tail, h[:, :inter], y)
+            return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
+        # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
+        # 16-bit weights: fp32 activations keep the int8 path), paying one read of the int8 experts and one
+        # write of them in x's dtype instead of converting every tile (benchmarks/NOTES.md items 34, 37).
+        # One float copy at a time (w2's reuses w13's memory), and only where it fits with the layer's
+        # intermediate and output rows: else the int8 path.
+        dequant = (config.get("DEQUANT_ONCE") and w13_scale is not None and x.element_size() == 2
+                   and _transient_fits((w13.numel() + m * top_k * (inter + hidden)) * x.element_size(), x.device))
+        if dequant:
+            w13, w13_scale = invoke_dequantize(w13, w13_scale, x.dtype), None
+        gate_up_config, down_config = split_config(config)
+        if gate_up_config.get("PAIRS"):  # decode: blocks from the pairs themselves, no align step
+            sorted_token_ids = block_expert_ids = num_post_padded = _pair_experts(topk_ids, expert_map)  # 2 unread
+            tail = None
+        else:
+            (sorted_token_ids, block_expert_ids, num_post_padded), tail = _aligned(
+                topk_ids, gate_up_config["BLOCK_SIZE_M"], num_experts, expert_map, config, tail_cfg)
+        h = x.new_empty((m * top_k, inter))
+        sum_last = bool(down_config.get("SUM_LAST"))  # (the Triton kernels only: configs excludes GLUON and WSRR)
+        # SUM_LAST's arrival counters, zeroed by the gate_up launch
+        counts = x.new_empty(sum_last_counts(m, hidden, down_config), dtype=torch.int32) if sum_last else None
+        # GLUON entries: hand-pipelined wgmma kernels where they apply (sm_90, int8 with scales, 16-bit x,
+        # wgmma-sized blocks), else the Triton kernels with the same blocks
+        gluon = config.get("GLUON") and gluon_moe is not None and gluon_moe.supported(config, x, w13, w13_scale, w2)
+        if gluon:
+            gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                                     top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
+        else:
+            invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                           top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts)
+        if dequant:
+            del w13  # its float copy is free for w2's
+            w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None
+        split_k = down_config.get("SPLIT_K", 1)
+        sum_topk = bool(down_config.get("SUM_TOPK"))
+        if split_k > 1 or sum_last:  # fp32 partials over slices of I, summed with the k experts of each token
+            y = x.new_empty((split_k, m * top_k, hidden), dtype=torch.float32)
+        elif sum_topk:  # decode: each token's k experts summed inside the down GEMM
+            y = x.new_empty((m, hidden))
+        else:
+            y = x.new_empty((m * top_k, hidden))
+        if gluon:
+            gluon_moe.invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                                  not apply_router_weight_on_input, down_config, w2_bias)
+        elif sum_last:  # decode: the last program to finish a token's column tile adds it up, no sum launch
+            return invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                               not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k,
+                               sums=x.new_empty((m, hidden)), counts=counts)
+        else:
+            invoke_down(h, w2, w2_scale, y, weights, sorted_token_ids, block_expert_ids, num_post_padded,
+                        not apply_router_weight_on_input, down_config, w2_bias, top_k=top_k if sum_topk else 1)
+        run_tail(tail, h, y)  # (TAIL_ROWS excludes SPLIT_K and the decode modes: y is [M * k, H] here)
+        if sum_topk or (top_k == 1 and split_k == 1):
+            return y
+        # partials and experts added and cast in one launch: torch would need two for split-K partials,
+        # and its strided reduction over k took 4.3-4.7 µs per decode layer on the H200 (NOTES item 58)
+        return invoke_sum(y if split_k > 1 else y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
 
 
 @_fused_experts_triton.register_fake
