@@ -165,3 +165,43 @@ def test_scores_in_the_logits_dtype():
     assert w16.dtype == w32.dtype == torch.float32
     with pytest.raises(ValueError, match="score_in_logits_dtype do not apply"):
         select_experts(logits, 2, score_in_logits_dtype=True, custom_routing_function=lambda *a: None)
+
+
+def test_grouped_topk_deepseek_v2_ranks_groups_by_their_best_score_not_their_sum():
+    """Group 0 holds the single best expert, group 1 the larger total: DeepSeek-V2 keeps group 0."""
+    p = torch.tensor([[0.45, 0.01, 0.27, 0.27]])
+    w, ids = select_experts(p.log(), 2, num_expert_group=2, topk_group=1, renormalize=False)
+    assert sorted(ids[0].tolist()) == [0, 1]
+    torch.testing.assert_close(w[0], p[0, [0, 1]] / p.sum())
+
+
+def test_grouped_topk_deepseek_v3_ranks_groups_by_their_two_best_biased_scores():
+    """Biased scores [1.4, 0.5 | 1.1, 1.1]: group 0 has the best single expert, group 1 the best pair, and
+    DeepSeek-V3 keeps group 1 (top-2 sum 2.2 against 1.9); weights come from the unbiased sigmoids."""
+    logits = torch.zeros(1, 4)
+    bias = torch.tensor([0.9, 0.0, 0.6, 0.6])
+    w, ids = select_experts(logits, 2, scoring="sigmoid", num_expert_group=2, topk_group=1, correction_bias=bias)
+    assert sorted(ids[0].tolist()) == [2, 3]
+    torch.testing.assert_close(w[0], torch.tensor([0.5, 0.5]))
+
+
+@pytest.mark.parametrize("factor", [0.5, 2.5])
+def test_routed_scaling_factor_below_and_above_one(factor):
+    logits = torch.randn(5, 8)
+    w, ids = select_experts(logits, 2, routed_scaling_factor=factor)
+    w1, ids1 = select_experts(logits, 2)
+    assert torch.equal(ids, ids1)
+    torch.testing.assert_close(w, w1 * factor)
+    torch.testing.assert_close(w.sum(-1), torch.full((5,), factor))
+
+
+def test_grouped_topk_bounds_on_topk_group():
+    """topk_group past the number of groups is named (not torch's topk error); top_k that exactly fills the kept
+    groups is allowed and takes every expert of them."""
+    logits = torch.randn(3, 8)
+    with pytest.raises(ValueError, match=r"topk_group must be in \[1, num_expert_group=4\], got 5"):
+        select_experts(logits, 2, num_expert_group=4, topk_group=5)
+    w, ids = select_experts(logits, 4, num_expert_group=4, topk_group=2)
+    groups = ids.long() // 2
+    for row in groups:
+        assert sorted(row.tolist()) == sorted(2 * sorted(set(row.tolist())))  # two whole groups of two
