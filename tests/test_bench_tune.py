@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import types
+import zlib
 from pathlib import Path
 
 import pytest
@@ -1034,6 +1035,11 @@ def test_heuristics_fit_the_shared_memory_of_smaller_gpus():
             configs.check_config(fitted)
             # Hopper's 227 KB takes the defaults unchanged.
             assert configs.fit_shared_memory(cfg, dtype.itemsize, 227 * 1024) == cfg
+    # Two stages are the floor (a pipeline); past it the K tiles shorten: 16x256 bf16 + 2 x 256x64 int8 a stage
+    # is 40 KB, so 64 KB takes two stages of K tiles of 128, not one stage of 256
+    cfg = configs.heuristic_config(1, 8, 2, torch.int8, "NVIDIA_H200")
+    assert (cfg["BLOCK_SIZE_K"], cfg["num_stages"]) == (256, 3)
+    assert configs.fit_shared_memory(cfg, 1, 64 * 1024) == dict(cfg, num_stages=2, BLOCK_SIZE_K=128)
 
 
 def test_heuristic_decode_config_streams_long_int8_k_tiles():
@@ -1042,6 +1048,12 @@ def test_heuristic_decode_config_streams_long_int8_k_tiles():
     prefill = configs.heuristic_config(4096, 8, 2, torch.int8, "NVIDIA_H200")
     gate_up, down = configs.split_config(prefill)
     assert gate_up["BLOCK_SIZE_N"] == 64 and down["BLOCK_SIZE_N"] == 128
+    # by the rows each expert expects (M * k / E): up to 16 one 16-row block, then 32, 64 (int8 up to 256), 128
+    rows = {m: configs.heuristic_config(m, 8, 2, torch.int8, "NVIDIA_H200")["BLOCK_SIZE_M"]
+            for m in (64, 65, 128, 129, 1024, 1025)}
+    assert rows == {64: 16, 65: 32, 128: 32, 129: 64, 1024: 64, 1025: 128}
+    assert configs.heuristic_config(1025, 8, 2, torch.bfloat16, "NVIDIA_H200")["BLOCK_SIZE_M"] == 128
+    assert configs.heuristic_config(129, 8, 2, torch.bfloat16, "NVIDIA_H200")["BLOCK_SIZE_M"] == 128
 
 
 def test_int8_prefill_heuristic_runs_the_register_form_on_hopper(monkeypatch):
@@ -1084,6 +1096,9 @@ def test_table_key_takes_the_m_below_unless_its_blocks_are_too_short():
     assert configs.table_key(decode32, 256, *mixtral) == 1024  # 64 rows: two passes
     assert configs.table_key(table, 100000, *mixtral) == 4096  # nothing above: the largest
     assert configs.table_key({8: small}, 1, *mixtral) == 8  # nothing below: the smallest
+    assert configs.table_key({64: big, 8: small, 4096: big}, 1, *mixtral) == 8
+    rows64 = {16: dict(PINNED, BLOCK_SIZE_M=64), 1024: big}  # 64-row blocks are a prefill config: kept past them
+    assert configs.table_key(rows64, 512, *mixtral) == 16
 
 
 def test_library_commit_prefers_the_given_commit(monkeypatch):
@@ -1275,6 +1290,14 @@ def test_bench_routing_draws_are_seeded_and_vary_at_decode_sizes():
     # past the decode sizes every draw hits (nearly) every expert: one draw, as before
     big = bench.routing_draws(bench.DRAWS_UP_TO_M * 2, 8, 2, device="cpu")
     assert len(big) == 1 and bench.distinct_experts(big[0][1]) == 8
+    # draw 0 keeps the seed of the one-draw rows ("M,E,k"), so rows past the decode sizes route as results
+    # recorded before the draws did; later draws add their index
+    for m, draw in ((2, 0), (2, 1), (bench.DRAWS_UP_TO_M * 2, 0)):
+        seed = f"{m},16,2" + (f",{draw}" if draw else "")
+        logits = torch.randn(m, 16, generator=torch.Generator().manual_seed(zlib.crc32(seed.encode())))
+        want_w, want_ids = experts_int8.select_experts(logits, 2)
+        got_w, got_ids = bench.routing_draws(m, 16, 2, device="cpu")[draw]
+        assert torch.equal(got_ids, want_ids) and torch.equal(got_w, want_w)
 
 
 def test_bench_calls_cycle_the_layers_and_the_draws_apart(monkeypatch):
