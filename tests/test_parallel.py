@@ -92,6 +92,17 @@ def test_shard_errors(args, error, match):
         shard_experts(module, *args)
 
 
+@pytest.mark.parametrize("mode, world_size", [("ep", 6), ("tp", 24)])
+def test_as_many_ranks_as_experts_or_columns_of_i(mode, world_size):
+    """The most ranks a split takes: one expert each (ep over E ranks), one column of I each (tp over I)."""
+    full = experts()
+    x = torch.randn(5, 32)
+    w, ids = select_experts(torch.randn(5, 6), 2)
+    shards = [shard_experts(full, mode, r, world_size) for r in range(world_size)]
+    assert all((s.num_experts if mode == "ep" else s.intermediate_size) == 1 for s in shards)
+    torch.testing.assert_close(sum(s(x, ids, w) for s in shards), full(x, ids, w), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("first", ["tp", "ep"])
 @pytest.mark.parametrize("second", ["tp", "ep"])
 def test_shard_of_a_shard_and_no_process_group(first, second):
