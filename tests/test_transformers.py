@@ -699,7 +699,7 @@ def test_bad_biases_and_float64_range_leave_model_unchanged():
                                down_proj_bias=torch.zeros(2, 4))
 
 
-@pytest.mark.parametrize("damage", ["missing", "misshaped"])
+@pytest.mark.parametrize("damage", ["missing", "misshaped", "bf16"])
 def test_int8_checkpoint_with_bad_scales_names_the_key(damage, int8_models, tmp_path):
     int8_models("mixtral").save_pretrained(tmp_path)
     (path,) = glob.glob(str(tmp_path / "*.safetensors"))
@@ -708,14 +708,35 @@ def test_int8_checkpoint_with_bad_scales_names_the_key(damage, int8_models, tmp_
     assert key in sd
     if damage == "missing":
         del sd[key]
+    elif damage == "bf16":  # (scales are fp32: a checkpoint's bf16 scales are named, not loaded)
+        sd[key] = sd[key].to(torch.bfloat16)
     else:
         sd[key] = sd[key][:, :7].contiguous()
     save_file(sd, path, metadata={"format": "pt"})
     # The file's key, as a user would look for it (the model renames block_sparse_moe to mlp).
-    expected = (re.escape(f"{key} (the model's model.layers.1.mlp.experts.down_proj_scale): not found")
-                if damage == "missing" else re.escape(f"{key}: expected F32"))
+    expected = {"missing": re.escape(f"{key} (the model's model.layers.1.mlp.experts.down_proj_scale): not found"),
+                "bf16": re.escape(f"{key}: expected F32 [5, 64], got BF16 [5, 64]"),
+                "misshaped": re.escape(f"{key}: expected F32")}[damage]
     with pytest.raises(ValueError, match=expected):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
+    """A model's name is found under the checkpoint's own module names by its layer indices and last two parts;
+    two candidates (another stack's layer 0) are ambiguous: none is taken, rather than either one's tensor."""
+    from experts_int8.checkpoint import CheckpointKeys, check_int8_checkpoint
+
+    name = "model.layers.0.mlp.experts.down_proj"
+    one = CheckpointKeys(["model.layers.0.block_sparse_moe.experts.down_proj", "model.layers.1.mlp.experts.down_proj"])
+    assert one.find(name) == "model.layers.0.block_sparse_moe.experts.down_proj"
+    assert one.find("model.layers.1.mlp.experts.down_proj") == "model.layers.1.mlp.experts.down_proj"
+    assert one.find("model.layers.2.mlp.experts.down_proj") is None
+    two = CheckpointKeys(["model.layers.0.block_sparse_moe.experts.down_proj", "mtp.layers.0.moe.experts.down_proj"])
+    assert two.find(name) is None
+    headers = {"model.layers.0.block_sparse_moe.experts.down_proj": ("I8", (2, 4, 3)),
+               "mtp.layers.0.moe.experts.down_proj": ("I8", (2, 4, 3))}
+    with pytest.raises(ValueError, match=re.escape(f"{name}: not found in the checkpoint (expected I8 [2, 4, 3])")):
+        check_int8_checkpoint(headers, {name: ("I8", (2, 4, 3))})
 
 
 def test_config_rejects_bad_arguments():
