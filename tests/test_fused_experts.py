@@ -1204,3 +1204,22 @@ def test_the_op_makes_its_tensors_gpu_current_only_where_it_is_another(monkeypat
         with ops.on_device(torch.device(device)):
             pass
     assert switched == [torch.device("cuda", 1)]
+
+
+def test_torch_path_rounds_the_intermediate_to_x_dtype_as_the_kernel_stores_it():
+    """The reference (the CPU path) keeps the kernel's numerics: fp32 products times the row scales, the
+    activation, then the intermediate stored in x's dtype (bf16 here) before the down product."""
+    e, h, i = 3, 64, 48
+    experts = make_experts(e, h, i)
+    x = torch.randn(5, h, dtype=torch.bfloat16)
+    ids = torch.tensor([[1], [0], [1], [2], [1]], dtype=torch.int32)
+    weights = torch.rand(5, 1) + 0.5
+    out = fused_experts(x, **experts, topk_weights=weights, topk_ids=ids, backend="torch")
+    want = torch.empty_like(out)
+    for ex in range(e):  # (each expert's tokens in one product, as the path computes them: the same sums)
+        tok = (ids[:, 0] == ex).nonzero()[:, 0]
+        gate_up = (x[tok].float() @ experts["w13"][ex].float().t()) * experts["w13_scale"][ex]
+        act = (torch.nn.functional.silu(gate_up[:, :i]) * gate_up[:, i:]).to(torch.bfloat16)
+        y = (act.float() @ experts["w2"][ex].float().t()) * experts["w2_scale"][ex]
+        want[tok] = (y * weights[tok]).to(torch.bfloat16)
+    assert torch.equal(out, want)
