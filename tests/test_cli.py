@@ -1153,3 +1153,25 @@ def test_a_missing_optional_dependency_names_the_extra_that_installs_it(monkeypa
     result = CliRunner().invoke(main, ["demo"])
     assert result.exit_code == 1
     assert "pip install 'experts-int8[hf]'" in result.output and "Traceback" not in result.output
+
+
+def test_quantize_shards_are_named_sized_and_indexed_as_transformers_writes_them(bf16_checkpoint, tmp_path):
+    """Shards model-0000i-of-0000n (1-based), each within --max-shard-size unless it holds one larger tensor, and
+    an index whose total_size is the bytes of every tensor and whose weight_map names each key's shard."""
+    dst = tmp_path / "int8"
+    result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--device", "cpu", "--no-progress",
+                    "--max-shard-size", "40KB")
+    assert result.exit_code == 0, result.output
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in dst.glob("*.safetensors"))
+    n = len(files)
+    assert n > 1 and files == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    total = 0
+    for name in files:
+        shard = load_file(str(dst / name))
+        sizes = [t.numel() * t.element_size() for t in shard.values()]
+        assert sum(sizes) <= 40_000 or len(sizes) == 1, (name, sum(sizes))
+        assert all(index["weight_map"][key] == name for key in shard)
+        total += sum(sizes)
+    assert index["metadata"]["total_size"] == total
+    assert len(index["weight_map"]) == len(tensors(dst))
