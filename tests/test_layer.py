@@ -100,3 +100,31 @@ def test_scales_left_out_of_a_load_are_nan_and_other_float_dtypes_load_as_fp32()
     assigned.load_state_dict(state, assign=True)
     assert assigned.gate_up_proj_scale.dtype == assigned.down_proj_scale.dtype == torch.float32
     assert state["down_proj_scale"].dtype == torch.bfloat16  # (the caller's dict is left as given)
+
+
+def test_scales_in_another_float_dtype_run_as_fp32():
+    """Scales that reach the forward in bf16 (assigned as such) are read as fp32 values, not refused by the
+    kernel's fp32 check; the module's own casts keep them fp32."""
+    w13, w2 = _float_experts(gated=True)
+    module = Int8Experts.from_float(w13, w2, backend="torch")
+    x = torch.randn(6, H)
+    w, ids = select_experts(torch.randn(6, E), 2)
+    assert module.to(torch.bfloat16).down_proj_scale.dtype == torch.float32
+    module.gate_up_proj_scale = module.gate_up_proj_scale.to(torch.bfloat16)
+    module.down_proj_scale = module.down_proj_scale.to(torch.bfloat16)
+    want = Int8Experts.from_float(w13, w2, backend="torch")
+    want.load_quantized(module.gate_up_proj, module.gate_up_proj_scale.float(), module.down_proj,
+                        module.down_proj_scale.float())
+    assert torch.equal(module(x, ids, w), want(x, ids, w))
+
+
+def test_load_quantized_refuses_tensors_of_another_dtype():
+    """Float weights or scales of another dtype are refused naming the tensor, before anything is installed."""
+    w13, w2 = _float_experts(gated=True)
+    module = Int8Experts.from_float(w13, w2, backend="torch")
+    q13, s13, q2, s2 = module.gate_up_proj, module.gate_up_proj_scale, module.down_proj, module.down_proj_scale
+    with pytest.raises(ValueError, match=r"gate_up_proj must be torch.int8 \(5, 48, 32\), got torch.float32"):
+        module.load_quantized(w13, s13, q2, s2)
+    with pytest.raises(ValueError, match=r"down_proj_scale must be torch.float32 \(5, 32\), got torch.bfloat16"):
+        module.load_quantized(q13, s13, q2, s2.to(torch.bfloat16))
+    assert module.gate_up_proj is q13 and module.down_proj_scale is s2
