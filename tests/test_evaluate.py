@@ -137,6 +137,10 @@ def test_metrics_on_hand_checkable_distributions():
     assert r["top1_acc_float"] == pytest.approx(2 / 6)  # targets equal to 0
     assert r["top1_acc_int8"] == pytest.approx(2 / 6)  # targets equal to 1
     assert r["mean_kl"] == pytest.approx((p * (p / q).log()).sum().item(), rel=1e-5)  # 0.25 ln 2
+    # every target 0: the float model gives it 1/2 (perplexity 2), the int8 one 1/4 (perplexity 4): int8 is +100%
+    r = compare_models(FixedLM(p.log()), FixedLM(q.log()), torch.zeros(5, dtype=torch.long), window=4, stride=2)
+    assert (r["ppl_float"], r["ppl_int8"]) == (pytest.approx(2.0), pytest.approx(4.0))
+    assert r["ppl_rel_diff"] == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("n, window, stride", [(2, 4, 2), (10, 4, 2), (11, 4, 3), (12, 2, 1), (9, 9, 3), (100, 16, 5)])
