@@ -576,6 +576,25 @@ def test_model_without_moe_warns_when_allowed(caplog):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def _dense_with_an_expert_count(kind):
+    """A dense model whose config names a number of experts: a tested type's config whose layers are all dense (a
+    one-layer Jamba: its first experts layer is layer 1)."""
+    return AutoModelForCausalLM.from_config(tiny_config("jamba", num_hidden_layers=1))
+
+
+@pytest.mark.parametrize("kind", ["jamba"])
+def test_dense_model_whose_config_names_an_expert_count_has_no_experts(kind, caplog):
+    """Such a model is dense, not an MoE of unsupported experts: told it has no experts, and left unchanged with
+    allow_no_experts."""
+    model = _dense_with_an_expert_count(kind)
+    assert not find_experts(model)
+    with pytest.raises(ValueError, match="no MoE experts"):
+        quantize_(model)
+    with caplog.at_level(logging.WARNING):
+        assert quantize_(model, ExpertsInt8Config(allow_no_experts=True)) is model
+    assert "no MoE experts" in caplog.text
+
+
 @pytest.mark.parametrize("allow_no_experts", [False, True])
 def test_moe_whose_experts_are_modules_of_its_own_is_refused_as_unsupported(allow_no_experts):
     """JetMoE's experts are its own modules, not transformers' standard ones: an MoE all the same, refused as one

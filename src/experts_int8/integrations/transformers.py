@@ -257,7 +257,7 @@ def layout_from_config(model_dir, config: dict) -> Optional[str]:
     built on the meta device (nothing allocated); raises ValueError where loading with ExpertsInt8Config would
     refuse them. None: the config builds a dense model (no experts modules, no expert count)."""
     model = _meta_model(model_dir, config)
-    if not find_experts(model) and not _declared_experts(model.config.to_dict()):
+    if not find_experts(model) and not _declared_experts(model):
         return None
     _plan(model, ExpertsInt8Config())  # (standard experts with an activation the kernel has, or raises)
     return _layout_of(model)
@@ -439,7 +439,7 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     found = find_experts(model)
     experts = [(n, m) for n, m in found if not isinstance(m, Int8Experts)]
     if not found:
-        declared = _declared_experts(model.config.to_dict())
+        declared = _declared_experts(model)
         if declared:  # an MoE all the same: its experts are modules of its own (DBRX, JetMoE, Switch)
             raise ValueError(f"experts_int8 does not support model_type {_model_type(model)!r}: its config declares "
                              f"{declared} routed experts, but none is a transformers standard experts module (fused "
@@ -481,13 +481,20 @@ def _plan(model: nn.Module, config: ExpertsInt8Config) -> Optional[list[tuple[st
     return todo
 
 
-def _declared_experts(config: dict) -> Optional[str]:
+def _declared_experts(model: nn.Module) -> Optional[str]:
+    """``key=count`` of the routed experts ``model``'s config declares, where none of its experts modules is a
+    standard one; None for a dense model, and for a tested type, whose experts are standard: none found, its
+    config makes every layer dense (a one-layer Jamba's first experts layer is layer 1)."""
+    return None if _model_type(model) in ARCHITECTURES else _expert_count(model.config.to_dict())
+
+
+def _expert_count(config: dict) -> Optional[str]:
     """``key=count`` of the first routed-experts count above one that ``config`` (a config's dict) or one of its
     sub-configs sets; None for a dense model."""
     for key, value in config.items():
         if key in EXPERT_COUNT_KEYS and type(value) is int and value > 1:
             return f"{key}={value}"
-        found = _declared_experts(value) if isinstance(value, dict) else None
+        found = _expert_count(value) if isinstance(value, dict) else None
         if found:
             return found
     return None
