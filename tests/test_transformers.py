@@ -578,11 +578,16 @@ def test_model_without_moe_warns_when_allowed(caplog):
 
 def _dense_with_an_expert_count(kind):
     """A dense model whose config names a number of experts: a tested type's config whose layers are all dense (a
-    one-layer Jamba: its first experts layer is layer 1)."""
-    return AutoModelForCausalLM.from_config(tiny_config("jamba", num_hidden_layers=1))
+    one-layer Jamba: its first experts layer is layer 1), or Doge's default (``is_moe=False``, num_experts=16384)."""
+    if kind == "jamba":
+        return AutoModelForCausalLM.from_config(tiny_config("jamba", num_hidden_layers=1))
+    config_class = getattr(transformers, "DogeConfig", None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no DogeConfig")
+    return AutoModelForCausalLM.from_config(config_class(**COMMON, intermediate_size=32, num_hidden_layers=1))
 
 
-@pytest.mark.parametrize("kind", ["jamba"])
+@pytest.mark.parametrize("kind", ["jamba", "doge"])
 def test_dense_model_whose_config_names_an_expert_count_has_no_experts(kind, caplog):
     """Such a model is dense, not an MoE of unsupported experts: told it has no experts, and left unchanged with
     allow_no_experts."""

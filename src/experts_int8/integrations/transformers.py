@@ -490,7 +490,9 @@ def _declared_experts(model: nn.Module) -> Optional[str]:
 
 def _expert_count(config: dict) -> Optional[str]:
     """``key=count`` of the first routed-experts count above one that ``config`` (a config's dict) or one of its
-    sub-configs sets; None for a dense model."""
+    sub-configs sets; None for a dense model (Doge's config names 16384 experts it uses only with is_moe)."""
+    if config.get("is_moe") is False:
+        return None
     for key, value in config.items():
         if key in EXPERT_COUNT_KEYS and type(value) is int and value > 1:
             return f"{key}={value}"
