@@ -1204,6 +1204,12 @@ def test_the_op_makes_its_tensors_gpu_current_only_where_it_is_another(monkeypat
         with ops.on_device(torch.device(device)):
             pass
     assert switched == [torch.device("cuda", 1)]
+    entered = []  # and the Triton op's launches run inside it, on x's device
+    monkeypatch.setattr(ops, "on_device", lambda d: entered.append(d) or contextlib.nullcontext())
+    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    fused_experts(torch.randn(3, 32, device=DEVICE), **make_experts(4, 32, 16), topk_weights=w, topk_ids=ids,
+                  backend="triton")
+    assert entered == [torch.device(DEVICE)]
 
 
 def test_torch_path_rounds_the_intermediate_to_x_dtype_as_the_kernel_stores_it():
