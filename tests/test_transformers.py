@@ -509,6 +509,27 @@ def test_dequantize_refuses_what_it_cannot_rebuild():
         model.dequantize()
 
 
+def test_dequantize_refused_for_a_later_module_changes_nothing(tmp_path):
+    """A refusal found at the second experts module left the first already float: the model was still marked int8,
+    and save_pretrained wrote a checkpoint that could not load."""
+    model = quantize_(tiny_model("mixtral", dtype=torch.float32))
+    (first, m0), (second, m1) = find_experts(model)
+    model.set_submodule(second, Int8Experts.from_float(dequantize_weights(_w13(m1), _w13(m1, "_scale")),
+                                                       dequantize_weights(m1.down_proj, m1.down_proj_scale)))
+    ids = _inputs(3).cpu()
+    with torch.no_grad():
+        before = model(ids).logits
+    with pytest.raises(ValueError, match=f"{second} was not made by experts_int8's transformers integration"):
+        model.dequantize()
+    assert model.get_submodule(first) is m0 and "_float_module" in m0.__dict__
+    assert model.hf_quantizer is not None and model.config.quantization_config is not None
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits, before)
+
+
 def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):
     config = ExpertsInt8Config(modules_to_not_convert=["layers.0."])
     model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=config,

@@ -848,9 +848,11 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             raise ValueError("the experts are split across ranks (parallelize_experts / split_while_loading): a "
                              "rank's part cannot become the model's float module; dequantize before splitting")
         layout = _layout_of(model)
-        for name, module in find_experts(model):
-            if isinstance(module, Int8Experts):
-                model.set_submodule(name, _to_float(name, module, layout, dtype))
+        experts = [(name, module) for name, module in find_experts(model) if isinstance(module, Int8Experts)]
+        for name, module in experts:  # all checked first: a refusal leaves the model as it was, int8 throughout
+            _float_module_of(name, module, layout)
+        for name, module in experts:
+            model.set_submodule(name, _to_float(name, module, layout, dtype))
         dropped = model.__dict__.pop("_experts_int8_converters", [])
         if dropped and getattr(model, "_weight_conversions", None) is not None:
             model._weight_conversions = model._weight_conversions + [c for c in dropped
@@ -940,7 +942,9 @@ def _keep_float_module(new: Int8Experts, float_module: nn.Module) -> None:
     object.__setattr__(new, "_float_module", float_module.to("meta"))
 
 
-def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch.dtype]) -> nn.Module:
+def _float_module_of(name: str, module: Int8Experts, layout: str) -> nn.Module:
+    """The float module ``module`` becomes again, once checked that its int8 tensors fill it (shapes only: nothing
+    is computed, so that ``dequantize`` checks every module before it changes one)."""
     float_module = module.__dict__.get("_float_module")
     if float_module is None:
         raise ValueError(f"{name} was not made by experts_int8's transformers integration (from_pretrained or "
@@ -950,6 +954,18 @@ def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch
         raise ValueError(f"{name} is offloaded by accelerate (its weights come from an int8 weights map at each "
                          f"forward), which dequantize cannot rewrite: load the model onto devices that hold it")
     wanted = dict(float_module.named_parameters())
+    shapes = {t: tuple(from_fused_layout(layout, t, torch.empty(getattr(module, t).shape, device="meta")).shape)
+              for t in module.tensor_names() if not t.endswith("_scale")}
+    if shapes != {t: tuple(p.shape) for t, p in wanted.items()} or dict(float_module.named_buffers()):
+        raise ValueError(f"{name}: its int8 tensors {shapes} do not fill its float module "
+                         f"({type(float_module).__name__}: {[(t, tuple(p.shape)) for t, p in wanted.items()]})")
+    return float_module
+
+
+def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch.dtype]) -> nn.Module:
+    float_module = _float_module_of(name, module, layout)
+    hook = getattr(module, "_hf_hook", None)
+    wanted = dict(float_module.named_parameters())
     dtype = dtype or next(iter(wanted.values())).dtype
     w13 = module.w13_name
     tensors = {w13: dequantize_weights(getattr(module, w13), getattr(module, f"{w13}_scale"), dtype),
@@ -958,10 +974,6 @@ def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch
         tensors[f"{w13}_bias"] = getattr(module, f"{w13}_bias").to(dtype)
         tensors["down_proj_bias"] = module.down_proj_bias.to(dtype)
     tensors = {t: from_fused_layout(layout, t, v).contiguous() for t, v in tensors.items()}
-    shapes = {t: tuple(v.shape) for t, v in tensors.items()}
-    if shapes != {t: tuple(p.shape) for t, p in wanted.items()} or dict(float_module.named_buffers()):
-        raise ValueError(f"{name}: its int8 tensors {shapes} do not fill its float module "
-                         f"({type(float_module).__name__}: {[(t, tuple(p.shape)) for t, p in wanted.items()]})")
     for t, value in tensors.items():
         setattr(float_module, t, nn.Parameter(value, requires_grad=wanted[t].requires_grad))
     if hook is not None:  # the float module runs where the int8 one did
