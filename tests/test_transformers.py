@@ -530,6 +530,20 @@ def test_dequantize_refused_for_a_later_module_changes_nothing(tmp_path):
         assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path)(ids).logits, before)
 
 
+def test_swapped_experts_modules_keep_the_models_train_or_eval_mode(checkpoints):
+    """quantize_ put new modules in training mode into an eval model, and dequantize() brought back the float module
+    in the mode it had when it was set aside (training, for one made while loading) whatever the model's now."""
+    model = tiny_model("olmoe", dtype=torch.float32)  # (eval)
+    quantize_(model)
+    assert not any(m.training for m in model.modules())
+    model.train()
+    model.dequantize()
+    assert all(m.training for m in model.modules())
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config())
+    loaded.dequantize()
+    assert not any(m.training for m in loaded.modules())
+
+
 def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):
     config = ExpertsInt8Config(modules_to_not_convert=["layers.0."])
     model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=config,

@@ -976,6 +976,7 @@ def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch
     tensors = {t: from_fused_layout(layout, t, v).contiguous() for t, v in tensors.items()}
     for t, value in tensors.items():
         setattr(float_module, t, nn.Parameter(value, requires_grad=wanted[t].requires_grad))
+    float_module.train(module.training)  # (set aside in the mode it had then: training, if made while loading)
     if hook is not None:  # the float module runs where the int8 one did
         from accelerate.hooks import add_hook_to_module
 
@@ -1028,6 +1029,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
         new = Int8Experts.from_float(to_fused_layout(layout, w13, getattr(module, w13).data),
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
                                      activation=_activation_of(module, layout), name=name, **bias_tensors)
+        new.train(module.training)
         model.set_submodule(name, new)
         _keep_float_module(new, module)  # (to the meta device: its float tensors are freed now)
         del module
