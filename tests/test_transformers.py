@@ -856,6 +856,31 @@ def test_contradicting_configs_are_refused(checkpoints, tmp_path, caplog):
     assert "['lm_hed'] name no routed experts module" in caplog.text
 
 
+@pytest.mark.parametrize("entry, kept", [("layers.1", (1, 10)), ("layers.1.", (1,))])
+def test_checkpoint_from_plain_text_modules_to_not_convert_loads(tmp_path, entry, kept):
+    """Before 398edb9 modules_to_not_convert entries matched as plain text: "layers.1" kept layers 1 and 10 float,
+    "layers.1." layer 1 alone; the current rule reads those the other way round. A checkpoint written then (built
+    here as it was: the experts it kept float, the entry in its config) loads as it was written, its tensors
+    deciding the modules the rules disagree on, and a save of it reloads the same."""
+    names = [f"model.layers.{i}.mlp.experts" for i in kept]
+    model = tiny_model("mixtral", num_hidden_layers=11)
+    quantize_(model, ExpertsInt8Config(modules_to_not_convert=[re.escape(n) for n in names]))
+    kinds = {n: type(m).__name__ for n, m in find_experts(model)}
+    assert [n for n, k in kinds.items() if k != "Int8Experts"] == names
+    model.save_pretrained(tmp_path / "old")
+    cfg = json.loads((tmp_path / "old" / "config.json").read_text())
+    cfg["quantization_config"]["modules_to_not_convert"] = [entry]
+    (tmp_path / "old" / "config.json").write_text(json.dumps(cfg))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "old")
+    assert {n: type(m).__name__ for n, m in find_experts(loaded)} == kinds
+    x = _inputs(6).cpu()
+    with torch.no_grad():
+        assert torch.equal(model(x).logits, loaded(x).logits)
+    loaded.save_pretrained(tmp_path / "resaved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "resaved")
+    assert {n: type(m).__name__ for n, m in find_experts(again)} == kinds
+
+
 def test_disk_offload_of_experts_is_refused_up_front(checkpoints, tmp_path):
     """An explicit map, and device_map="auto" whose memory limits send experts to disk (transformers resolves
     "auto" after the quantizer's first look): refused before anything is read or written to the offload folder."""

@@ -62,8 +62,8 @@ from transformers.quantizers.base import HfQuantizer
 from transformers.utils import logging as hf_logging
 from transformers.utils.quantization_config import QuantizationConfigMixin
 
-from ..checkpoint import (EXPERT_COUNT_KEYS, SAFETENSORS_DTYPES, check_int8_checkpoint, from_fused_layout,
-                          read_headers, to_fused_layout)
+from ..checkpoint import (EXPERT_COUNT_KEYS, FLOAT_DTYPES, SAFETENSORS_DTYPES, CheckpointKeys, check_int8_checkpoint,
+                          from_fused_layout, read_headers, to_fused_layout)
 from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
@@ -357,6 +357,37 @@ def _names(pattern: str, module_name: str) -> bool:
     the name or follows a dot (or starts with one), and ends it or is followed by a dot (or ends with one)."""
     return bool(pattern) and re.search(rf"(?:^|(?<=\.)|(?=\.))(?:{pattern})(?:(?<=\.)|(?=\.|$))",
                                        module_name) is not None
+
+
+def _follow_checkpoint(model: nn.Module, config: ExpertsInt8Config, headers: dict) -> None:
+    """Let an int8 checkpoint's tensors decide which experts it keeps float where the two rules experts_int8 has
+    read ``modules_to_not_convert`` by disagree: before 398edb9 an entry named every module whose name holds it
+    as plain text (``"layers.1"`` took layers 10-19 too, ``"layers.1."`` only layer 1); since, at module
+    boundaries as a regex (``"layers.1"`` is layer 1 alone, ``"layers.1."`` takes layers 10-19 too). A module the
+    rules disagree on follows its stored ``down_proj``: int8 (with its scales) or float. The config then names
+    exactly the modules kept float, so the model and a save of it read the same under the current rule."""
+    patterns = [m for m in config.modules_to_not_convert or () if m]
+    if not patterns or not headers:
+        return
+    keys = CheckpointKeys(headers)
+    kept, changed = [], []
+    for name, _ in find_experts(model):
+        skip = config.skips(name)
+        if skip != any(m in name for m in patterns):  # the rules disagree: the stored tensors decide
+            key = keys.find(f"{name}.down_proj")
+            dtype = headers[key][0] if key is not None else None
+            if dtype == SAFETENSORS_DTYPES[torch.int8] or dtype in FLOAT_DTYPES:
+                stored_float = dtype in FLOAT_DTYPES
+                if stored_float != skip:
+                    changed.append(f"{name} ({'float' if stored_float else 'int8'})")
+                    skip = stored_float
+        if skip:
+            kept.append(name)
+    if changed:
+        logger.warning(f"experts_int8: this checkpoint's modules_to_not_convert {patterns} was written under the "
+                       f"plain-text matching of earlier versions; its tensors decide {', '.join(changed)}. Read "
+                       f"as the modules it keeps float: {kept}")
+        config.modules_to_not_convert = [re.escape(name) for name in kept] or None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -736,6 +767,9 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     def _process_model_before_weight_loading(self, model, device_map=None, checkpoint_files=None, **kwargs):
         if device_map is not None:
             self._device_map = device_map
+        headers = read_headers(checkpoint_files) if self.pre_quantized and checkpoint_files else None
+        if headers:
+            _follow_checkpoint(model, self.quantization_config, headers)
         todo = _plan(model, self.quantization_config)
         if todo is None:
             return model
@@ -783,7 +817,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
             # (transformers would re-initialize it and only log a report).
             try:
-                check_int8_checkpoint(read_headers(checkpoint_files), expected)
+                check_int8_checkpoint(headers, expected)
             except ValueError as e:
                 note = _stale_single_file(checkpoint_files)
                 if not note:
