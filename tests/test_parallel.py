@@ -103,6 +103,20 @@ def test_as_many_ranks_as_experts_or_columns_of_i(mode, world_size):
     torch.testing.assert_close(sum(s(x, ids, w) for s in shards), full(x, ids, w), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["tp", "ep"])
+def test_shard_reads_scales_and_biases_saved_in_the_model_dtype(mode):
+    """A checkpoint saved from a model cast to bf16 before 4124398 holds its scales and expert biases in bf16:
+    split_while_loading's part of it holds them as fp32, as a whole load does (it was refused)."""
+    full = experts(bias=True, activation="swiglu_oai")
+    for name, b in full.named_buffers():  # the values the cast kept, in fp32
+        b.copy_(b.to(torch.bfloat16))
+    saved = {t: getattr(full, t) for t in full.tensor_names()}
+    saved = {t: v.to(torch.bfloat16) if v.is_floating_point() else v for t, v in saved.items()}
+    part = Split(mode, 1, 2).shard(full, saved.__getitem__, torch.device("cpu"))
+    want = shard_experts(full, mode, 1, 2)
+    for t in full.tensor_names():
+        assert getattr(part, t).dtype == getattr(want, t).dtype and torch.equal(getattr(part, t), getattr(want, t)), t
+
 @pytest.mark.parametrize("first", ["tp", "ep"])
 @pytest.mark.parametrize("second", ["tp", "ep"])
 def test_shard_of_a_shard_and_no_process_group(first, second):

@@ -758,7 +758,7 @@ def test_bad_biases_and_float64_range_leave_model_unchanged():
                                down_proj_bias=torch.zeros(2, 4))
 
 
-@pytest.mark.parametrize("damage", ["missing", "misshaped", "bf16"])
+@pytest.mark.parametrize("damage", ["missing", "misshaped", "int32"])
 def test_int8_checkpoint_with_bad_scales_names_the_key(damage, int8_models, tmp_path):
     int8_models("mixtral").save_pretrained(tmp_path)
     (path,) = glob.glob(str(tmp_path / "*.safetensors"))
@@ -767,18 +767,45 @@ def test_int8_checkpoint_with_bad_scales_names_the_key(damage, int8_models, tmp_
     assert key in sd
     if damage == "missing":
         del sd[key]
-    elif damage == "bf16":  # (scales are fp32: a checkpoint's bf16 scales are named, not loaded)
-        sd[key] = sd[key].to(torch.bfloat16)
+    elif damage == "int32":  # (scales are float: integer ones are named, not loaded)
+        sd[key] = sd[key].to(torch.int32)
     else:
         sd[key] = sd[key][:, :7].contiguous()
     save_file(sd, path, metadata={"format": "pt"})
     # The file's key, as a user would look for it (the model renames block_sparse_moe to mlp).
     expected = {"missing": re.escape(f"{key} (the model's model.layers.1.mlp.experts.down_proj_scale): not found"),
-                "bf16": re.escape(f"{key}: expected F32 [5, 64], got BF16 [5, 64]"),
+                "int32": re.escape(f"{key}: expected F32 [5, 64], got I32 [5, 64]"),
                 "misshaped": re.escape(f"{key}: expected F32")}[damage]
     with pytest.raises(ValueError, match=expected):
         AutoModelForCausalLM.from_pretrained(tmp_path)
 
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])  # (gpt_oss: expert biases too)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_checkpoint_with_scales_saved_in_the_model_dtype_loads(arch, dtype, tmp_path):
+    """Before 4124398 a model cast after quantizing (model.to(torch.bfloat16), .half()) cast its fp32 scales and
+    expert biases too, and save_pretrained wrote them so (built here as it was: every float tensor of the file in
+    that dtype). It was refused as inconsistent; it loads as the same checkpoint with those values in fp32."""
+    model = quantize_(tiny_model(arch))
+    for _, m in find_experts(model):  # the values a cast kept, in fp32: the checkpoint to compare with
+        for name, b in m.named_buffers():
+            if b.is_floating_point():
+                b.copy_(b.to(dtype))
+    model.save_pretrained(tmp_path / "fp32")
+    (path,) = glob.glob(str(tmp_path / "fp32" / "*.safetensors"))
+    sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in load_file(path).items()}
+    assert any(k.endswith("_scale") for k in sd)
+    model.save_pretrained(tmp_path / "old")
+    save_file(sd, glob.glob(str(tmp_path / "old" / "*.safetensors"))[0], metadata={"format": "pt"})
+    old = AutoModelForCausalLM.from_pretrained(tmp_path / "old", dtype=dtype)
+    ref = AutoModelForCausalLM.from_pretrained(tmp_path / "fp32", dtype=dtype)
+    for (_, a), (_, b) in zip(find_experts(old), find_experts(ref)):
+        for name, t in b.state_dict().items():
+            assert getattr(a, name).dtype == t.dtype and torch.equal(getattr(a, name), t), name
+    x = _inputs(6).cpu()
+    with torch.no_grad():
+        assert torch.equal(old(x).logits, ref(x).logits)
 
 def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
     """A model's name is found under the checkpoint's own module names by its layer indices and last two parts;

@@ -69,7 +69,10 @@ def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[in
             problems.append(f"{on_disk}{model_name}: not found in the checkpoint (expected {dtype} {list(shape)})")
             continue
         got_dtype, got_shape = headers[key]
-        if got_dtype != dtype or tuple(got_shape) != tuple(shape):
+        # fp32 scales and biases saved in another float dtype load as the values they hold, in fp32: a model cast
+        # after quantizing (model.to(torch.bfloat16)) saved them in its dtype before 4124398 kept them fp32
+        float_ok = dtype == SAFETENSORS_DTYPES[torch.float32] and got_dtype in FLOAT_DTYPES
+        if (got_dtype != dtype and not float_ok) or tuple(got_shape) != tuple(shape):
             problems.append(f"{key}: expected {dtype} {list(shape)}, got {got_dtype} {list(got_shape)}")
     if problems:
         raise ValueError("int8 experts checkpoint is incomplete or inconsistent:\n  " + "\n  ".join(problems))

@@ -95,8 +95,10 @@ class Split:
             part = t[:, :, lo:hi]
         else:  # down scales come from whole rows: every rank keeps them; the down bias counts on rank 0 only
             part = t[:]
-        # always a copy, of the part only: the whole tensor can be freed, and the shard never aliases it
-        part = part.to(device=device, memory_format=torch.contiguous_format, copy=True)
+        # always a copy, of the part only: the whole tensor can be freed, and the shard never aliases it. Scales and
+        # biases fp32 (a checkpoint saved from a model cast before 4124398 holds them in the model's float dtype)
+        dtype = torch.float32 if part.is_floating_point() else part.dtype
+        part = part.to(device=device, dtype=dtype, memory_format=torch.contiguous_format, copy=True)
         if self.mode == "tp" and tensor == "down_proj_bias" and self.rank != 0:
             part.zero_()
         return part
