@@ -636,6 +636,32 @@ def test_a_tune_of_some_token_counts_keeps_the_shipped_entries_of_the_others(tmp
         configs.clear_table_cache()
 
 
+def test_two_writers_of_one_table_at_once_keep_both_entries(tmp_path, monkeypatch):
+    """write_table reads the table, merges and replaces it: two tunes of one shape at once (other token counts, or
+    two GPUs of one kind) each wrote the table it had read, and the entries of the one that wrote first were lost.
+    Here the second writer is started while the first is about to write; it must wait for the first."""
+    import threading
+
+    first, second = dict(PINNED, BLOCK_SIZE_M=16), dict(PINNED, BLOCK_SIZE_M=64)
+    real = tune.write_atomic
+    others = []
+
+    def write_atomic(path, text):
+        if not others:  # the first writer, its table read and merged: a second one starts now
+            others.append(threading.Thread(target=tune.write_table,
+                                           args=({2: second}, 8, 14336, "Fake_GPU", "int8_w8a16", tmp_path)))
+            others[0].start()
+            others[0].join(timeout=1.0)  # (it finishes meanwhile unless it waits for the first)
+        return real(path, text)
+
+    monkeypatch.setattr(tune, "write_atomic", write_atomic)
+    path = tune.write_table({1: first}, 8, 14336, "Fake_GPU", "int8_w8a16", tmp_path)
+    others[0].join()
+    assert configs.read_table(path) == {1: first, 2: second}
+    assert list(tmp_path.iterdir()) == [path]  # no lock or temporary file left
+    configs.clear_table_cache()
+
+
 @pytest.mark.parametrize("text, says", [
     ("", "not a readable JSON table"), ('{"1": {"BLOCK_SIZE_M": 16', "not a readable JSON table"),
     ("[]", "a table maps token counts to configs"), ("{}", "a table maps token counts to configs"),

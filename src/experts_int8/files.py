@@ -53,6 +53,38 @@ def atomic_path(path: Path) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def locked_folder(folder: Path) -> Iterator[Path]:
+    """``folder`` (made, with its parents, if missing; removed again while empty if the block raises) under an
+    exclusive lock for the block: writers that read a file in it, merge and replace it take turns, where two at
+    once would each write what it read and lose the other's part. The lock is ``flock`` on the folder itself, so
+    no lock file is left behind; processes and threads both wait for it. Where a folder takes no ``flock`` (Windows;
+    NFS, which takes it as a write lock, on files open for writing), the block runs unlocked, as it did before."""
+    folder = Path(folder)
+    made = missing_folders(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            import fcntl
+
+            fd = os.open(folder, os.O_RDONLY)
+        except (ImportError, OSError):
+            fd = None
+        try:
+            if fd is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # (released when fd closes)
+                except OSError:
+                    pass
+            yield folder
+        finally:
+            if fd is not None:
+                os.close(fd)
+    except BaseException:
+        remove_empty(made)
+        raise
+
+
 def write_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through :func:`atomic_path`."""
     with atomic_path(path) as tmp:

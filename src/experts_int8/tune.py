@@ -45,7 +45,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .bench import DEFAULT_MS as BENCH_MS
-from .files import check_writable_dir, write_atomic
+from .files import check_writable_dir, locked_folder, write_atomic
 from .kernels import configs, fused_moe
 
 logger = logging.getLogger(__name__)
@@ -538,15 +538,19 @@ def write_table(best: dict[int, dict], num_experts: int, inter: int, device: str
     """
     folder = Path(out_dir) if out_dir is not None else configs.user_config_dir()
     path = folder / configs.table_name(num_experts, inter, device, fmt, gated)
-    table: dict[int, dict] = {}
-    if merge and path.is_file():
-        try:
-            table = configs.read_table(path)
-        except ValueError as e:
-            logger.warning("experts_int8: replacing %s", e)
-    table.update({int(m): configs.check_config(cfg) for m, cfg in best.items()})
-    # (a temporary file of its own: two tunes at once must not share one)
-    write_atomic(path, json.dumps({str(m): table[m] for m in sorted(table)}, indent=4) + "\n")
+    best = {int(m): configs.check_config(cfg) for m, cfg in best.items()}
+    # Read, merge and replace under the folder's lock: two tunes of one shape at once (other token counts, or two
+    # GPUs of one kind) each wrote the table it had read, and the other's entries were lost
+    with locked_folder(folder):
+        table: dict[int, dict] = {}
+        if merge and path.is_file():
+            try:
+                table = configs.read_table(path)
+            except ValueError as e:
+                logger.warning("experts_int8: replacing %s", e)
+        table.update(best)
+        # (a temporary file of its own: two tunes at once must not share one)
+        write_atomic(path, json.dumps({str(m): table[m] for m in sorted(table)}, indent=4) + "\n")
     configs.clear_table_cache()
     return path
 
