@@ -878,6 +878,57 @@ def test_quantize_stopped_by_sigterm_or_a_full_disk_leaves_nothing(bf16_checkpoi
     assert ".partial" not in result.output and os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_that_native_code_turns_into_another_error_still_stops_the_command(bf16_checkpoint, tmp_path,
+                                                                                    signum):
+    """A Ctrl-C that lands while safetensors reads a tensor (through torch, which swallows the KeyboardInterrupt into a
+    ValueError "could not determine the shape of object type 'torch.storage.UntypedStorage'") was reported as
+    "Error: ... the file changed or is damaged since the conversion began: download it again", status 1."""
+    from experts_int8 import convert
+
+    real, calls = convert.safe_open, []
+
+    class Reader:
+        def __init__(self, *args, **kwargs):
+            self.handle = real(*args, **kwargs)
+
+        def __enter__(self):
+            self.handle.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.handle.__exit__(*exc)
+
+        def __getattr__(self, name):  # (keys, metadata, get_slice: the file's own)
+            return getattr(self.handle, name)
+
+        def get_tensor(self, key):
+            calls.append(key)
+            if len(calls) == 3:
+                swallowed = False
+                try:
+                    signal.raise_signal(signum)  # (the handler runs here and raises)
+                except KeyboardInterrupt:
+                    swallowed = True
+                if swallowed:
+                    raise ValueError("could not determine the shape of object type 'torch.storage.UntypedStorage'")
+            return self.handle.get_tensor(key)
+
+    before = {n: signal.signal(n, h) for n, h in ((signal.SIGINT, signal.default_int_handler),
+                                                     (signal.SIGTERM, signal.SIG_DFL))}
+    try:
+        with mock.patch.object(convert, "safe_open", Reader):
+            result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--no-progress")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back after the command)
+    finally:
+        for n, handler in before.items():
+            signal.signal(n, handler)
+    assert len(calls) == 3
+    assert result.exit_code == 128 + signum, result.output
+    assert ("Interrupted." if signum == signal.SIGINT else "Stopped by SIGTERM.") in result.output
+    assert "damaged" not in result.output and os.listdir(tmp_path) == []
+
+
 def test_bad_sizes_and_devices_give_one_line(bf16_checkpoint, tmp_path):
     for size in ("0", "0MB", "lots"):
         result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "o", "--max-shard-size", size)

@@ -63,17 +63,23 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
-def _terminated(signum, frame):
-    raise Terminated(signum)
-
-
 @contextlib.contextmanager
-def _signals_raise():
-    """SIGTERM and SIGHUP raise :class:`Terminated` inside (in the main thread; elsewhere left as they are)."""
+def _signals_raise(received: list):
+    """SIGTERM and SIGHUP raise :class:`Terminated` inside, SIGINT (where Python's handler has it) KeyboardInterrupt,
+    and each adds its number to ``received`` (in the main thread; elsewhere left as they are). A signal's exception
+    raised inside native code that calls back into Python (safetensors' reads through torch) can come out as
+    another error; ``received`` still says the signal came."""
+
+    def stop(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Terminated(signum)
+
     signums = [getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)]
     signums = [n for n in signums if signal.getsignal(n) is not signal.SIG_IGN]  # (nohup's SIGHUP stays ignored)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signums.append(signal.SIGINT)
     try:
-        before = {n: signal.signal(n, _terminated) for n in signums}
+        before = {n: signal.signal(n, stop) for n in signums}
     except ValueError:  # not the main thread
         before = {}
     try:
@@ -83,13 +89,19 @@ def _signals_raise():
             signal.signal(n, handler)
 
 
+def _stopped(signum: int) -> None:
+    click.echo("Interrupted." if signum == signal.SIGINT else f"Stopped by {signal.Signals(signum).name}.", err=True)
+    sys.exit(128 + signum)
+
+
 def clean_errors(fn: Callable) -> Callable:
     """Wrap a command callback: adds ``--debug``; without it, exceptions become one ``Error:`` line."""
 
     @functools.wraps(fn)
     def wrapper(*args, debug: bool = False, **kwargs):
+        received: list[int] = []
         try:
-            with _signals_raise():
+            with _signals_raise(received):
                 return fn(*args, **kwargs)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click reports these itself
@@ -104,13 +116,12 @@ def clean_errors(fn: Callable) -> Callable:
         except KeyboardInterrupt as exc:
             if debug:
                 raise
-            signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
-            click.echo("Interrupted." if signum == signal.SIGINT else f"Stopped by {signal.Signals(signum).name}.",
-                       err=True)
-            sys.exit(128 + signum)
+            _stopped(exc.signum if isinstance(exc, Terminated) else signal.SIGINT)
         except Exception as exc:  # noqa: BLE001 - the whole point: one clear line instead of a traceback
             if debug:
                 raise
+            if received:  # the signal's exception, turned into this one inside native code: a Ctrl-C read as
+                _stopped(received[0])  # "Error: ... the file changed or is damaged ...: download it again"
             click.echo(f"Error: {one_line(exc)}{install_hint(exc)}  (run with --debug for the traceback)", err=True)
             sys.exit(1)
 
