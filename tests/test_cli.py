@@ -741,6 +741,29 @@ def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_fa
     assert sorted(os.listdir(dst)) == ["theirs.txt"] and sorted(os.listdir(tmp_path)) == ["int8"]
 
 
+def test_quantize_overwrite_whose_dst_another_run_takes_away_meanwhile_leaves_no_old_folder(bf16_checkpoint,
+                                                                                             tmp_path):
+    """Two runs into one DST with --overwrite: one swapped DST out just before the other's own swap, whose rename of
+    the gone DST failed with a bare "No such file or directory" naming its temporary .old folder, and left that
+    folder (empty) beside DST."""
+    from experts_int8 import convert
+
+    dst = tmp_path / "int8"
+    assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+    real = convert.tempfile.mkdtemp
+
+    def the_other_run_swaps_dst_out(*args, **kwargs):
+        folder = real(*args, **kwargs)
+        if kwargs.get("suffix") == ".old":
+            shutil.rmtree(dst)
+        return folder
+
+    with mock.patch.object(convert.tempfile, "mkdtemp", the_other_run_swaps_dst_out):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(tmp_path)) == ["int8"] and (dst / "model.safetensors").is_file()
+
+
 def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):
     """A list of end tokens and no pad token (generate crashed comparing a list with an int); an instruct model's
     chat template (--chat); a prompt and new tokens, or an eval window, past max_position_embeddings (generate ran

@@ -789,7 +789,15 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
                               f"--overwrite to replace it, or choose another DST")
     _check_replaceable(dst)  # (again: what is there now may not be what was there at the start)
     old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=".old", dir=dst.parent))
-    os.replace(dst, old / "x")
+    try:
+        os.replace(dst, old / "x")
+    except FileNotFoundError:  # another run took it away meanwhile: nothing to put back, ours goes in its place
+        old.rmdir()
+        os.rename(tmp, dst)
+        return
+    except BaseException:  # (an empty .old folder was left beside DST)
+        old.rmdir()
+        raise
     try:
         os.replace(tmp, dst)
     except BaseException as exc:
