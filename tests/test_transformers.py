@@ -394,6 +394,25 @@ def test_the_integration_loads_with_transformers_not_before(first):
     subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
 
 
+def test_a_lookup_of_transformers_before_its_import_still_registers_the_quant_method():
+    """``importlib.util.find_spec("transformers")`` (how accelerate's is_transformers_available() and other libraries
+    check that it is installed) between ``import experts_int8`` and transformers' import took the import hook away:
+    the import that followed registered nothing, and an int8 checkpoint would load as float weights. A reload of
+    experts_int8 keeps one hook."""
+    script = (
+        "import sys, importlib, importlib.util\n"
+        "import experts_int8\n"
+        "importlib.reload(experts_int8)\n"
+        "assert importlib.util.find_spec('transformers') is not None\n"
+        "assert 'transformers' not in sys.modules\n"
+        "import transformers\n"
+        "from transformers.quantizers.auto import AUTO_QUANTIZER_MAPPING\n"
+        "assert 'experts_int8' in AUTO_QUANTIZER_MAPPING\n"
+        "assert not [f for f in sys.meta_path if getattr(f, '_experts_int8_hook', False)]\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
 @pytest.mark.parametrize("layout", ["fused", "transposed", "gpt_oss"])
 def test_from_fused_layout_inverts_to_fused_layout(layout):
     e, h, i = 3, 8, 6

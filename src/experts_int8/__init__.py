@@ -27,7 +27,13 @@ def _register_with_transformers() -> None:
     if "transformers" in sys.modules:
         _load_integration()
     elif importlib.util.find_spec("transformers") is not None:
+        _remove_hooks()  # (a reload's: one is enough)
         sys.meta_path.insert(0, _AfterTransformers())
+
+
+def _remove_hooks() -> None:
+    for finder in [f for f in sys.meta_path if getattr(f, "_experts_int8_hook", False)]:
+        sys.meta_path.remove(finder)
 
 
 def _load_integration() -> None:
@@ -39,14 +45,25 @@ def _load_integration() -> None:
 
 class _AfterTransformers(importlib.abc.MetaPathFinder):
     """Finds nothing itself: hands out transformers' own spec, whose loader loads the integration once
-    transformers' package has run (whichever transformers module is imported first: its package runs first)."""
+    transformers' package has run (whichever transformers module is imported first: its package runs first).
+    It stays in ``sys.meta_path`` until then: a lookup alone (``importlib.util.find_spec("transformers")``, how
+    libraries such as accelerate check that transformers is installed) imports nothing, and took it away, so the
+    import that followed registered nothing."""
+
+    _experts_int8_hook = True
 
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "transformers":
             return None
-        sys.meta_path.remove(self)  # (once; the search below must not find this finder again)
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
+        for finder in list(sys.meta_path):  # the other finders, as the import system asks them
+            if getattr(finder, "_experts_int8_hook", False) or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None:
             spec.loader = _ThenIntegration(spec.loader)
         return spec
 
@@ -60,6 +77,7 @@ class _ThenIntegration(importlib.abc.Loader):
 
     def exec_module(self, module):
         self.loader.exec_module(module)
+        _remove_hooks()
         _load_integration()
 
     def __getattr__(self, name):  # (get_resource_reader, is_package, ...: transformers' own loader's)
