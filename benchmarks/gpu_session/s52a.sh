@@ -21,7 +21,8 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
 else
   step "GPU-marked tests"; timeout 420 python3 -m pytest -q -n 12 -m gpu -p no:cacheprovider -rfE tests/ 2>&1 | tail -12
   step "unmarked files changed since their last GPU run"; timeout 480 python3 -m pytest -q -n 12 -m "not gpu" \
-    -p no:cacheprovider -rfE tests/test_transformers.py tests/test_layer.py tests/test_routing.py tests/test_cli.py tests/test_parallel.py 2>&1 | tail -12
+    -p no:cacheprovider -rfE tests/test_transformers.py tests/test_layer.py tests/test_routing.py tests/test_cli.py \
+    tests/test_parallel.py 2>&1 | tail -12
   tune 8,6144,16384,2 bf16; tune 128,2048,768,8 bf16
 fi
 step "done"; echo CHAIN_DONE
