@@ -882,11 +882,11 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             raise ValueError("the experts are split across ranks (parallelize_experts / split_while_loading): a "
                              "rank's part cannot become the model's float module; dequantize before splitting")
         layout = _layout_of(model)
-        experts = [(name, module) for name, module in find_experts(model) if isinstance(module, Int8Experts)]
-        for name, module in experts:  # all checked first: a refusal leaves the model as it was, int8 throughout
-            _float_module_of(name, module, layout)
-        for name, module in experts:
-            model.set_submodule(name, _to_float(name, module, layout, dtype))
+        # all checked first: a refusal leaves the model as it was, int8 throughout
+        experts = [(name, module, _float_module_of(name, module, layout)) for name, module in find_experts(model)
+                   if isinstance(module, Int8Experts)]
+        for name, module, float_module in experts:
+            model.set_submodule(name, _to_float(module, float_module, layout, dtype))
         dropped = model.__dict__.pop("_experts_int8_converters", [])
         if dropped and getattr(model, "_weight_conversions", None) is not None:
             model._weight_conversions = model._weight_conversions + [c for c in dropped
@@ -996,8 +996,8 @@ def _float_module_of(name: str, module: Int8Experts, layout: str) -> nn.Module:
     return float_module
 
 
-def _to_float(name: str, module: Int8Experts, layout: str, dtype: Optional[torch.dtype]) -> nn.Module:
-    float_module = _float_module_of(name, module, layout)
+def _to_float(module: Int8Experts, float_module: nn.Module, layout: str, dtype: Optional[torch.dtype]) -> nn.Module:
+    """``float_module`` (from :func:`_float_module_of`) holding ``module``'s weights dequantized."""
     hook = getattr(module, "_hf_hook", None)
     wanted = dict(float_module.named_parameters())
     dtype = dtype or next(iter(wanted.values())).dtype
