@@ -563,6 +563,52 @@ def test_swapped_experts_modules_keep_the_models_train_or_eval_mode(checkpoints)
     assert not any(m.training for m in loaded.modules())
 
 
+def test_hooks_on_an_experts_module_survive_the_swaps_and_their_handles_still_remove_them(checkpoints):
+    """quantize_ and dequantize() put a new module in the model: the hooks a user had registered on the one it
+    replaced (to record activations, say) stayed behind on it, and never ran again."""
+    calls = []
+
+    def recorder(kind):
+        return lambda module, *args: calls.append((kind, type(module).__name__))
+
+    def register(module):
+        return [module.register_forward_pre_hook(recorder("pre"), with_kwargs=True),
+                module.register_forward_hook(recorder("post")),
+                module.register_forward_hook(recorder("post_kwargs"), with_kwargs=True, always_call=True),
+                module.register_state_dict_post_hook(recorder("state_dict")),
+                module.register_load_state_dict_pre_hook(recorder("load"))]
+
+    def run(model, name):
+        calls.clear()
+        with torch.no_grad():
+            model(_inputs(2).cpu())
+        model.get_submodule(name).load_state_dict(model.get_submodule(name).state_dict())
+        return sorted(set(calls))
+
+    model = tiny_model("olmoe", dtype=torch.float32)
+    name = find_experts(model)[0][0]
+    handles = register(model.get_submodule(name))
+    quantize_(model)
+    kinds = ["load", "post", "post_kwargs", "pre", "state_dict"]
+    assert run(model, name) == [(k, "Int8Experts") for k in kinds]
+    handles[1].remove()  # a handle from before the swap removes its hook from the module in the model now
+    assert run(model, name) == [(k, "Int8Experts") for k in kinds if k != "post"]
+    later = register(model.get_submodule(name))  # on the int8 module
+    model.dequantize()
+    assert run(model, name) == [(k, "OlmoeExperts") for k in kinds]
+    for handle in handles + later:
+        handle.remove()
+    assert run(model, name) == []
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config())
+    name = find_experts(loaded)[0][0]
+    handles = register(loaded.get_submodule(name))
+    loaded.dequantize()
+    assert run(loaded, name) == [(k, "MixtralExperts") for k in kinds]
+    handles[0].remove()
+    assert run(loaded, name) == [(k, "MixtralExperts") for k in kinds if k != "pre"]
+
+
 def test_modules_to_not_convert_keeps_those_experts(checkpoints, tmp_path):
     config = ExpertsInt8Config(modules_to_not_convert=["layers.0."])
     model = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=config,
