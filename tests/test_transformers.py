@@ -563,6 +563,37 @@ def test_swapped_experts_modules_keep_the_models_train_or_eval_mode(checkpoints)
     assert not any(m.training for m in loaded.modules())
 
 
+def test_dequantized_experts_stay_frozen_in_a_frozen_model(checkpoints):
+    """dequantize() gave trainable float experts to a model frozen after it was quantized or loaded
+    (model.requires_grad_(False), a PEFT base under its adapters): they require grad as the model's float
+    parameters do, frozen if any is."""
+    def experts_grad(model):
+        return {p.requires_grad for _, m in find_experts(model) for p in m.parameters()}
+
+    model = quantize_(tiny_model("olmoe", dtype=torch.float32))
+    model.requires_grad_(False)
+    model.dequantize()
+    assert experts_grad(model) == {False} and not any(p.requires_grad for p in model.parameters())
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config())
+    adapter = loaded.model.layers[0].self_attn.q_proj.weight  # (a LoRA factor's place: the only trainable one)
+    loaded.requires_grad_(False)
+    adapter.requires_grad_(True)
+    loaded.dequantize()
+    assert experts_grad(loaded) == {False} and adapter.requires_grad
+
+    loaded = AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"), quantization_config=ExpertsInt8Config())
+    loaded.dequantize()  # nothing frozen: trainable, as after a float load
+    assert experts_grad(loaded) == {True}
+
+    model = tiny_model("olmoe", dtype=torch.float32)
+    for _, m in find_experts(model):
+        m.requires_grad_(False)  # only the experts frozen, when quantize_ replaced them: they stay frozen
+    quantize_(model).dequantize()
+    assert experts_grad(model) == {False}
+    assert all(p.requires_grad for n, p in model.named_parameters() if ".experts." not in n)
+
+
 def test_hooks_on_an_experts_module_survive_the_swaps_and_their_handles_still_remove_them(checkpoints):
     """quantize_ and dequantize() put a new module in the model: the hooks a user had registered on the one it
     replaced (to record activations, say) stayed behind on it, and never ran again."""

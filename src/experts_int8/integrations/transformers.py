@@ -878,7 +878,11 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
 
     def _dequantize(self, model, dtype=None):
         """``model.dequantize()``: each int8 experts module becomes the model's own float one again, holding
-        q * scale in ``dtype`` (see ``dequantize``), in the checkpoint's layout."""
+        q * scale in ``dtype`` (see ``dequantize``), in the checkpoint's layout.
+
+        Its parameters require grad as the model's do: frozen if any float parameter of the model is frozen
+        (``model.requires_grad_(False)``, a PEFT base under its adapters, a frozen router), or if they were frozen
+        when ``quantize_`` replaced them; trainable otherwise (a model loaded int8 and left as it loaded)."""
         if any(isinstance(m, (ParallelExperts, PendingShard)) for m in model.modules()):
             raise ValueError("the experts are split across ranks (parallelize_experts / split_while_loading): a "
                              "rank's part cannot become the model's float module; dequantize before splitting")
@@ -886,8 +890,9 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         # all checked first: a refusal leaves the model as it was, int8 throughout
         experts = [(name, module, _float_module_of(name, module, layout)) for name, module in find_experts(model)
                    if isinstance(module, Int8Experts)]
+        frozen = any(p.is_floating_point() and not p.requires_grad for p in model.parameters())
         for name, module, float_module in experts:
-            model.set_submodule(name, _to_float(module, float_module, layout, dtype))
+            model.set_submodule(name, _to_float(module, float_module, layout, dtype, trainable=not frozen))
         dropped = model.__dict__.pop("_experts_int8_converters", [])
         if dropped and getattr(model, "_weight_conversions", None) is not None:
             model._weight_conversions = model._weight_conversions + [c for c in dropped
@@ -1021,8 +1026,10 @@ def _float_module_of(name: str, module: Int8Experts, layout: str) -> nn.Module:
     return float_module
 
 
-def _to_float(module: Int8Experts, float_module: nn.Module, layout: str, dtype: Optional[torch.dtype]) -> nn.Module:
-    """``float_module`` (from :func:`_float_module_of`) holding ``module``'s weights dequantized."""
+def _to_float(module: Int8Experts, float_module: nn.Module, layout: str, dtype: Optional[torch.dtype],
+              trainable: bool = True) -> nn.Module:
+    """``float_module`` (from :func:`_float_module_of`) holding ``module``'s weights dequantized, its parameters
+    requiring grad if they did when it was set aside and ``trainable``."""
     hook = getattr(module, "_hf_hook", None)
     wanted = dict(float_module.named_parameters())
     dtype = dtype or next(iter(wanted.values())).dtype
@@ -1034,7 +1041,7 @@ def _to_float(module: Int8Experts, float_module: nn.Module, layout: str, dtype: 
         tensors["down_proj_bias"] = module.down_proj_bias.to(dtype)
     tensors = {t: from_fused_layout(layout, t, v).contiguous() for t, v in tensors.items()}
     for t, value in tensors.items():
-        setattr(float_module, t, nn.Parameter(value, requires_grad=wanted[t].requires_grad))
+        setattr(float_module, t, nn.Parameter(value, requires_grad=trainable and wanted[t].requires_grad))
     float_module.train(module.training)  # (set aside in the mode it had then: training, if made while loading)
     _carry_hooks(module, float_module)
     if hook is not None:  # the float module runs where the int8 one did
