@@ -563,6 +563,51 @@ def test_swapped_experts_modules_keep_the_models_train_or_eval_mode(checkpoints)
     assert not any(m.training for m in loaded.modules())
 
 
+class _Wrapper(torch.nn.Module):
+    """What peft's PeftModel is to the model it holds: a module above it, attributes looked up through it."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.base_model = model
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.base_model, name)
+
+    def forward(self, *args, **kwargs):
+        return self.base_model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("wrapper", ["stand_in", "peft"])
+def test_quantize_a_wrapped_model_marks_the_model_inside(wrapper, tmp_path):
+    """quantize_ on peft's PeftModel set the quantizer on the wrapper: the transformers model inside was not marked
+    int8, so dequantize() through the wrapper was refused and its save_pretrained wrote a checkpoint that could
+    not load."""
+    model = tiny_model("olmoe", dtype=torch.float32)
+    if wrapper == "peft":
+        peft = pytest.importorskip("peft")
+        wrapped = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    else:
+        wrapped = _Wrapper(model)
+    assert quantize_(wrapped) is wrapped
+    assert model.is_quantized and isinstance(model.hf_quantizer.quantization_config, ExpertsInt8Config)
+    assert "hf_quantizer" not in vars(wrapped)
+    x = _inputs(4).cpu()
+    with torch.no_grad():
+        int8_logits = wrapped(x).logits
+    wrapped.dequantize()
+    assert not model.is_quantized and not any(isinstance(m, Int8Experts) for _, m in find_experts(model))
+    quantize_(wrapped)
+    base = wrapped.merge_and_unload() if wrapper == "peft" else model  # (LoRA's B starts at zero: no change)
+    base.save_pretrained(tmp_path)
+    with torch.no_grad():
+        assert torch.equal(AutoModelForCausalLM.from_pretrained(tmp_path)(x).logits, int8_logits)
+    with pytest.raises(ValueError, match="holds several transformers models"):
+        quantize_(torch.nn.ModuleList([tiny_model("olmoe"), tiny_model("olmoe")]))
+
+
 def test_dequantized_experts_stay_frozen_in_a_frozen_model(checkpoints):
     """dequantize() gave trainable float experts to a model frozen after it was quantized or loaded
     (model.requires_grad_(False), a PEFT base under its adapters): they require grad as the model's float

@@ -1055,16 +1055,35 @@ def _to_float(module: Int8Experts, float_module: nn.Module, layout: str, dtype: 
 # --------------------------------------------------------------------------------------------------
 # quantize_: a model already in memory
 # --------------------------------------------------------------------------------------------------
+def _transformers_model(model: nn.Module) -> nn.Module:
+    """``model``, or the transformers model a wrapper of it holds (peft's PeftModel: ``base_model.model``)."""
+    from transformers import PreTrainedModel
+
+    if isinstance(model, PreTrainedModel):
+        return model
+    held = [m for m in model.modules() if isinstance(m, PreTrainedModel)]
+    if not held:
+        return model  # (refused further on: no config)
+    outer = set(held[0].modules())
+    if any(m not in outer for m in held):
+        raise ValueError(f"{type(model).__name__} holds several transformers models: quantize_ each of them")
+    return held[0]
+
+
 def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> nn.Module:
     """Replace the routed experts of ``model`` with :class:`Int8Experts`, in place; returns ``model``.
 
     Each experts module is quantized on its own device and its float tensors are released right
     after, so peak memory grows by one experts module at most. All weights are checked for NaN/Inf
     first, so a failure leaves the model untouched.
+
+    ``model`` may be a wrapper around the transformers model (peft's ``PeftModel``): the model it holds
+    is quantized and marked int8, so that its save_pretrained and dequantize() know it.
     """
     config = config if config is not None else ExpertsInt8Config()
     if not isinstance(config, ExpertsInt8Config):
         raise TypeError(f"config must be an ExpertsInt8Config, got {type(config).__name__}")
+    wrapper, model = model, _transformers_model(model)
     split = [name for name, m in model.named_modules() if isinstance(m, ParallelExperts)]
     if split:  # (a new quantizer would also forget the split, which keeps save_pretrained from writing a part)
         raise ValueError(f"{split[0]} is already int8 and split over ranks (experts_int8.parallel): quantize_ the "
@@ -1075,7 +1094,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
                          f"model saved with it would not load; leave it out of modules_to_not_convert")
     todo = _plan(model, config)
     if todo is None:
-        return model
+        return wrapper
     layout = _layout_of(model)
     biases = ("gate_up_proj_bias", "down_proj_bias") if layout == "gpt_oss" else ()
     for name, module in todo:  # validate everything before changing anything
@@ -1108,7 +1127,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     model.quantization_method = QUANT_METHOD
     _drop_expert_converters(model)
     verify_int8_model(model, config)
-    return model
+    return wrapper
 
 
 # --------------------------------------------------------------------------------------------------
