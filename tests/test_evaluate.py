@@ -68,6 +68,19 @@ def test_converted_mlp_matches_its_float_mlp_exactly_on_dequantized_weights():
     torch.testing.assert_close(conv(x).double(), expect, rtol=1e-4, atol=1e-5)
 
 
+def test_hooks_on_a_dense_mlp_move_to_its_int8_replacement():
+    model = tiny_llama()
+    seen = []
+    handle = model.model.layers[0].mlp.register_forward_hook(lambda m, args, out: seen.append(type(m).__name__))
+    dense_mlps_as_int8_experts_(model, backend="torch")
+    ids = torch.randint(0, 96, (1, 5))
+    with torch.no_grad():
+        model(ids)
+        handle.remove()  # (the handle the user holds still removes it)
+        model(ids)
+    assert seen == ["Int8DenseMLP"]
+
+
 def test_no_gated_mlp_raises():
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     with pytest.raises(ValueError, match="no dense gated MLP"):

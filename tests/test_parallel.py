@@ -487,6 +487,30 @@ def test_ranks_that_would_split_different_things_are_refused(tmp_path):
         assert "disagree" in said["shapes"] and "of shapes" in said["shapes"], said
 
 
+def test_hooks_on_an_experts_module_move_to_its_split():
+    """A user's hooks on an experts module keep running on the module split in its place (one rank: the split's
+    output is the whole layer's), and the handle they hold still removes them."""
+    model = quantize_(tiny_model("mixtral", seed=0))
+    name = next(n for n, m in model.named_modules() if isinstance(m, Int8Experts))
+    seen = []
+    handle = model.get_submodule(name).register_forward_hook(lambda m, args, out: seen.append(out.clone()))
+    tokens = torch.randint(3, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with torch.no_grad():
+            model(tokens)
+            parallelize_experts(model, "tp")
+            assert isinstance(model.get_submodule(name), ParallelExperts)
+            model(tokens)
+            handle.remove()
+            model(tokens)
+    finally:
+        dist.destroy_process_group()
+    assert len(seen) == 2
+    torch.testing.assert_close(seen[1], seen[0])
+
+
 def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_group():
     model = tiny_model("mixtral", seed=0)
     quantize_(model)

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import Int8Experts, detect_activation
+from .layer import Int8Experts, carry_hooks, detect_activation
 from .ops import BACKENDS
 from .reference import ACTIVATIONS
 
@@ -110,9 +110,10 @@ def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] =
             act = detect_activation(mod.act_fn)
         else:
             raise ValueError(f"{name}: no act_fn module to read the activation from; pass activation=")
-        plan.append((name, linears, act))
-    for name, (gate, up, down), act in plan:
+        plan.append((name, mod, linears, act))
+    for name, mod, (gate, up, down), act in plan:
         new = Int8DenseMLP.from_linears(gate, up, down, activation=act, backend=backend, name=name)
+        carry_hooks(mod, new)
         model.set_submodule(name, new)
     return len(targets)
 

@@ -28,6 +28,7 @@ subset of experts sets ``expert_map [global E]`` (global id -> local index or -1
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Optional
 
 import torch
@@ -65,6 +66,30 @@ def w13_name(module: nn.Module) -> str:
 
 
 _probed = functools.lru_cache(maxsize=64)(detect_activation)
+
+
+# nn.Module's hook registries (torch's names): forward hooks and pre-hooks with their with_kwargs / always_call
+# entries, backward hooks, state-dict hooks
+_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+def carry_hooks(old: nn.Module, new: nn.Module) -> None:
+    """Give ``new``, which takes ``old``'s place in the model, the hooks registered on ``old``: the same dicts,
+    so that the handles their registration returned still remove them (a handle keeps its dict and an id).
+    ``old``, if kept (quantize_ sets the float module aside), keeps them too and brings them back at dequantize()."""
+    for attr in _HOOK_DICTS:
+        hooks, own = old.__dict__.get(attr), new.__dict__.get(attr)
+        if hooks is None or own is None or hooks is own:
+            continue
+        hooks.update(own)  # (hooks of its own, which none of the modules swapped here has, run after them)
+        object.__setattr__(new, attr, hooks)
+    if old.__dict__.get("_is_full_backward_hook") is not None:
+        object.__setattr__(new, "_is_full_backward_hook", old._is_full_backward_hook)
+    for hook in new._load_state_dict_pre_hooks.values():  # (given the module they were registered on: now new)
+        if getattr(hook, "with_module", False) and hook.module() is old:
+            hook.module = weakref.ref(new)
 
 
 @torch.compiler.assume_constant_result

@@ -41,7 +41,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .checkpoint import CheckpointKeys
-from .layer import Int8Experts, w13_name
+from .layer import Int8Experts, carry_hooks, w13_name
 
 MODES = ("tp", "ep")
 
@@ -348,7 +348,9 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     split = _split_over(group, mode, "parallelize_experts")  # checks mode and group before any work
 
     def part(module: Int8Experts) -> ParallelExperts:
-        return ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
+        wrapped = ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
+        carry_hooks(module, wrapped)  # (a user's hooks see the whole layer's output, as before the split)
+        return wrapped
 
     if isinstance(model, Int8Experts):  # a lone experts module: its part, wrapped
         _check_ranks_agree(model, [("", model)], split, group, "parallelize_experts", device or model.down_proj.device)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -65,7 +64,7 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..checkpoint import (EXPERT_COUNT_KEYS, FLOAT_DTYPES, SAFETENSORS_DTYPES, CheckpointKeys, check_int8_checkpoint,
                           from_fused_layout, read_headers, to_fused_layout)
-from ..layer import Int8Experts, detect_activation, int8_experts_forward, w13_name
+from ..layer import Int8Experts, carry_hooks, detect_activation, int8_experts_forward, w13_name
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
@@ -982,30 +981,6 @@ def _keep_float_module(new: Int8Experts, float_module: nn.Module) -> None:
     object.__setattr__(new, "_float_module", float_module.to("meta"))
 
 
-# nn.Module's hook registries (torch's names): forward hooks and pre-hooks with their with_kwargs / always_call
-# entries, backward hooks, state-dict hooks
-_HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
-               "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
-               "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
-
-
-def _carry_hooks(old: nn.Module, new: nn.Module) -> None:
-    """Give ``new``, which takes ``old``'s place in the model, the hooks registered on ``old``: the same dicts,
-    so that the handles their registration returned still remove them (a handle keeps its dict and an id).
-    ``old`` set aside (quantize_) keeps them too, and brings them back at dequantize()."""
-    for attr in _HOOK_DICTS:
-        hooks, own = old.__dict__.get(attr), new.__dict__.get(attr)
-        if hooks is None or own is None or hooks is own:
-            continue
-        hooks.update(own)  # (hooks of its own, which none of the modules swapped here has, run after them)
-        object.__setattr__(new, attr, hooks)
-    if old.__dict__.get("_is_full_backward_hook") is not None:
-        object.__setattr__(new, "_is_full_backward_hook", old._is_full_backward_hook)
-    for hook in new._load_state_dict_pre_hooks.values():  # (given the module they were registered on: now new)
-        if getattr(hook, "with_module", False) and hook.module() is old:
-            hook.module = weakref.ref(new)
-
-
 def _float_module_of(name: str, module: Int8Experts, layout: str) -> nn.Module:
     """The float module ``module`` becomes again, once checked that its int8 tensors fill it (shapes only: nothing
     is computed, so that ``dequantize`` checks every module before it changes one)."""
@@ -1043,7 +1018,7 @@ def _to_float(module: Int8Experts, float_module: nn.Module, layout: str, dtype: 
     for t, value in tensors.items():
         setattr(float_module, t, nn.Parameter(value, requires_grad=trainable and wanted[t].requires_grad))
     float_module.train(module.training)  # (set aside in the mode it had then: training, if made while loading)
-    _carry_hooks(module, float_module)
+    carry_hooks(module, float_module)
     if hook is not None:  # the float module runs where the int8 one did
         from accelerate.hooks import add_hook_to_module
 
@@ -1116,7 +1091,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
                                      activation=_activation_of(module, layout), name=name, **bias_tensors)
         new.train(module.training)
-        _carry_hooks(module, new)
+        carry_hooks(module, new)
         model.set_submodule(name, new)
         _keep_float_module(new, module)  # (to the meta device: its float tensors are freed now)
         del module
