@@ -1447,3 +1447,20 @@ def test_the_integration_is_named_from_a_fresh_process_whichever_is_imported_fir
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["experts_int8.integrations.transformers"] * 2
+
+
+def test_every_exported_name_is_bound_where_type_checkers_look():
+    """A name of ``__all__`` that only ``__getattr__`` gives (imported on first use) is invisible to a type checker,
+    which typed it as whatever ``__getattr__`` returns: pyright read ``ExpertsInt8Config()`` and ``quantize_(model)``
+    of the README as calls of ``Int8Experts`` (arguments missing). Each is imported under ``TYPE_CHECKING`` too."""
+    import ast
+
+    import experts_int8
+
+    tree = ast.parse(open(experts_int8.__file__).read())
+    bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+             for alias in node.names}
+    bound |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+              if isinstance(t, ast.Name)}
+    bound |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert sorted(set(experts_int8.__all__) - bound) == []

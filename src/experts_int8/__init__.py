@@ -4,11 +4,16 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+from typing import TYPE_CHECKING
 
 from . import reference
 from .ops import fused_experts, fused_moe
 from .quant import dequantize_weights, quantize_weights
 from .routing import select_experts
+
+if TYPE_CHECKING:  # the names __getattr__ imports on first use, as type checkers and IDEs must see them
+    from .integrations.transformers import ExpertsInt8Config, ExpertsInt8HfQuantizer, quantize_
+    from .layer import Int8Experts
 
 __version__ = "0.1.0"
 
