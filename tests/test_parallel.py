@@ -127,6 +127,20 @@ def test_shard_of_a_shard_and_no_process_group(first, second):
         parallelize_experts(experts())
 
 
+def test_device_arguments_are_typed_as_the_docs_pass_them():
+    """The docs pass devices as strings (``parallelize_experts(model, mode="tp", device=f"cuda:{rank}")``), and
+    every one of these takes a string, but their annotations said ``torch.device`` alone, so a type checker
+    refused the documented calls."""
+    import typing
+
+    from experts_int8.parallel import split_while_loading
+
+    shard = shard_experts(experts(), "tp", 0, 2, device="cpu")  # (a string works: only the annotation said not)
+    assert shard.down_proj.device == torch.device("cpu") and Int8Experts(2, 4, 4, device="cpu").down_proj.is_cpu
+    for f in (Int8Experts.__init__, shard_experts, split_while_loading, parallelize_experts):
+        assert str in typing.get_args(typing.get_type_hints(f)["device"]), f.__qualname__
+
+
 # --------------------------------------------------------------------------------------------------
 # Real ranks: one process each (torch.multiprocessing), a TCP rendezvous on localhost
 # --------------------------------------------------------------------------------------------------

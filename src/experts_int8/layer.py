@@ -111,7 +111,7 @@ class Int8Experts(nn.Module):
         bias: bool = False,
         gated: bool = True,
         global_num_experts: Optional[int] = None,
-        device: Optional[torch.device] = None,
+        device: Optional[torch.device | str] = None,
         backend: str = "auto",
     ):
         super().__init__()

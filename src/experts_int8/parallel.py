@@ -126,7 +126,7 @@ class Split:
 
 
 def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
-                  device: Optional[torch.device] = None) -> Int8Experts:
+                  device: Optional[torch.device | str] = None) -> Int8Experts:
     """Rank ``rank``'s part of ``module`` under ``mode`` (see the module docstring), as a new
     :class:`Int8Experts` with its own (contiguous) tensors on ``device`` (default: the module's)."""
     if not isinstance(module, Int8Experts):
@@ -233,7 +233,7 @@ def _split_over(group: Optional[dist.ProcessGroup], mode: str, what: str) -> "Sp
 
 
 def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str,
-                       device: Optional[torch.device] = None):
+                       device: Optional[torch.device | str] = None):
     """Refuse ranks that would split different things (another mode, checkpoint or model): each would add its
     part of another model into the all-reduce, which needs only equal output shapes, and give wrong text silently.
     One exchange of shapes at split time; weights of equal shapes are not compared. (NCCL exchanges objects
@@ -266,7 +266,7 @@ class Loading:
 
     split: Split
     group: Optional[dist.ProcessGroup]
-    device: Optional[torch.device]
+    device: Optional[torch.device | str]
     parts: int = 0
 
 
@@ -275,7 +275,7 @@ _LOADING: ContextVar[Optional[Loading]] = ContextVar("experts_int8_split_while_l
 
 @contextmanager
 def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = None,
-                        device: Optional[torch.device] = None):
+                        device: Optional[torch.device | str] = None):
     """Inside this context, ``from_pretrained`` of an experts_int8 (int8) checkpoint gives this rank only its
     part of every experts module (``mode`` over ``group``), read from the safetensors files slice by slice
     onto ``device`` (default: where transformers places the module) and wrapped in :class:`ParallelExperts`.
@@ -338,7 +338,7 @@ def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[d
 
 
 def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist.ProcessGroup] = None,
-                        device: Optional[torch.device] = None) -> nn.Module:
+                        device: Optional[torch.device | str] = None) -> nn.Module:
     """Replace every :class:`Int8Experts` in ``model`` by this rank's part of it (``mode`` ``"tp"`` or
     ``"ep"``, over ``group``, default the whole world) wrapped in a :class:`ParallelExperts`; each part
     moves to ``device`` (default: where the module is). In place; returns ``model`` (for a lone
