@@ -444,7 +444,7 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
     parse_size(max_shard_size)
     dev = check_device(device or _default_device())
     r = quantize_checkpoint(src, dst, format=fmt, device=dev, max_shard_size=max_shard_size, overwrite=overwrite,
-                            progress=not no_progress, log=click.echo)
+                            progress=not no_progress)
     click.echo(f"quantized {src} -> {dst} in {r.seconds:.1f} s ({r.num_tensors} tensors, format {fmt})")
     click.echo(f"size on disk: {format_bytes(r.bytes_before)} -> {format_bytes(r.bytes_after)} "
                f"({r.bytes_after / r.bytes_before:.2f}x)")

@@ -65,7 +65,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 from safetensors import safe_open
@@ -406,8 +406,7 @@ def _tensor_index(files) -> tuple[dict[str, tuple[str, tuple]], dict[str, Path],
 
 
 def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_shard_size="5GB",
-                        overwrite: bool = False, progress: bool = True,
-                        log: Callable[[str], None] = print) -> ConversionReport:
+                        overwrite: bool = False, progress: bool = True) -> ConversionReport:
     """Convert the checkpoint directory ``src`` into an int8 experts checkpoint at ``dst`` (see module doc).
 
     ``format``: ``"native"`` (what ``save_pretrained`` of an ``ExpertsInt8Config`` model writes) or
