@@ -1464,3 +1464,11 @@ def test_every_exported_name_is_bound_where_type_checkers_look():
               if isinstance(t, ast.Name)}
     bound |= {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     assert sorted(set(experts_int8.__all__) - bound) == []
+
+
+def test_the_package_is_marked_typed():
+    """Without ``py.typed`` mypy skips the package (``import-untyped``: an error on every user's import of it) and
+    its annotations go unused; setuptools ships the marker as package data by itself."""
+    from importlib.resources import files
+
+    assert files("experts_int8").joinpath("py.typed").is_file()
