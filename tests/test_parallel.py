@@ -127,6 +127,17 @@ def test_shard_of_a_shard_and_no_process_group(first, second):
         parallelize_experts(experts())
 
 
+def test_parallel_experts_wraps_only_a_shard_of_its_mode():
+    """ParallelExperts' forward and repr read the split its part belongs to: around a whole module, printing the
+    model failed with "'NoneType' object has no attribute 'world_size'" (the forward likewise on 'rank')."""
+    whole = experts()
+    with pytest.raises(ValueError, match="wraps one rank's tp part .* made by shard_experts .*got a whole Int8Experts"):
+        ParallelExperts(whole, "tp")
+    with pytest.raises(ValueError, match="got rank 0's ep part of a split over 2 ranks"):
+        ParallelExperts(shard_experts(whole, "ep", 0, 2), "tp")
+    assert "mode=tp, world_size=2" in repr(ParallelExperts(shard_experts(whole, "tp", 0, 2), "tp"))
+
+
 def test_device_arguments_are_typed_as_the_docs_pass_them():
     """The docs pass devices as strings (``parallelize_experts(model, mode="tp", device=f"cuda:{rank}")``), and
     every one of these takes a string, but their annotations said ``torch.device`` alone, so a type checker

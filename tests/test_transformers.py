@@ -39,7 +39,7 @@ from experts_int8.integrations.transformers import (  # noqa: E402
     verify_int8_model,
 )
 from experts_int8.layer import w13_name  # noqa: E402
-from experts_int8.parallel import ParallelExperts  # noqa: E402
+from experts_int8.parallel import ParallelExperts, shard_experts  # noqa: E402
 from experts_int8.quant import dequantize_weights, quantize_weights  # noqa: E402
 
 from models import ARCH_NAMES, COMMON, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
@@ -511,7 +511,7 @@ def test_adapters_on_the_int8_weights_themselves_are_refused():
 def test_dequantize_refuses_what_it_cannot_rebuild():
     model = quantize_(tiny_model("olmoe", dtype=torch.bfloat16))
     name, m = find_experts(model)[0]
-    model.set_submodule(name, ParallelExperts(m, "ep"))
+    model.set_submodule(name, ParallelExperts(shard_experts(m, "ep", 0, 1), "ep"))
     with pytest.raises(ValueError, match="split across ranks.*dequantize before splitting"):
         model.dequantize()
     hand_made = Int8Experts.from_float(dequantize_weights(_w13(m), _w13(m, "_scale")),

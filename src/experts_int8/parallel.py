@@ -145,6 +145,12 @@ class ParallelExperts(nn.Module):
     outputs: called like any transformers 5 experts module."""
 
     def __init__(self, local: Int8Experts, mode: str, group: Optional[dist.ProcessGroup] = None):
+        part_of = getattr(local, "part_of", None)
+        if not isinstance(local, Int8Experts) or part_of is None or part_of.mode != mode:
+            # (the forward and the repr read the split: a whole module failed there with an AttributeError on None)
+            got = f"{part_of}" if isinstance(part_of, Split) else f"a whole {type(local).__name__}"
+            raise ValueError(f"ParallelExperts({mode!r}) wraps one rank's {mode} part of an experts module, made by "
+                             f"shard_experts (parallelize_experts splits a whole model); got {got}")
         super().__init__()
         self.local, self.mode, self.group = local, mode, group
         self.register_state_dict_pre_hook(_refuse_saving_a_part)
