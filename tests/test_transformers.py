@@ -833,6 +833,27 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
     assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # nothing half-converted
 
 
+@pytest.mark.parametrize("gating, accepted", [
+    # Beam's: act(gate) * up in fp32, cast back (the kernel's activation is fp32 anyway)
+    (lambda self, gate_up: (self.act_fn(gate_up.chunk(2, -1)[0].float()) * gate_up.chunk(2, -1)[1].float()).to(
+        gate_up.dtype), True),
+    # a clamp (DeepSeek-V4's kind), only where values pass 7: still refused
+    (lambda self, gate_up: self.act_fn(gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1], False),
+])
+def test_a_gating_of_its_own_is_accepted_where_it_computes_the_kernels(gating, accepted):
+    model = tiny_model("mellum")
+    for _, experts in find_experts(model):
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": gating})
+    if not accepted:
+        with pytest.raises(ValueError, match="computes its own gating"):
+            quantize_(model)
+        return
+    int8_model = quantize_(copy.deepcopy(model))
+    assert verify_int8_model(int8_model) == 2
+    quality = routing_quality(model, int8_model, _inputs().cpu())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+
+
 def test_transposed_experts_outside_the_table_are_quantized(monkeypatch):
     """Aria's experts are transformers' is_transposed ones ([E, H, 2I], [E, I, H]) and SiLU while its config's
     hidden_act is gelu_pytorch_tanh: without a row, the module's own flags and act_fn decide."""

@@ -116,6 +116,10 @@ def _deepseek_v3(c) -> dict:  # sigmoid, biased choice, groups (the _DEEPSEEK_V3
             "routed_scaling_factor": float(c.routed_scaling_factor)}
 
 
+def _beam(c) -> dict:  # DeepSeek-V3's router; the MoE block applies the scaling factor after the experts
+    return {k: v for k, v in _deepseek_v3(c).items() if k != "routed_scaling_factor"}
+
+
 def _sigmoid_topk(c) -> dict:  # Cohere2 MoE's sigmoid form, AFMoE (with their norm_topk_prob and scaling factor)
     return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid",
             "renormalize": bool(getattr(c, "norm_topk_prob", True)),
@@ -185,6 +189,8 @@ ARCHITECTURES: dict[str, Arch] = {
     "glm_moe_dsa": _DEEPSEEK_V3,
     "mimo_v2_flash": _DEEPSEEK_V3,
     "solar_open": _DEEPSEEK_V3,
+    # (its experts gate in fp32 and cast back: the kernel's own way, see _gates_as_default)
+    "beam": Arch("gate", _beam, correction_bias="gate.e_score_correction_bias"),
     "mistral4": Arch("gate", _mistral4),  # (Mistral Small 4: the text model of a mistral3 model)
     "afmoe": Arch("router", _afmoe, correction_bias="expert_bias"),
     "cohere2_moe": Arch("gate", _cohere2_moe),
@@ -452,9 +458,24 @@ def _check_flags(name: str, module: nn.Module, layout: str) -> None:
         raise ValueError(f"{name}: experts layout not supported by experts_int8 ({', '.join(bad)}); expected "
                          f"{w13_name(module)} {shapes} without bias")
     gate = getattr(type(module), "_apply_gate", _default_apply_gate)
-    if gate is not _default_apply_gate:
+    if gate is not _default_apply_gate and not _gates_as_default(module, gate):
         raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate); the kernel computes "
                          f"act(gate) * up")
+
+
+@torch.no_grad()
+def _gates_as_default(module: nn.Module, gate: Callable) -> bool:
+    """Whether ``module``'s own ``gate`` computes act(gate) * up all the same, judged on fp32 values from 1e-3 to
+    1e4 in size: a gating that only computes in fp32 and casts back (the kernel's activation is fp32 too) agrees
+    bit for bit; a clamp, an offset or a scale of its own shows."""
+    # (fp32 on the CPU by name: transformers builds the model under a meta device and its dtype as the default)
+    where = dict(device="cpu", dtype=torch.float32)
+    probe = torch.randn(8, 64, generator=torch.Generator().manual_seed(0), **where)
+    probe *= torch.logspace(-3, 4, 8, **where)[:, None]
+    try:
+        return torch.equal(gate(module, probe), _default_apply_gate(module, probe))
+    except Exception:  # (a gating that reads tensors of its own, on the meta device while loading, say)
+        return False
 
 
 class NoExpertsError(ValueError):
