@@ -969,6 +969,43 @@ def test_checkpoint_with_scales_saved_in_the_model_dtype_loads(arch, dtype, tmp_
     with torch.no_grad():
         assert torch.equal(old(x).logits, ref(x).logits)
 
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])  # (mixtral: keys transformers renames on load)
+def test_int8_checkpoint_tensors_load_in_the_models_dtypes_where_transformers_keeps_the_checkpoints(
+        arch, tmp_path, monkeypatch):
+    """transformers 5.16-5.21 loads a pre-quantized checkpoint's float tensor whose key it renames (Mixtral's
+    block_sparse_moe.*) in the dtype the file holds, not the model's; 5.22 casts it through the quantizer's
+    get_new_dtype. Made to load every tensor as stored (get_new_dtype answering None), a bf16 int8 checkpoint
+    whose scales and biases are bf16 too (saved from a model cast before 4124398) loads with dtype=float16 as
+    the model's dtypes: float16 routers and other weights (the forward failed on mixed dtypes), fp32 scales and
+    biases holding the file's values (they were refused as bf16)."""
+    from experts_int8.integrations.transformers import ExpertsInt8HfQuantizer
+
+    monkeypatch.setattr(ExpertsInt8HfQuantizer, "get_new_dtype", lambda self, converter, param, dtype: None,
+                        raising=False)
+    model = quantize_(tiny_model(arch)).to(torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    (path,) = glob.glob(str(tmp_path / "*.safetensors"))
+    sd = load_file(path)
+    assert any(v.dtype == torch.float32 for v in sd.values())
+    save_file({k: v.to(torch.bfloat16) if v.dtype == torch.float32 else v for k, v in sd.items()}, path,
+              metadata={"format": "pt"})
+    old = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float16)
+    experts = {name for name, _ in find_experts(old)}
+    for name, t in old.named_parameters():
+        if t.is_floating_point() and name.rpartition(".")[0] not in experts:
+            assert t.dtype == torch.float16, name
+    checked = 0
+    for (_, a), (_, b) in zip(find_experts(old), find_experts(model)):
+        for name, t in b.named_buffers():
+            if t.is_floating_point():
+                got = getattr(a, name)
+                assert got.dtype == torch.float32 and torch.equal(got, t.to(torch.bfloat16).float()), name
+                checked += 1
+    assert checked
+    with torch.no_grad():
+        assert torch.isfinite(old(_inputs(6).cpu()).logits).all()
+
+
 def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
     """A model's name is found under the checkpoint's own module names by its layer indices and last two parts;
     two candidates (another stack's layer 0) are ambiguous: none is taken, rather than either one's tensor."""

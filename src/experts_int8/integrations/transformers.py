@@ -748,6 +748,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         self._loading = None  # the parallel.Loading of a split_while_loading around this load
         self.split = None  # the parallel.Split the model's experts are parts of, once split
         self._files: list = []
+        self._float_dtypes: dict[str, torch.dtype] = {}  # pre-quantized loads: each float tensor's dtype in the model
 
     @property
     def quantized_element_size(self) -> float:
@@ -834,6 +835,9 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             model.set_submodule(name, new)
             self._targets.update(f"{name}.{t}" for t in new.tensor_names() if not t.endswith("_scale"))
         self._files = list(checkpoint_files or [])
+        if self.pre_quantized:
+            self._float_dtypes = {name: t.dtype for name, t in (*model.named_parameters(), *model.named_buffers())
+                                  if t.is_floating_point()}
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
             # (transformers would re-initialize it and only log a report).
@@ -884,6 +888,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             if missing:
                 raise ValueError(f"experts_int8: the checkpoint provided no weights for {len(missing)} experts "
                                  f"tensors, e.g. {missing[:3]}; they would be left uninitialized")
+        _restore_float_dtypes(model, self._float_dtypes)
         verify_int8_model(model, self.quantization_config)
         _drop_expert_converters(model)
         return model
@@ -936,6 +941,29 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _restore_float_dtypes(model: nn.Module, dtypes: dict[str, torch.dtype]) -> None:
+    """Each loaded float tensor of a pre-quantized model in the dtype the model gave it (the load's ``dtype``; fp32
+    for the int8 experts' scales and biases). transformers before 5.22 loads a tensor of such a checkpoint whose
+    key it renames (Mixtral's ``block_sparse_moe.*``) in the checkpoint's dtype instead: a bf16 int8 checkpoint
+    loaded with ``dtype=torch.float16`` kept bf16 routers (the forward failed on mixed dtypes), and the bf16 scales
+    of one saved from a model cast before 4124398 were refused. 5.22 casts them while loading; this does the same
+    after it. Tensors left on the meta device (offloaded) are not touched."""
+    for name, dtype in dtypes.items():
+        module_name, _, attr = name.rpartition(".")
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            continue
+        tensors = module._parameters if attr in module._parameters else module._buffers
+        t = tensors.get(attr)
+        if t is None or t.device.type == "meta" or not t.is_floating_point() or t.dtype == dtype:
+            continue
+        if isinstance(t, nn.Parameter):
+            t.data = t.data.to(dtype)  # (the same Parameter: tied weights stay tied)
+        else:
+            tensors[attr] = t.to(dtype)
 
 
 def _stored(module: nn.Module, name: str) -> torch.Tensor:
