@@ -164,19 +164,30 @@ def test_generate_is_greedy_whatever_the_checkpoints_generation_config_says():
     assert model.generation_config is shipped  # (put back)
 
 
-def test_generate_parallel_over_two_ranks(demo_run):
-    """torchrun, two CPU ranks (gloo), the experts split over them: rank 0 prints the one-process text."""
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_generate_parallel_over_two_ranks(demo_run, dtype):
+    """torchrun, two CPU ranks (gloo), the experts split over them: rank 0 prints the one-process text.
+
+    That very text in fp32 only. In bf16 each rank rounds its partial output before the all-reduce (benchmarks/
+    NOTES.md item 179), and the demo's random model has greedy choices between logits one bf16 step apart: which,
+    depends on the prompt's tokens, so on the Python that ran the demo (its tokenizer learns pydoc_data, which
+    differs between versions). On 3.10, "The assert"'s first choice was 1.0 against 0.9961: the ranks printed
+    'The assert%%%%%', one process 'The assertanager...' (in fp32 the split is within 3e-7 of one process)."""
     _, keep = demo_run
-    args = [keep / "int8", "--prompt", "The assert", "--max-new-tokens", "5", "--device", "cpu", "--no-progress"]
-    single = invoke("generate", *args)
-    assert single.exit_code == 0, single.output
+    args = [keep / "int8", "--prompt", "The assert", "--max-new-tokens", "5", "--device", "cpu", "--no-progress",
+            "--dtype", dtype]
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "experts_int8.cli", "generate", *map(str, args), "--parallel", "tp"],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
-    printed = [line for line in run.stdout.splitlines() if not line.startswith("[Gloo]")]  # (torch < 2.11's gloo)
-    assert printed == [single.stdout.splitlines()[0]]  # one rank printed, the same text
+    # (torch < 2.11's gloo prints a line per rank, the two at times interleaved into fragments and an empty line)
+    printed = [line for line in run.stdout.splitlines() if line and not re.search(r"\[Gloo\]|peer ranks", line)]
+    assert len(printed) == 1 and printed[0].startswith("The assert"), run.stdout  # one rank printed
     assert "2 ranks, tp" in run.stderr
+    if dtype == "fp32":
+        single = invoke("generate", *args)
+        assert single.exit_code == 0, single.output
+        assert printed == [single.stdout.splitlines()[0]]  # the same text
 
 
 def test_generate_parallel_needs_torchrun(demo_run):
