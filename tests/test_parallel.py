@@ -536,6 +536,31 @@ def test_hooks_on_an_experts_module_move_to_its_split():
     torch.testing.assert_close(seen[1], seen[0])
 
 
+def test_a_lone_experts_module_split_keeps_none_of_its_parts_hooks():
+    """parallelize_experts on a lone Int8Experts returns its wrapped part and leaves the whole module to the caller:
+    the part shared the whole one's hook dicts, so the part's refusal to be saved ran on the whole module too (its
+    state_dict failed on 'local'), and a hook registered on the part ran on the whole module's forward."""
+    whole = experts()
+    seen = []
+    whole.register_forward_hook(lambda m, args, out: seen.append(("moved", type(m).__name__)))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        part = parallelize_experts(whole, "tp")
+        part.register_forward_hook(lambda m, args, out: seen.append(("later", type(m).__name__)))
+        assert set(whole.state_dict()) == set(experts().state_dict())
+        x, ids = torch.randn(3, 32), torch.randint(0, 6, (3, 2))
+        with torch.no_grad():
+            whole(x, ids, torch.rand(3, 2))
+            assert seen == []
+            part(x, ids, torch.rand(3, 2))
+    finally:
+        dist.destroy_process_group()
+    assert seen == [("moved", "ParallelExperts"), ("later", "ParallelExperts")]
+    with pytest.raises(ValueError, match="hold only"):
+        part.state_dict()
+
+
 def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_group():
     model = tiny_model("mixtral", seed=0)
     quantize_(model)

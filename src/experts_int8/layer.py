@@ -76,15 +76,19 @@ _HOOK_DICTS = ("_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_a
 
 
 def carry_hooks(old: nn.Module, new: nn.Module) -> None:
-    """Give ``new``, which takes ``old``'s place in the model, the hooks registered on ``old``: the same dicts,
+    """Move to ``new``, which takes ``old``'s place in the model, the hooks registered on ``old``: the same dicts,
     so that the handles their registration returned still remove them (a handle keeps its dict and an id).
-    ``old``, if kept (quantize_ sets the float module aside), keeps them too and brings them back at dequantize()."""
+    ``old`` is left empty ones: it may live on (the whole module parallelize_experts was given alone, the float
+    module quantize_ sets aside, which dequantize() gives them back to), and dicts shared with ``new`` would run
+    ``new``'s hooks (ParallelExperts' refusal to save a part) on it, and hooks registered on either on both."""
     for attr in _HOOK_DICTS:
         hooks, own = old.__dict__.get(attr), new.__dict__.get(attr)
-        if hooks is None or own is None or hooks is own:
+        if hooks is None or own is None:
             continue
-        hooks.update(own)  # (hooks of its own, which none of the modules swapped here has, run after them)
-        object.__setattr__(new, attr, hooks)
+        if hooks is not own:
+            hooks.update(own)  # (hooks of its own, ParallelExperts' refusal to save a part, run after them)
+            object.__setattr__(new, attr, hooks)
+        object.__setattr__(old, attr, type(hooks)())
     if old.__dict__.get("_is_full_backward_hook") is not None:
         object.__setattr__(new, "_is_full_backward_hook", old._is_full_backward_hook)
     for hook in new._load_state_dict_pre_hooks.values():  # (given the module they were registered on: now new)
