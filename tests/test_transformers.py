@@ -639,6 +639,23 @@ def test_dequantized_experts_stay_frozen_in_a_frozen_model(checkpoints):
     assert all(p.requires_grad for n, p in model.named_parameters() if ".experts." not in n)
 
 
+@pytest.mark.parametrize("arch", ["afmoe", "ernie4_5_moe"])
+def test_dequantized_experts_train_in_a_model_that_freezes_its_own_selection_bias(arch):
+    """AFMoE and ERNIE 4.5 build their routers' selection bias as a parameter that does not require grad: dequantize()
+    read it as a frozen model and gave frozen experts to a model nobody had frozen (a float load's train)."""
+    def experts_grad(model):
+        return {p.requires_grad for _, m in find_experts(model) for p in m.parameters()}
+
+    model = tiny_model(arch, dtype=torch.float32)
+    assert experts_grad(model) == {True}
+    assert any(not p.requires_grad for p in model.parameters())  # (the selection bias, as the model builds it)
+    quantize_(model).dequantize()
+    assert experts_grad(model) == {True}
+    quantize_(model).requires_grad_(False)
+    model.dequantize()
+    assert experts_grad(model) == {False}
+
+
 def test_hooks_on_an_experts_module_survive_the_swaps_and_their_handles_still_remove_them(checkpoints):
     """quantize_ and dequantize() put a new module in the model: the hooks a user had registered on the one it
     replaced (to record activations, say) stayed behind on it, and never ran again."""

@@ -915,7 +915,12 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         # all checked first: a refusal leaves the model as it was, int8 throughout
         experts = [(name, module, _float_module_of(name, module, layout)) for name, module in find_experts(model)
                    if isinstance(module, Int8Experts)]
-        frozen = any(p.is_floating_point() and not p.requires_grad for p in model.parameters())
+        # (a router's selection bias is a parameter that AFMoE and ERNIE 4.5 freeze themselves: not the user's doing)
+        arch = ARCHITECTURES.get(_model_type(model))
+        path = arch.correction_bias.split(".") if arch is not None and arch.correction_bias is not None else None
+        own = {id(functools.reduce(lambda obj, n: getattr(obj, n, None), path, model.get_submodule(block)))
+               for block in {name.rpartition(".")[0] for name, _, _ in experts}} if path else set()
+        frozen = any(p.is_floating_point() and not p.requires_grad and id(p) not in own for p in model.parameters())
         for name, module, float_module in experts:
             model.set_submodule(name, _to_float(module, float_module, layout, dtype, trainable=not frozen))
         dropped = model.__dict__.pop("_experts_int8_converters", [])
