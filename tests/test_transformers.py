@@ -1008,9 +1008,10 @@ def test_int8_checkpoint_tensors_load_in_the_models_dtypes_where_transformers_ke
               metadata={"format": "pt"})
     old = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float16)
     experts = {name for name, _ in find_experts(old)}
+    fp32 = [re.compile(k) for k in old._keep_in_fp32_modules or ()]  # (GPT-OSS's norms: upcast in a float16 load)
     for name, t in old.named_parameters():
         if t.is_floating_point() and name.rpartition(".")[0] not in experts:
-            assert t.dtype == torch.float16, name
+            assert t.dtype == (torch.float32 if any(k.search(name) for k in fp32) else torch.float16), name
     checked = 0
     for (_, a), (_, b) in zip(find_experts(old), find_experts(model)):
         for name, t in b.named_buffers():
@@ -1021,6 +1022,23 @@ def test_int8_checkpoint_tensors_load_in_the_models_dtypes_where_transformers_ke
     assert checked
     with torch.no_grad():
         assert torch.isfinite(old(_inputs(6).cpu()).logits).all()
+
+
+@pytest.mark.parametrize("arch", ["gpt_oss", "afmoe"])
+def test_int8_load_keeps_the_models_keep_in_fp32_tensors_in_fp32(arch, tmp_path):
+    """A float16 load upcasts what the model's _keep_in_fp32_modules name (GPT-OSS's and AFMoE's norms, routers):
+    after a pre-quantized load each float tensor went back to the dtype the model was built in, float16 for those,
+    unlike a load of the float checkpoint."""
+    model = tiny_model(arch, dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "float")
+    quantize_(model).save_pretrained(tmp_path / "int8")
+    float_load = AutoModelForCausalLM.from_pretrained(tmp_path / "float", dtype=torch.float16)
+    int8_load = AutoModelForCausalLM.from_pretrained(tmp_path / "int8", dtype=torch.float16)
+    experts = {name for name, _ in find_experts(int8_load)}
+    want = {n: t.dtype for n, t in (*float_load.named_parameters(), *float_load.named_buffers())}
+    got = {n: t.dtype for n, t in (*int8_load.named_parameters(), *int8_load.named_buffers())
+           if n.rpartition(".")[0] not in experts}
+    assert torch.float32 in {want[n] for n in got} and got == {n: want[n] for n in got}
 
 
 def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():

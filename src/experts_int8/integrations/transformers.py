@@ -836,7 +836,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             self._targets.update(f"{name}.{t}" for t in new.tensor_names() if not t.endswith("_scale"))
         self._files = list(checkpoint_files or [])
         if self.pre_quantized:
-            self._float_dtypes = {name: t.dtype for name, t in (*model.named_parameters(), *model.named_buffers())
+            self._float_dtypes = {name: _loaded_dtype(model, name, t.dtype)
+                                  for name, t in (*model.named_parameters(), *model.named_buffers())
                                   if t.is_floating_point()}
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
@@ -946,6 +947,17 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     @property
     def is_compileable(self) -> bool:
         return True
+
+
+def _loaded_dtype(model: nn.Module, name: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype transformers loads tensor ``name``, made in ``dtype``, in: fp32 where the model's keep-in-fp32 lists
+    name it (``_keep_in_fp32_modules`` for a float16 load, ``_keep_in_fp32_modules_strict`` for bfloat16 too, as
+    its ``_get_dtype_plan``, matched as its loader matches them), ``dtype`` otherwise."""
+    keep = list(getattr(model, "_keep_in_fp32_modules_strict", None) or ()) if dtype in (torch.float16,
+                                                                                        torch.bfloat16) else []
+    if dtype == torch.float16:
+        keep += list(getattr(model, "_keep_in_fp32_modules", None) or ())
+    return torch.float32 if any(re.search(k.replace("*", ".*"), name) for k in keep) else dtype
 
 
 def _restore_float_dtypes(model: nn.Module, dtypes: dict[str, torch.dtype]) -> None:
