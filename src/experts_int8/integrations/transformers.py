@@ -907,7 +907,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         q * scale in ``dtype`` (see ``dequantize``), in the checkpoint's layout.
 
         Its parameters require grad as the model's do: frozen if any float parameter of the model is frozen
-        (``model.requires_grad_(False)``, a PEFT base under its adapters, a frozen router), or if they were frozen
+        (``model.requires_grad_(False)``, a PEFT base under its adapters, a frozen router; not a router's selection
+        bias that the model itself builds frozen, AFMoE's and ERNIE 4.5's), or if they were frozen
         when ``quantize_`` replaced them; trainable otherwise (a model loaded int8 and left as it loaded)."""
         if any(isinstance(m, (ParallelExperts, PendingShard)) for m in model.modules()):
             raise ValueError("the experts are split across ranks (parallelize_experts / split_while_loading): a "
