@@ -97,6 +97,13 @@ class Arch:
     correction_bias: Optional[str] = None
     layout: str = "fused"
 
+    def selection_bias(self, moe_block: nn.Module) -> Optional[torch.Tensor]:
+        """``moe_block``'s selection-only score bias (at ``correction_bias``), None where it has none (or switched
+        it off: LFM2's use_expert_bias=False)."""
+        if self.correction_bias is None:
+            return None
+        return functools.reduce(lambda obj, name: getattr(obj, name, None), self.correction_bias.split("."), moe_block)
+
 
 def _softmax_topk(renormalize: Callable[[Any], bool]):
     return lambda c: {"top_k": c.num_experts_per_tok, "renormalize": bool(renormalize(c))}
@@ -287,10 +294,9 @@ def routing_options(model: nn.Module, moe_block: Optional[nn.Module] = None) -> 
     top_k = getattr(getattr(moe_block, arch.router), "top_k", None)
     if isinstance(top_k, int):  # per-layer top-k (Hunyuan's moe_topk may be a list)
         opts["top_k"] = top_k
-    if arch.correction_bias is not None:
-        bias = functools.reduce(lambda obj, name: getattr(obj, name, None), arch.correction_bias.split("."), moe_block)
-        if bias is not None:  # None: switched off in this model (LFM2's use_expert_bias=False)
-            opts["correction_bias"] = bias.reshape(-1)
+    bias = arch.selection_bias(moe_block)
+    if bias is not None:
+        opts["correction_bias"] = bias.reshape(-1)
     return opts
 
 
@@ -836,9 +842,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             self._targets.update(f"{name}.{t}" for t in new.tensor_names() if not t.endswith("_scale"))
         self._files = list(checkpoint_files or [])
         if self.pre_quantized:
-            self._float_dtypes = {name: _loaded_dtype(model, name, t.dtype)
-                                  for name, t in (*model.named_parameters(), *model.named_buffers())
-                                  if t.is_floating_point()}
+            self._float_dtypes = _loaded_dtypes(model)
         if self.pre_quantized and checkpoint_files:
             # Fail before loading anything when a saved int8 tensor or its scale is missing or mis-shaped
             # (transformers would re-initialize it and only log a report).
@@ -919,9 +923,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
                    if isinstance(module, Int8Experts)]
         # (a router's selection bias is a parameter that AFMoE and ERNIE 4.5 freeze themselves: not the user's doing)
         arch = ARCHITECTURES.get(_model_type(model))
-        path = arch.correction_bias.split(".") if arch is not None and arch.correction_bias is not None else None
-        own = {id(functools.reduce(lambda obj, n: getattr(obj, n, None), path, model.get_submodule(block)))
-               for block in {name.rpartition(".")[0] for name, _, _ in experts}} if path else set()
+        own = {id(arch.selection_bias(model.get_submodule(block)))
+               for block in {name.rpartition(".")[0] for name, _, _ in experts}} if arch is not None else set()
         frozen = any(p.is_floating_point() and not p.requires_grad and id(p) not in own for p in model.parameters())
         for name, module, float_module in experts:
             model.set_submodule(name, _to_float(module, float_module, layout, dtype, trainable=not frozen))
@@ -950,15 +953,15 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return True
 
 
-def _loaded_dtype(model: nn.Module, name: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype transformers loads tensor ``name``, made in ``dtype``, in: fp32 where the model's keep-in-fp32 lists
-    name it (``_keep_in_fp32_modules`` for a float16 load, ``_keep_in_fp32_modules_strict`` for bfloat16 too, as
-    its ``_get_dtype_plan``, matched as its loader matches them), ``dtype`` otherwise."""
-    keep = list(getattr(model, "_keep_in_fp32_modules_strict", None) or ()) if dtype in (torch.float16,
-                                                                                        torch.bfloat16) else []
-    if dtype == torch.float16:
-        keep += list(getattr(model, "_keep_in_fp32_modules", None) or ())
-    return torch.float32 if any(re.search(k.replace("*", ".*"), name) for k in keep) else dtype
+def _loaded_dtypes(model: nn.Module) -> dict[str, torch.dtype]:
+    """The dtype transformers loads each float tensor of ``model`` (built in the load's dtype) in: fp32 where the
+    model's keep-in-fp32 lists name it (``_keep_in_fp32_modules`` for a float16 load, ``_keep_in_fp32_modules_strict``
+    for bfloat16 too, as its ``_get_dtype_plan``, matched as its loader matches them), its own dtype otherwise."""
+    strict = list(getattr(model, "_keep_in_fp32_modules_strict", None) or ())
+    keep = {torch.float16: strict + list(getattr(model, "_keep_in_fp32_modules", None) or ()), torch.bfloat16: strict}
+    patterns = {dtype: [re.compile(k.replace("*", ".*")) for k in names] for dtype, names in keep.items()}
+    return {name: torch.float32 if any(p.search(name) for p in patterns.get(t.dtype, ())) else t.dtype
+            for name, t in (*model.named_parameters(), *model.named_buffers()) if t.is_floating_point()}
 
 
 def _restore_float_dtypes(model: nn.Module, dtypes: dict[str, torch.dtype]) -> None:
