@@ -71,7 +71,7 @@ def decode_layer_kernel(x_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, h_ptr, y_ptr, t
             u_ptrs += BLOCK_K1
         acc_g *= tl.load(s13_ptr + expert * stride_s13e + offs_wn)[None, :]
         acc_u *= tl.load(s13_ptr + expert * stride_s13e + offs_wn + I)[None, :]
-        h = _activate(acc_g, acc_u, 0, 1.0, 1.0)
+        h = _activate(acc_g, acc_u, 0, 1.0, 1.0, True)
         rows = tl.where(lane0, pair, 0).to(tl.int64)
         tl.store(h_ptr + rows[:, None] * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=lane0[:, None] & (offs_n[None, :] < I))
@@ -93,7 +93,7 @@ def decode_layer_kernel(x_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, h_ptr, y_ptr, t
         rows = tl.where(lane0, pair, num_pairs).to(tl.int64)
         acc = _down_tile(h_ptr, w2_ptr, None, s2_ptr, s2_ptr, topk_weights_ptr, rows, lane0, expert, n0, offs_wn,
                          H, I, I, stride_w2e, stride_w2n, stride_s2e, 0, 0, tl.cdiv(I, BLOCK_K2), True, False, True,
-                         "tf32", BLOCK_M, BLOCK_N2, BLOCK_K2, False, 1, False, ON_GPU)
+                         "tf32", BLOCK_M, BLOCK_N2, BLOCK_K2, False, 1, False, ON_GPU, False, 0, 1)
         offs_n = n0 + tl.arange(0, BLOCK_N2)
         tl.store(y_ptr + rows[:, None] * H + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
                  mask=lane0[:, None] & (offs_n[None, :] < H))
@@ -155,7 +155,7 @@ def main() -> None:
                     row[f"{key}_wrong"] = str(err)[:300]
                     continue
 
-                def run(blocks=blocks, stages=stages):
+                def run(blocks=blocks, stages=stages, layers=layers):
                     for c in range(max(n, 4)):
                         lay, (w, i) = layers[c % n], routing[c % n]
                         one_launch_layer(x, lay, w, i, blocks, num_stages=stages)

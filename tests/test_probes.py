@@ -1,5 +1,8 @@
-"""The dense register-form probe (benchmarks/gluon_w8a16_probe.py, NOTES item 94) compiled for sm_90
-without a GPU: in its K loop no instruction rewrites the register operand of a wgmma still in flight,
+"""Probes kept as records, checked without a GPU so that they keep running against the library's kernels.
+
+The one-launch decode layer (benchmarks/one_launch_probe.py, NOTES item 119) matches the reference path
+under Triton's interpreter. The dense register-form probe (benchmarks/gluon_w8a16_probe.py, NOTES item 94)
+compiled for sm_90: in its K loop no instruction rewrites the register operand of a wgmma still in flight,
 nor touches its accumulator (ptxas does not guard either), as benchmarks/wgmma_operand_check.py reads
 it from the SASS; and the check itself catches a wait that retires too late. (The library's MoE form
 is checked the same way in test_wsrr.py; the probe runs on a GPU from gpu_session/wsrr_probe.sh.)"""
@@ -12,8 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
+from experts_int8 import ops
+from experts_int8.bench import make_layers
+from experts_int8.routing import select_experts
 
 BENCH = Path(__file__).parent.parent / "benchmarks"
 # (kernel, module, tokens x rows x K tile x stages x consumer warps, loader registers)
@@ -50,6 +56,7 @@ sys.stdout.write(json.dumps(out))
 @pytest.fixture(scope="module")
 def sass(tmp_path_factory):
     """SASS of each case, compiled in a fresh process without TRITON_INTERPRET."""
+    pytest.importorskip("triton.experimental.gluon", reason="this Triton has no Gluon")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(BENCH.parent / "src"), env.get("PYTHONPATH", "")])
     code = COMPILE.format(bench=str(BENCH), cases=CASES, tmp=str(tmp_path_factory.mktemp("cubin")), pointers=POINTERS)
@@ -80,3 +87,15 @@ def test_register_operands_stay_intact_while_their_wgmma_runs(sass, check, case)
 def test_the_check_flags_a_wait_that_retires_too_late(sass, check):
     late = sass["dense"].replace("WARPGROUP.DEPBAR.LE gsb0, 0x1", "WARPGROUP.DEPBAR.LE gsb0, 0x3")
     assert any(kind == "writes A" for kind, *_ in check(late)["hazards"])
+
+
+def test_one_launch_layer_matches_the_reference():
+    probe = runpy.run_path(str(BENCH / "one_launch_probe.py"))
+    torch.manual_seed(0)
+    (layer,) = make_layers(1, 8, 64, 48, "int8", device="cpu")
+    x = torch.randn(3, 64, dtype=torch.float16)
+    weights, ids = select_experts(torch.randn(3, 8), 2)
+    expected = ops.fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
+                                 w2_scale=layer.w2_scale, backend="torch")
+    got = probe["one_launch_layer"](x, layer, weights, ids, blocks=(16, 32, 16, 32))
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
