@@ -4,7 +4,7 @@
 # the GPU-marked tests whole (commits after 154c10d have not run on a GPU) and the five unmarked files that
 # session 52's 480 s timeout cut at about 90%, now with 570 s.
 # start.sh s53a.sh, then wait.sh 560 until CHAIN_DONE (~24 minutes warm on an H200, ~13 on an H100; SHORT=1
-# ~11 on an H200); extract configs.tgz (cmp each file against src/experts_int8/kernels/configs).
+# ~13 on an H200, with only 8x7b M=2,4 searched again); extract configs.tgz (cmp each file against src/experts_int8/kernels/configs).
 source benchmarks/gpu_session/common.sh "$1"
 tune() {  # tune SPEC DTYPES: M=2..64 into the chain's tables, 60 s a format (~190 s a shape with both)
   step "tune $1 M=2..64 ($2)"; timeout 300 bash benchmarks/gpu_session/cli.sh tune --shape $1 --m 2,4,8,16,32,64 \
@@ -16,6 +16,10 @@ if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
     tests/test_gpu.py -k "test_bf16 or cuda_graph or inductor or programmatic" 2>&1 | tail -3
   if [ -z "$SHORT" ]; then
     for spec in 8,4096,14336,2 8,6144,16384,2 16,4096,14336,2 128,2048,768,8 64,2048,1408,6; do tune $spec int8,bf16; done
+  else  # only the rows furthest from #3's targets: 8x7b int8 decode at M=2 and 4 (~2 minutes)
+    step "tune 8x7b M=2,4"; timeout 200 bash benchmarks/gpu_session/cli.sh tune --shape 8,4096,14336,2 --m 2,4 \
+      --dtypes int8,bf16 --budget-s 60 --out-dir "$D" --no-progress 2>&1 | grep -E "M=|took|Error|error"
+    tables_tgz
   fi
   step "full bench"; timeout 560 bash benchmarks/gpu_session/cli.sh bench --out "$R/full" 2>&1 \
     | grep -E "^[a-z]|Error|error" | grep -v "^experts_int8"
