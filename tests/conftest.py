@@ -16,6 +16,15 @@ if not HAS_CUDA:
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
+# Under pytest-xdist each worker, and each rank process a test spawns (OMP_NUM_THREADS is inherited), would
+# take every core's thread: 14 workers of 16 threads on 16 cores stalled the subprocess tests on the GPU machine
+# (benchmarks/NOTES.md item 225). A worker gets its share of the cores instead.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _workers > 1:
+    _threads = str(max(1, (os.cpu_count() or 1) // _workers))
+    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 def pytest_collection_modifyitems(config, items):
     if HAS_CUDA:
