@@ -1,5 +1,7 @@
 """fused_experts against the fp64 reference: the Triton kernels (interpreted on CPU) and the torch path."""
 
+import functools
+
 import pytest
 import torch
 import triton
@@ -1121,8 +1123,8 @@ def test_gated_table_entries_serve_experts_without_a_gate(extra, monkeypatch):
 @pytest.mark.parametrize("gated", [True, False])
 @pytest.mark.parametrize("on_input", [False, True])
 def test_gradients_match_the_reference_path(quantized, gated, on_input):
-    """Adapters trained around frozen int8 experts need the gradient through them (and the router's): the
-    kernel's op gives the reference path's, for x, the routing weights, float weights and expert biases."""
+    """Adapters trained around frozen int8 experts need the gradient through them (and the router's): both paths
+    give autograd's through the reference itself, for x, the routing weights, float weights and expert biases."""
     torch.manual_seed(0)
     m, e, h, i, k = 7, 5, 32, 16, 2
     experts = make_experts(e, h, i, quantized, torch.float32, gated)
@@ -1141,17 +1143,75 @@ def test_gradients_match_the_reference_path(quantized, gated, on_input):
             leaves |= {"w13": experts["w13"], "w2": experts["w2"]}
         leaves = {n: t.clone().requires_grad_() for n, t in leaves.items()}
         args = {**experts, **biases, **leaves}
-        out = fused_experts(args.pop("x"), args.pop("w13"), args.pop("w2"), topk_ids=ids, expert_map=expert_map,
-                            apply_router_weight_on_input=on_input, backend=backend, **args)
+        run = reference.fused_experts if backend == "autograd" else functools.partial(fused_experts, backend=backend)
+        out = run(args.pop("x"), args.pop("w13"), args.pop("w2"), topk_ids=ids, expert_map=expert_map,
+                  apply_router_weight_on_input=on_input, **args)
         assert out.requires_grad
         (out * probe).sum().backward()
         return {n: t.grad for n, t in leaves.items()}
 
-    ours, reference_grads = grads("triton"), grads("torch")
-    assert ours.keys() == reference_grads.keys()
-    for name, g in ours.items():
-        assert g is not None and g.abs().sum() > 0, name
-        assert torch.allclose(g, reference_grads[name], rtol=1e-5, atol=1e-6), name
+    reference_grads = grads("autograd")  # (autograd through the reference's loop itself)
+    for backend in BACKENDS:
+        ours = grads(backend)
+        assert ours.keys() == reference_grads.keys()
+        for name, g in ours.items():
+            assert g is not None and g.abs().sum() > 0, name
+            assert torch.allclose(g, reference_grads[name], rtol=1e-5, atol=1e-6), (backend, name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_backward_holds_one_experts_float_weights_at_a_time(backend):
+    """Training keeps the experts int8: the forward saves no float copy of them for the backward (the torch
+    path's autograd kept an fp32 copy of every expert hit, in every layer, until the backward), and the backward
+    recomputes and differentiates the experts one at a time (it differentiated the whole loop at once, holding an
+    fp32 copy of every expert hit). Measured by saved-tensor hooks, which the backward runs under, as
+    torch.autograd.graph.save_on_cpu around a training step has it (torch.func refused to run there)."""
+    e, h, i, m = 8, 64, 64, 16
+    experts = make_experts(e, h, i)
+    x = torch.randn(m, h, device=DEVICE, requires_grad=True)
+    rows = torch.arange(m, device=DEVICE)
+    ids = torch.stack([rows % e, (rows + 3) % e], dim=1)  # every expert hit
+    topk_weights = torch.rand(m, 2, device=DEVICE, requires_grad=True)
+    probe = torch.randn(m, h, device=DEVICE)
+    alive, peak = [0], [0]
+
+    class Saved:
+        def __init__(self, t):
+            self.t, self.nbytes = t, t.numel() * t.element_size() if t.is_floating_point() else 0
+            alive[0] += self.nbytes
+            peak[0] = max(peak[0], alive[0])
+
+        def __del__(self):
+            alive[0] -= self.nbytes
+
+    with torch.autograd.graph.saved_tensors_hooks(Saved, lambda saved: saved.t):
+        out = fused_experts(x, **experts, topk_weights=topk_weights, topk_ids=ids, backend=backend)
+        (out * probe).sum().backward()
+    one_expert = (2 * i * h + h * i) * 4  # an expert's weights in fp32
+    assert peak[0] < 2 * one_expert, (peak[0], one_expert)
+    want = [t.detach().clone().requires_grad_() for t in (x, topk_weights)]
+    (reference.fused_experts(want[0], **experts, topk_weights=want[1], topk_ids=ids) * probe).sum().backward()
+    torch.testing.assert_close(x.grad, want[0].grad)
+    torch.testing.assert_close(topk_weights.grad, want[1].grad)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_second_order_gradients_through_the_experts(backend):
+    """A backward with create_graph=True (a gradient penalty, a Hessian-vector product) gives gradients that are
+    differentiable in turn, as autograd through the reference gives them (the kernel's op had no formula for it)."""
+    experts = make_experts(4, 32, 16)
+    x0 = torch.randn(5, 32, device=DEVICE)
+    w0, ids = select_experts(torch.randn(5, 4, device=DEVICE), 2)
+    results = []
+    for run in (functools.partial(fused_experts, backend=backend), reference.fused_experts):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        out = run(x, **experts, topk_weights=w, topk_ids=ids)
+        gx, gw = torch.autograd.grad(out.square().sum(), (x, w), create_graph=True)
+        results.append(torch.autograd.grad(gx.square().sum() + gw.sin().sum(), (x, w)))
+    (ggx, ggw), (want_x, want_w) = results
+    assert ggx.abs().sum() > 0 and ggw.abs().sum() > 0
+    torch.testing.assert_close(ggx, want_x, rtol=1e-4, atol=1e-4)  # (the kernel's output: its own sum order)
+    torch.testing.assert_close(ggw, want_w, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -2,8 +2,9 @@
 
 The Triton path is registered as the custom op ``experts_int8::fused_experts`` with a fake
 (meta) implementation, so it captures in CUDA graphs and traces under ``torch.compile`` without a
-graph break; under ``torch.compile`` the torch path is the op ``experts_int8::fused_experts_reference``
-(its loop over the experts hit depends on the ids' values). Validation reads shapes, dtypes and strides
+graph break; under ``torch.compile``, and where a gradient is wanted, the torch path is the op
+``experts_int8::fused_experts_reference`` (its loop over the experts hit depends on the ids' values; its backward
+recomputes one expert at a time). Validation reads shapes, dtypes and strides
 only; on CUDA no device value is read back to the host, so out-of-range expert ids are refused on CPU
 tensors only. On the GPU they must lie in
 range: the align step routes them to the absent group (they contribute zero), but the decode modes
@@ -406,6 +407,7 @@ def _output_like(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activa
 # The op's float tensor inputs that can carry a gradient (by position): x, w13, w2, topk_weights, w13_scale,
 # w2_scale, w13_bias, w2_bias. int8 weights and the ids never do.
 _DIFFERENTIABLE = (0, 1, 2, 3, 5, 6, 10, 11)
+_NAMES = dict(zip(_DIFFERENTIABLE, reference.DIFFERENTIABLE))
 
 
 # The ops that run the reference path read the ids' values on the host (its loop over the experts hit): inside a
@@ -431,24 +433,14 @@ def _fused_experts_backward(
     wanted: list[int],
 ) -> list[torch.Tensor]:
     """The gradients of fused_experts' inputs at positions ``wanted`` (of _DIFFERENTIABLE): the reference path's,
-    recomputed one expert at a time. Correct, not fast. An op of its own, so that torch.compile sees one call
-    (the reference path's per-expert loop depends on the routing's values)."""
-    inputs = [x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
-              expert_map, w13_bias, w2_bias]
-
-    def forward(*differentiated):
-        a = list(inputs)
-        for i, t in zip(wanted, differentiated):
-            a[i] = t
-        return reference.fused_experts(a[0], a[1], a[2], a[3], a[4], w13_scale=a[5], w2_scale=a[6], activation=a[7],
-                                       apply_router_weight_on_input=a[8], expert_map=a[9], w13_bias=a[10],
-                                       w2_bias=a[11])
-
-    # (torch.func: autograd does not record inside an op's implementation; its transforms do. Its backward keeps
-    # fp32 products under autocast, as the forward does.)
-    with torch.autocast(x.device.type, enabled=False):
-        _, vjp = torch.func.vjp(forward, *(inputs[i] for i in wanted))
-        return list(vjp(grad))
+    recomputed one expert at a time (one expert's weights in fp32 at once). Correct, not fast. An op of its own, so
+    that torch.compile sees one call (the reference path's per-expert loop depends on the routing's values)."""
+    names = [_NAMES[i] for i in wanted]
+    return reference.fused_experts_backward(grad, names, x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
+                                            w2_scale=w2_scale, activation=activation,
+                                            apply_router_weight_on_input=apply_router_weight_on_input,
+                                            expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias,
+                                            functional=True)
 
 
 @_fused_experts_backward.register_fake
@@ -469,8 +461,15 @@ def _backward(ctx, grad):
     """Gradients through the experts, for adapters trained around frozen int8 experts (and the router's
     weights); the forward stays the kernel's."""
     x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, _, _, expert_map, w13_bias, w2_bias = ctx.saved_tensors
-    grads = _fused_experts_backward(grad.contiguous(), x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
-                                    *ctx.options, expert_map, w13_bias, w2_bias, ctx.wanted)
+    if torch.compiler.is_compiling():  # one op in the traced graph (its loop over the experts reads the ids)
+        grads = _fused_experts_backward(grad.contiguous(), x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
+                                        *ctx.options, expert_map, w13_bias, w2_bias, ctx.wanted)
+    else:
+        activation, on_input = ctx.options
+        grads = reference.fused_experts_backward(
+            grad, [_NAMES[i] for i in ctx.wanted], x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
+            w2_scale=w2_scale, activation=activation, apply_router_weight_on_input=on_input, expert_map=expert_map,
+            w13_bias=w13_bias, w2_bias=w2_bias)
     by_position = dict(zip(ctx.wanted, grads))
     return tuple(by_position.get(i) for i in range(12))
 
@@ -493,8 +492,9 @@ def _fused_experts_reference(
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """The torch path as one op, for torch.compile only: its loop over the experts the routing hits depends on
-    the ids' values, which a traced graph cannot; eager calls run it directly (autograd records it)."""
+    """The torch path as one op, for torch.compile (its loop over the experts the routing hits depends on the ids'
+    values, which a traced graph cannot) and for eager calls that want a gradient (its backward holds one expert's
+    float weights at a time, where autograd through the loop saves every one's); other eager calls run it directly."""
     return reference.fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
                                    activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
                                    expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias)
@@ -543,7 +543,12 @@ def fused_experts(
     if use_triton and x.device.type != "meta":
         _check_triton_runs(x)
     if not use_triton:
-        if torch.compiler.is_compiling():
+        # Compiled, or where a gradient is wanted, the torch path is an op: its backward recomputes the experts
+        # one at a time (autograd through the reference itself would keep an fp32 copy of every expert the routing
+        # hits, in every layer, until the backward: four times the int8 experts)
+        if torch.compiler.is_compiling() or (torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (x, w13, w2, topk_weights, w13_scale, w2_scale, w13_bias,
+                                                             w2_bias))):
             return _fused_experts_reference(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
                                             apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
         return reference.fused_experts(

@@ -102,27 +102,113 @@ def _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, acti
     m, k = topk_ids.shape
     gated = is_gated(w13, w2)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    out = torch.zeros(m, k, w2.shape[1], dtype=acc, device=x.device)
+    for e, tok, slot in _expert_pairs(topk_ids, expert_map):
+        out[tok, slot] = _expert(x[tok], topk_weights[tok, slot], w13[e], _row(w13_scale, e), _row(w13_bias, e), w2[e],
+                                 _row(w2_scale, e), _row(w2_bias, e), activation, gated, apply_router_weight_on_input,
+                                 x.dtype, acc)
+    return out.sum(dim=1).to(x.dtype)
+
+
+def _row(t: Optional[torch.Tensor], e: int) -> Optional[torch.Tensor]:
+    return None if t is None else t[e]
+
+
+def _expert_pairs(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]):
+    """``(e, tok, slot)`` for each local expert ``e`` the routing hits: the (token, slot) pairs routed to it."""
     ids = topk_ids.long()
     if expert_map is not None:
         ids = expert_map.long()[ids]
-    out = torch.zeros(m, k, w2.shape[1], dtype=acc, device=x.device)
     for e in torch.unique(ids).tolist():
-        if e < 0:
-            continue
-        tok, slot = (ids == e).nonzero(as_tuple=True)
-        weight = topk_weights[tok, slot].to(acc).unsqueeze(-1)
-        a = x[tok].to(acc)
-        if apply_router_weight_on_input:
-            a = a * weight
-        gate_up = _expert_matmul(a, w13[e], None if w13_scale is None else w13_scale[e], acc)
-        if w13_bias is not None:
-            gate_up = gate_up + w13_bias[e].to(acc)
-        h = activate(gate_up, activation, gated).to(x.dtype)  # the kernel stores the intermediate in x's dtype
-        y = _expert_matmul(h, w2[e], None if w2_scale is None else w2_scale[e], acc)
-        if w2_bias is not None:
-            y = y + w2_bias[e].to(acc)
-        if not apply_router_weight_on_input:
-            y = y * weight
-        out[tok, slot] = y.to(x.dtype).to(acc)  # the kernel stores each expert's output in x's dtype
-    return out.sum(dim=1).to(x.dtype)
+        if e >= 0:  # (-1: an expert held elsewhere; its slot contributes 0)
+            yield (e, *(ids == e).nonzero(as_tuple=True))
 
+
+def _expert(x, weight, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, gated, on_input, dtype, acc):
+    """One expert's outputs ``[n, H]`` (in ``acc``, rounded to ``dtype`` as the kernel stores them) for its rows
+    ``x [n, H]`` with routing weights ``weight [n]``."""
+    weight = weight.to(acc).unsqueeze(-1)
+    a = x.to(acc)
+    if on_input:
+        a = a * weight
+    gate_up = _expert_matmul(a, w13, w13_scale, acc)
+    if w13_bias is not None:
+        gate_up = gate_up + w13_bias.to(acc)
+    h = activate(gate_up, activation, gated).to(dtype)  # the kernel stores the intermediate in x's dtype
+    y = _expert_matmul(h, w2, w2_scale, acc)
+    if w2_bias is not None:
+        y = y + w2_bias.to(acc)
+    if not on_input:
+        y = y * weight
+    return y.to(dtype).to(acc)  # the kernel stores each expert's output in x's dtype
+
+
+# The tensors of fused_experts that can take a gradient
+DIFFERENTIABLE = ("x", "w13", "w2", "topk_weights", "w13_scale", "w2_scale", "w13_bias", "w2_bias")
+
+
+def fused_experts_backward(
+    grad: torch.Tensor,
+    wanted: list[str],
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    w13_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    activation: str = "silu",
+    apply_router_weight_on_input: bool = False,
+    expert_map: Optional[torch.Tensor] = None,
+    w13_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+    functional: bool = False,
+) -> list[torch.Tensor]:
+    """The gradients of :func:`fused_experts`' inputs named in ``wanted`` (of :data:`DIFFERENTIABLE`), given the
+    output's ``grad [M, H]``: its own autograd's, computed one expert at a time. Each expert's forward is recomputed
+    and differentiated alone, so no more than one expert's weights are held in ``acc`` precision at once (autograd
+    through the whole loop would keep a float copy of every expert hit until the end).
+
+    ``functional``: differentiate with torch.func, for a custom op's implementation, where autograd does not
+    record (torch.func refuses to run under saved-tensor hooks, such as ``torch.autograd.graph.save_on_cpu``, which
+    autograd takes)."""
+    with torch.autocast(x.device.type, enabled=False):
+        tensors = dict(x=x, w13=w13, w2=w2, topk_weights=topk_weights, w13_scale=w13_scale, w2_scale=w2_scale,
+                       w13_bias=w13_bias, w2_bias=w2_bias)
+        gated = is_gated(w13, w2)
+        acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+        # x's rows take a gradient from each of their k experts (summed in acc); every other tensor's part belongs
+        # to one expert, or one (token, slot) pair
+        grads = {n: torch.zeros_like(tensors[n], dtype=acc if n == "x" else None) for n in wanted}
+        grad = grad.to(acc)
+        for e, tok, slot in _expert_pairs(topk_ids, expert_map):
+            parts = dict(x=x[tok], topk_weights=topk_weights[tok, slot], w13=w13[e], w2=w2[e],
+                         w13_scale=_row(w13_scale, e), w2_scale=_row(w2_scale, e), w13_bias=_row(w13_bias, e),
+                         w2_bias=_row(w2_bias, e))
+
+            def expert(*differentiated, parts=parts):
+                p = {**parts, **dict(zip(wanted, differentiated))}
+                return _expert(p["x"], p["topk_weights"], p["w13"], p["w13_scale"], p["w13_bias"], p["w2"],
+                               p["w2_scale"], p["w2_bias"], activation, gated, apply_router_weight_on_input, x.dtype,
+                               acc)
+
+            for name, g in zip(wanted, _vjp(expert, [parts[n] for n in wanted], grad[tok], functional)):
+                if name == "x":
+                    grads[name].index_add_(0, tok, g.to(acc))
+                elif name == "topk_weights":
+                    grads[name][tok, slot] = g
+                else:
+                    grads[name][e] = g
+        return [grads[n].to(tensors[n].dtype) for n in wanted]
+
+
+def _vjp(fn, primals: list[torch.Tensor], cotangent: torch.Tensor, functional: bool) -> list[torch.Tensor]:
+    """The gradients of ``fn(*primals)`` for ``cotangent``, through torch.func or autograd."""
+    if functional:
+        return torch.func.vjp(fn, *primals)[1](cotangent)
+    if torch.is_grad_enabled():  # a backward with create_graph=True: these gradients are differentiated in turn
+        return torch.autograd.grad(fn(*primals), primals, cotangent, create_graph=True, materialize_grads=True)
+    with torch.enable_grad():
+        leaves = [p.detach().requires_grad_() for p in primals]
+        return torch.autograd.grad(fn(*leaves), leaves, cotangent, materialize_grads=True)
