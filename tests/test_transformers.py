@@ -508,6 +508,23 @@ def test_adapters_on_the_int8_weights_themselves_are_refused():
         model(_inputs(10).cpu())
 
 
+def test_peft_all_linear_on_int8_experts_says_what_to_do():
+    """peft's target_modules="all-linear", the usual QLoRA recipe, also puts LoRA on an MoE model's experts (its
+    conversion for transformers 5 adds their tensors as target_parameters): the refusal names it, and the layers
+    named instead train."""
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(quantize_(tiny_model("qwen3_moe", dtype=torch.float32)),
+                                peft.LoraConfig(r=2, target_modules="all-linear"))
+    if not model.peft_config["default"].target_parameters:
+        pytest.skip(f"peft {peft.__version__}'s all-linear leaves the experts alone")
+    with pytest.raises(ValueError, match="target_modules='all-linear'.*target_modules=\\['q_proj'"):
+        model(_inputs(10).cpu())
+    model = peft.get_peft_model(quantize_(tiny_model("qwen3_moe", dtype=torch.float32)),
+                                peft.LoraConfig(r=2, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+    model(_inputs(10).cpu(), labels=_inputs(10).cpu()).loss.backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_A" in n)
+
+
 def test_dequantize_refuses_what_it_cannot_rebuild():
     model = quantize_(tiny_model("olmoe", dtype=torch.bfloat16))
     name, m = find_experts(model)[0]

@@ -297,8 +297,10 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
         # e.g. peft's LoRA on the experts' own tensors (target_parameters): its factors cast to int8 round to
         # integers and carry no gradient, so the adapter would silently train nothing
         raise ValueError(f"the int8 experts' tensors are parametrized ({', '.join(module.parametrizations)}), e.g. "
-                         f"by a LoRA adapter on them: int8 weights and their scales take none. Put adapters on other "
-                         f"layers (attention, dense MLPs), or dequantize() the model first")
+                         f"by a LoRA adapter on them (peft's target_parameters, or target_modules='all-linear', which "
+                         f"peft extends to the experts of MoE models): int8 weights and their scales take none. Put "
+                         f"adapters on other layers by name (target_modules=['q_proj', 'k_proj', 'v_proj', 'o_proj'], "
+                         f"dense MLPs), or dequantize() the model first")
     w13, w2 = getattr(module, name), module.down_proj
     s13 = getattr(module, f"{name}_scale", None) if w13.dtype == torch.int8 else None
     s2 = getattr(module, "down_proj_scale", None) if w2.dtype == torch.int8 else None
