@@ -20,9 +20,9 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 # take every core's thread: 14 workers of 16 threads on 16 cores stalled the subprocess tests on the GPU machine
 # (benchmarks/NOTES.md item 225). A worker gets its share of the cores instead.
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if _workers > 1:
-    _threads = str(max(1, (os.cpu_count() or 1) // _workers))
-    os.environ.setdefault("OMP_NUM_THREADS", _threads)
+if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _workers))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
