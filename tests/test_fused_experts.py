@@ -1289,3 +1289,40 @@ def test_torch_path_rounds_the_intermediate_to_x_dtype_as_the_kernel_stores_it()
         y = (act.float() @ experts["w2"][ex].float().t()) * experts["w2_scale"][ex]
         want[tok] = (y * weights[tok]).to(torch.bfloat16)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+def test_reference_groups_the_pairs_by_expert_as_the_routing_has_them(mapped):
+    """The reference path's (and the backward's) walk over the experts the routing hits: each local expert once,
+    with exactly its (token, slot) pairs in row order; duplicate ids within a token and experts held elsewhere
+    (-1 in the map) included."""
+    e, m, k = 9, 40, 3
+    ids = torch.randint(0, e, (m, k), device=DEVICE)
+    ids[0] = 4  # one token's k slots on one expert
+    expert_map = torch.tensor([0, -1, 1, 2, -1, 3, 4, -1, 5], device=DEVICE) if mapped else None
+    local = expert_map[ids] if mapped else ids
+    groups = list(reference._expert_pairs(ids.int(), expert_map))
+    want = [(x, *(local == x).nonzero(as_tuple=True)) for x in torch.unique(local).tolist() if x >= 0]
+    assert [g[0] for g in groups] == [w[0] for w in want]
+    for (_, tok, slot), (_, want_tok, want_slot) in zip(groups, want):
+        assert torch.equal(tok, want_tok) and torch.equal(slot, want_slot)
+    assert list(reference._expert_pairs(ids[:0], expert_map)) == []
+
+
+@pytest.mark.gpu
+def test_reference_reads_the_routing_on_the_host_once_not_once_per_expert():
+    """On a GPU each host read of the routing waits for the device: one per expert (a nonzero() each) kept the
+    device idle between the experts' launches in the torch path and in every backward."""
+    experts = make_experts(64, 64, 32)
+    x = torch.randn(256, 64, device="cuda")
+    weights, ids = select_experts(torch.randn(256, 64, device="cuda"), 4)
+    reference.fused_experts(x, **experts, topk_weights=weights, topk_ids=ids)  # (warm)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with pytest.warns(UserWarning) as record:
+            reference.fused_experts(x, **experts, topk_weights=weights, topk_ids=ids)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [w for w in record if "synchroniz" in str(w.message)]
+    assert 1 <= len(syncs) <= 3, [str(w.message) for w in syncs]

@@ -2,7 +2,7 @@
 # The fifty-third session's chain, by card. On an H200 (#3's rows): s52a.sh's H200 branch (the op's GPU tests,
 # every shape's decode entries searched again on the routing draws unless SHORT, the full bench). On an H100:
 # the GPU-marked tests whole (commits after 154c10d have not run on a GPU) and the five unmarked files that
-# session 52's 480 s timeout cut at about 90%, now with 570 s.
+# session 52's 480 s timeout cut at about 90%, now with 570 s. Both: benchmarks/backward_time.py (~1 minute).
 # start.sh s53a.sh, then wait.sh 560 until CHAIN_DONE (~24 minutes warm on an H200, ~13 on an H100; SHORT=1
 # ~13 on an H200, with only 8x7b M=2,4 searched again); extract configs.tgz (cmp each file against src/experts_int8/kernels/configs).
 source benchmarks/gpu_session/common.sh "$1"
@@ -29,4 +29,6 @@ else
     -p no:cacheprovider -rfE tests/test_transformers.py tests/test_layer.py tests/test_routing.py tests/test_cli.py \
     tests/test_parallel.py 2>&1 | tail -30
 fi
+step "training step: the reference's walk over the experts, once against per expert (item 226)"
+timeout 300 python3 benchmarks/backward_time.py --out "$R" 2>&1 | grep -E "M=|Error|error"
 step "done"; echo CHAIN_DONE

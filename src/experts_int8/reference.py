@@ -119,9 +119,14 @@ def _expert_pairs(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]):
     ids = topk_ids.long()
     if expert_map is not None:
         ids = expert_map.long()[ids]
-    for e in torch.unique(ids).tolist():
+    k = ids.shape[1]
+    # The pairs sorted by expert (a stable sort: (token, slot) order within each), split by the counts: the host
+    # reads the routing once, where a nonzero() per expert waited for the device once per expert
+    experts, order = ids.flatten().sort(stable=True)
+    hit, counts = torch.stack(torch.unique_consecutive(experts, return_counts=True)).tolist()
+    for e, pairs in zip(hit, order.split(counts)):
         if e >= 0:  # (-1: an expert held elsewhere; its slot contributes 0)
-            yield (e, *(ids == e).nonzero(as_tuple=True))
+            yield e, pairs // k, pairs % k
 
 
 def _expert(x, weight, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, gated, on_input, dtype, acc):
