@@ -1198,10 +1198,13 @@ def test_experts_offloaded_by_accelerate_check_and_run(checkpoints, offload_buff
 # GPU: generation goes through the fused Triton kernel; loading keeps device memory low
 # ---------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("source", ["float", "int8"])
-def test_gpu_model_with_a_layer_offloaded_to_the_cpu(checkpoints, source, tmp_path):
+def test_gpu_model_with_a_layer_offloaded_to_the_cpu(checkpoints, source, dtype, tmp_path):
     """A GPU map with one layer on the CPU (accelerate offloads it: its int8 experts come to the GPU for each
-    forward) loads, from a float or an int8 checkpoint, and gives the whole-GPU model's logits."""
+    forward) loads, from a float or an int8 checkpoint, and gives the whole-GPU model's logits; in float16 from
+    a bf16 checkpoint too (transformers before 5.22 loads renamed keys in the file's dtype, and the offloaded
+    layer's tensors are the hook's stored copies, which the load's dtype restore does not reach)."""
     path = checkpoints("mixtral")
     if source == "int8":
         AutoModelForCausalLM.from_pretrained(path, quantization_config=ExpertsInt8Config(),
@@ -1210,8 +1213,8 @@ def test_gpu_model_with_a_layer_offloaded_to_the_cpu(checkpoints, source, tmp_pa
     kwargs = {} if source == "int8" else {"quantization_config": ExpertsInt8Config()}
     device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
                   "model.rotary_emb": 0, "lm_head": 0}
-    offloaded = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map=device_map, **kwargs)
-    whole = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda", **kwargs)
+    offloaded = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=device_map, **kwargs)
+    whole = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map="cuda", **kwargs)
     assert offloaded.model.layers[1].mlp.experts.down_proj.device.type in ("meta", "cpu")
     ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0)).cuda()
     with torch.no_grad():
