@@ -435,12 +435,17 @@ def _fused_experts_backward(
     """The gradients of fused_experts' inputs at positions ``wanted`` (of _DIFFERENTIABLE): the reference path's,
     recomputed one expert at a time (one expert's weights in fp32 at once). Correct, not fast. An op of its own, so
     that torch.compile sees one call (the reference path's per-expert loop depends on the routing's values)."""
-    names = [_NAMES[i] for i in wanted]
-    return reference.fused_experts_backward(grad, names, x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
-                                            w2_scale=w2_scale, activation=activation,
-                                            apply_router_weight_on_input=apply_router_weight_on_input,
-                                            expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias,
-                                            functional=True)
+    return _reference_backward(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
+                               apply_router_weight_on_input, expert_map, w13_bias, w2_bias, wanted, functional=True)
+
+
+def _reference_backward(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, on_input,
+                        expert_map, w13_bias, w2_bias, wanted, functional):
+    """:func:`reference.fused_experts_backward` for the op's positional arguments and ``wanted`` positions."""
+    return reference.fused_experts_backward(grad, [_NAMES[i] for i in wanted], x, w13, w2, topk_weights, topk_ids,
+                                            w13_scale=w13_scale, w2_scale=w2_scale, activation=activation,
+                                            apply_router_weight_on_input=on_input, expert_map=expert_map,
+                                            w13_bias=w13_bias, w2_bias=w2_bias, functional=functional)
 
 
 @_fused_experts_backward.register_fake
@@ -464,12 +469,9 @@ def _backward(ctx, grad):
     if torch.compiler.is_compiling():  # one op in the traced graph (its loop over the experts reads the ids)
         grads = _fused_experts_backward(grad.contiguous(), x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
                                         *ctx.options, expert_map, w13_bias, w2_bias, ctx.wanted)
-    else:
-        activation, on_input = ctx.options
-        grads = reference.fused_experts_backward(
-            grad, [_NAMES[i] for i in ctx.wanted], x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale,
-            w2_scale=w2_scale, activation=activation, apply_router_weight_on_input=on_input, expert_map=expert_map,
-            w13_bias=w13_bias, w2_bias=w2_bias)
+    else:  # autograd, which (unlike torch.func) runs under saved-tensor hooks such as save_on_cpu
+        grads = _reference_backward(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, *ctx.options,
+                                    expert_map, w13_bias, w2_bias, ctx.wanted, functional=False)
     by_position = dict(zip(ctx.wanted, grads))
     return tuple(by_position.get(i) for i in range(12))
 
