@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import DEVICE
 
 from experts_int8 import ops
 from experts_int8.bench import make_layers
@@ -92,9 +93,9 @@ def test_the_check_flags_a_wait_that_retires_too_late(sass, check):
 def test_one_launch_layer_matches_the_reference():
     probe = runpy.run_path(str(BENCH / "one_launch_probe.py"))
     torch.manual_seed(0)
-    (layer,) = make_layers(1, 8, 64, 48, "int8", device="cpu")
-    x = torch.randn(3, 64, dtype=torch.float16)
-    weights, ids = select_experts(torch.randn(3, 8), 2)
+    (layer,) = make_layers(1, 8, 64, 48, "int8", device=DEVICE)  # (the interpreter runs CPU tensors only)
+    x = torch.randn(3, 64, dtype=torch.float16, device=DEVICE)
+    weights, ids = select_experts(torch.randn(3, 8, device=DEVICE), 2)
     expected = ops.fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
                                  w2_scale=layer.w2_scale, backend="torch")
     got = probe["one_launch_layer"](x, layer, weights, ids, blocks=(16, 32, 16, 32))
