@@ -13,4 +13,4 @@ if ! nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then exec
     -k "backward or second_order or gradient or host_once or same_bits or offloaded" 2>&1 | tail -6
 )
 CHAIN_NESTED=1 bash benchmarks/gpu_session/s53a.sh "$1"  # (a nested chain drops its own CHAIN_DONE line)
-echo CHAIN_DONE >>"$1/chain.log"
+sleep 2; echo CHAIN_DONE >>"$1/chain.log"  # (after the nested log filter has drained)
