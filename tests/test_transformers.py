@@ -1194,6 +1194,31 @@ def test_experts_offloaded_by_accelerate_check_and_run(checkpoints, offload_buff
         assert torch.equal(model(ids).logits, before)
 
 
+def test_dtype_restore_reaches_a_layer_accelerate_offloads():
+    """transformers before 5.22 loads a bf16 int8 checkpoint's renamed keys (Mixtral's routers) in bf16 under
+    dtype=float16, and the load's dtype restore casts them after. In a layer accelerate offloads (a GPU map's CPU
+    entry), the module's tensors are meta until a forward casts the hook's stored copy to their dtype: the
+    restore casts both, so the layer runs in float16 (mixed dtypes failed its router) and passes the int8 check."""
+    from accelerate import cpu_offload
+
+    from experts_int8.integrations.transformers import _loaded_dtypes, _restore_float_dtypes, _stored
+
+    whole = quantize_(tiny_model("mixtral")).to(torch.bfloat16)  # (scales stay fp32)
+    offloaded = copy.deepcopy(whole)
+    layer = offloaded.model.layers[1]
+    cpu_offload(layer, execution_device=torch.device("cpu"))
+    router = layer.mlp.gate
+    assert router.weight.device.type == "meta" and _stored(router, "weight").dtype == torch.bfloat16
+    dtypes = _loaded_dtypes(quantize_(tiny_model("mixtral", dtype=torch.float16)))  # the model a float16 load builds
+    for model in (whole, offloaded):
+        _restore_float_dtypes(model, dtypes)
+    assert router.weight.dtype == _stored(router, "weight").dtype == torch.float16
+    assert verify_int8_model(offloaded) == 2
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(offloaded(ids).logits, whole(ids).logits)
+
+
 # ---------------------------------------------------------------------------------------------------
 # GPU: generation goes through the fused Triton kernel; loading keeps device memory low
 # ---------------------------------------------------------------------------------------------------

@@ -970,7 +970,8 @@ def _restore_float_dtypes(model: nn.Module, dtypes: dict[str, torch.dtype]) -> N
     key it renames (Mixtral's ``block_sparse_moe.*``) in the checkpoint's dtype instead: a bf16 int8 checkpoint
     loaded with ``dtype=torch.float16`` kept bf16 routers (the forward failed on mixed dtypes), and the bf16 scales
     of one saved from a model cast before 4124398 were refused. 5.22 casts them while loading; this does the same
-    after it. Tensors left on the meta device (offloaded) are not touched."""
+    after it. For a module accelerate offloads, both its meta tensor (each forward casts the hook's copy to that
+    tensor's dtype) and the hook's stored copy (what ``verify_int8_model`` reads) take the dtype."""
     for name, dtype in dtypes.items():
         module_name, _, attr = name.rpartition(".")
         try:
@@ -979,7 +980,12 @@ def _restore_float_dtypes(model: nn.Module, dtypes: dict[str, torch.dtype]) -> N
             continue
         tensors = module._parameters if attr in module._parameters else module._buffers
         t = tensors.get(attr)
-        if t is None or t.device.type == "meta" or not t.is_floating_point() or t.dtype == dtype:
+        if t is None or not t.is_floating_point():
+            continue
+        stored = _stored(module, attr)
+        if stored is not t and stored.is_floating_point() and stored.dtype != dtype:
+            stored.data = stored.data.to(dtype)  # (in place: the hook's map hands out this same tensor)
+        if t.dtype == dtype:
             continue
         if isinstance(t, nn.Parameter):
             t.data = t.data.to(dtype)  # (the same Parameter: tied weights stay tied)
