@@ -213,6 +213,36 @@ def test_transformers_loads_the_export(converted, arch, layout):
         assert abs(snr_db(a, c) - snr_db(b, c)) < 3
 
 
+@pytest.mark.parametrize("arch,layout", CASES)
+def test_the_ignore_list_names_every_dense_linear_of_the_transformers_model(converted, arch, layout):
+    """A default load (dequantize=False) applies the scheme to the model transformers builds, matching the ignore list
+    against its module names, which transformers renames from the checkpoint's for some architectures (PhiMoE's
+    block_sparse_moe.gate is mlp.router, NemotronH's backbone is model): a dense Linear the list missed was expected
+    packed, its weight dropped (a crash in a forward or a init, a random layer)."""
+    from compressed_tensors.utils import match_named_modules
+
+    from experts_int8.integrations.transformers import _meta_model
+
+    _, dst, _, _ = converted(arch, layout)
+    config = json.loads((dst / "config.json").read_text())
+    qc = QuantizationConfig.model_validate(config["quantization_config"])
+    model = _meta_model(dst, config)
+    (scheme,) = qc.config_groups.values()
+    assert [name for name, _ in match_named_modules(model, scheme.targets, qc.ignore)] == []
+
+
+@pytest.mark.parametrize("arch,layout", [(a, "per-expert") for a in ("phimoe", "nemotron_h", "mixtral")])
+def test_transformers_loads_the_export_with_its_defaults(converted, arch, layout):
+    """No quantization_config: transformers' own choice for a compressed-tensors checkpoint (dequantize=False)."""
+    _, dst, native, _ = converted(arch, layout)
+    ct_model, info = AutoModelForCausalLM.from_pretrained(dst, dtype=torch.bfloat16, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    int8_model = AutoModelForCausalLM.from_pretrained(native, dtype=torch.bfloat16)
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    quality = routing_quality(ct_model, int8_model, ids)
+    assert quality["logits_snr_db_reference_routing"] >= 35, quality
+
+
 def test_scales_cast_to_the_model_dtype_lose_little(converted):
     """vLLM and compressed-tensors allocate weight_scale in the model dtype: what a bf16 cast costs."""
     _, dst, _, _ = converted("mixtral", "per-expert")

@@ -46,7 +46,8 @@ merges for the architecture, ``<prefix>.experts.{e}.{w1|w3|w2}`` for the Mixtral
   * ``quantization_config``: one group, ``targets ["Linear"]``, 8-bit int symmetric ``channel``
     weights, no activation quantization, ``format pack-quantized``, ``quantization_status
     compressed``, and ``ignore`` = every non-expert 2-D ``*.weight`` module plus ``lm_head``
-    (those tensors are copied unchanged).
+    (those tensors are copied unchanged), and the same layers under the names transformers gives them where
+    it renames modules on load (its compressed-tensors loader matches the list against the model's names).
 
 Streaming: tensors are read one at a time with ``safe_open`` and each expert is quantized on its
 own, so memory holds about one output shard plus one expert's float copy. Output goes into a
@@ -482,7 +483,8 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                              f"architecture's experts fused only: a compressed-tensors export (one Linear per "
                              f"expert projection) would load with its experts missing. Write the native int8 "
                              f"format instead (--format native)")
-        quant_config = compressed_tensors_config(_ignored_modules(headers, groups))
+        quant_config = compressed_tensors_config(_ignored_modules(headers, groups,
+                                                                  _model_linear_names(src_dir, config)))
         emit = lambda *a: _compressed_tensors_group(*a, fused_names=names)  # noqa: E731
     in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
 
@@ -720,12 +722,29 @@ def compressed_tensors_config(ignore) -> dict:
             "sparsity_config": {}, "transform_config": {}}
 
 
-def _ignored_modules(headers: dict, groups: dict) -> list[str]:
-    """Every non-expert module with a 2-D ``.weight`` (the Linear layers that stay in the model dtype) + lm_head."""
+def _ignored_modules(headers: dict, groups: dict, model_names=()) -> list[str]:
+    """Every non-expert module with a 2-D ``.weight`` (the Linear layers that stay in the model dtype) + lm_head,
+    + ``model_names``: the same layers under the names transformers gives them (see :func:`_model_linear_names`)."""
     experts = {k for g in groups.values() for k in g.source_keys()}
     names = {k[: -len(".weight")] for k, (_, shape) in headers.items()
              if k.endswith(".weight") and len(shape) == 2 and k not in experts}
-    return sorted(names | {"lm_head"})
+    return sorted(names | {"lm_head"} | set(model_names))
+
+
+def _model_linear_names(src_dir: Path, config: dict) -> list[str]:
+    """The non-expert Linear modules of the model transformers builds for ``src_dir``, under its names: a
+    transformers load that keeps the checkpoint compressed (its default) matches the ignore list against those,
+    and where they differ from the checkpoint's (a renamed router or prefix) a layer missing from the list is
+    expected packed and loads without its weight. [] without transformers or where it cannot build the model
+    (the checkpoint's names alone, which vLLM reads)."""
+    try:
+        from .integrations.transformers import dense_linear_names
+    except ImportError:
+        return []
+    try:
+        return dense_linear_names(src_dir, config)
+    except Exception:  # noqa: BLE001 - an architecture transformers cannot build: its loader cannot load the export
+        return []
 
 
 def _compressed_tensors_group(g: ExpertsGroup, shape, get, device, snr: dict, *, fused_names):

@@ -252,6 +252,17 @@ def _meta_model(model_dir, config: dict) -> nn.Module:
         return auto_model_class(config).from_config(hf_config)
 
 
+def dense_linear_names(model_dir, config: dict) -> list[str]:
+    """The names, in the model transformers builds for ``model_dir`` (on the meta device), of the modules outside its
+    routed experts that a compressed-tensors ``"Linear"`` target matches (a class named Linear in their MRO).
+    transformers renames some modules on load (PhiMoE's ``block_sparse_moe.gate`` is ``mlp.router``, NemotronH's
+    ``backbone`` is ``model``), and its compressed-tensors load matches the ignore list against these names."""
+    model = _meta_model(model_dir, config)
+    experts = tuple(name + "." for name, _ in find_experts(model))
+    return sorted(name for name, m in model.named_modules()
+                  if name and not name.startswith(experts) and any(c.__name__ == "Linear" for c in type(m).__mro__))
+
+
 def experts_form(model_dir, config: dict) -> dict:
     """The form of the routed experts of the model in ``model_dir``, read from its modules on the meta device:
     ``gated`` (False: ``up_proj`` only), the kernel's ``activation`` and whether they have ``biases``."""
