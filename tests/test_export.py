@@ -275,6 +275,25 @@ def test_fused_experts_of_an_architecture_read_fused_only_are_refused(tmp_path):
     assert not (tmp_path / "ct").exists()
 
 
+def test_a_remote_code_architectures_per_expert_keys_export_under_their_own_names(converted, tmp_path):
+    """Kimi K2's model_type is its own code, so transformers merges no per-expert names for it: its per-expert keys
+    (as released) export under those names, as its DeepSeek-V3 twin's do (it failed with "'NoneType' object is not
+    subscriptable" after quantizing the first block)."""
+    import shutil
+
+    twin_src, twin, _, _ = converted("deepseek_v3", "per-expert")
+    src = tmp_path / "kimi_k2"
+    shutil.copytree(twin_src, src)
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k2",
+                                                 "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}))
+    result = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "ct"), "--format", "compressed-tensors",
+                                       "--no-progress"])
+    assert result.exit_code == 0, result.output
+    ours, theirs = tensors(tmp_path / "ct"), tensors(twin)
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_python_entry_and_unknown_format(tmp_path, converted):
     src, _, _, _ = converted("qwen3_moe", "per-expert")
     report = export_compressed_tensors(src, tmp_path / "ct", progress=False)

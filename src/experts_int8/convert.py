@@ -755,11 +755,10 @@ def _compressed_tensors_group(g: ExpertsGroup, shape, get, device, snr: dict, *,
     q2, s2 = native[f"{g.prefix}.down_proj"], native[f"{g.prefix}.down_proj_scale"]
     gated = g.w13 == "gate_up_proj"
     for x in range(e):
-        projections = (("gate", fused_names[0], q13[x, :i], s13[x, :i]),) if gated else ()
-        for role, name, q, s in projections + (("up", fused_names[1], q13[x, -i:], s13[x, -i:]),
-                                               ("down", fused_names[2], q2[x], s2[x])):
-            key = g.per_expert.get((role, x))
-            module = key[: -len(".weight")] if key else f"{g.prefix}.{x}.{name}"
+        projections = (("gate", 0, q13[x, :i], s13[x, :i]),) if gated else ()
+        for role, n, q, s in projections + (("up", 1, q13[x, -i:], s13[x, -i:]), ("down", 2, q2[x], s2[x])):
+            key = g.per_expert.get((role, x))  # (a per-expert source's own name; fused_names only for fused ones)
+            module = key[: -len(".weight")] if key else f"{g.prefix}.{x}.{fused_names[n]}"
             yield f"{module}.weight_packed", pack_int8(q)
             yield f"{module}.weight_scale", s.reshape(-1, 1).clone()
             yield f"{module}.weight_shape", torch.tensor(list(q.shape), dtype=torch.int64)
