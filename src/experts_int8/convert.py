@@ -739,10 +739,12 @@ def _model_linear_names(src_dir: Path, config: dict) -> list[str]:
     (the checkpoint's names alone, which vLLM reads)."""
     try:
         from .integrations.transformers import dense_linear_names
+        from .run import quiet_transformers
     except ImportError:
         return []
     try:
-        return dense_linear_names(src_dir, config)
+        with quiet_transformers():  # (a config's deprecation notes, already the source's business)
+            return dense_linear_names(src_dir, config)
     except Exception:  # noqa: BLE001 - an architecture transformers cannot build: its loader cannot load the export
         return []
 
