@@ -231,6 +231,19 @@ def test_the_ignore_list_names_every_dense_linear_of_the_transformers_model(conv
     assert [name for name, _ in match_named_modules(model, scheme.targets, qc.ignore)] == []
 
 
+def test_a_model_whose_experts_are_linears_does_not_ignore_them(converted, tmp_path, monkeypatch):
+    """A transformers whose model keeps the experts as per-expert Linears (not its standard experts module) names
+    them among the model's Linears: they are the quantized ones, never ignored."""
+    import experts_int8.integrations.transformers as integration
+
+    src, _, _, _ = converted("mixtral", "per-expert")
+    expert = "model.layers.0.block_sparse_moe.experts.0.w1"
+    monkeypatch.setattr(integration, "dense_linear_names", lambda *a: ["model.layers.0.mlp.gate", expert])
+    export_compressed_tensors(src, tmp_path / "ct", progress=False)
+    ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["ignore"]
+    assert "model.layers.0.mlp.gate" in ignore and expert not in ignore
+
+
 @pytest.mark.parametrize("arch,layout", [(a, "per-expert") for a in ("phimoe", "nemotron_h", "mixtral")])
 def test_transformers_loads_the_export_with_its_defaults(converted, arch, layout):
     """No quantization_config: transformers' own choice for a compressed-tensors checkpoint (dequantize=False)."""

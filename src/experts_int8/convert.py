@@ -728,7 +728,8 @@ def _ignored_modules(headers: dict, groups: dict, model_names=()) -> list[str]:
     experts = {k for g in groups.values() for k in g.source_keys()}
     names = {k[: -len(".weight")] for k, (_, shape) in headers.items()
              if k.endswith(".weight") and len(shape) == 2 and k not in experts}
-    return sorted(names | {"lm_head"} | set(model_names))
+    exported = {n for n in model_names if PER_EXPERT.match(n + ".weight")}  # (per-expert Linears: quantized)
+    return sorted(names | {"lm_head"} | (set(model_names) - exported))
 
 
 def _model_linear_names(src_dir: Path, config: dict) -> list[str]:
