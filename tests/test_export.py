@@ -22,7 +22,6 @@ ct = pytest.importorskip("compressed_tensors")
 from compressed_tensors.compressors import BaseCompressor  # noqa: E402
 from compressed_tensors.compressors.pack_quantized import pack_to_int32, unpack_from_int32  # noqa: E402
 from compressed_tensors.quantization import QuantizationConfig  # noqa: E402
-from packaging.version import Version  # noqa: E402
 from transformers import AutoModelForCausalLM, CompressedTensorsConfig  # noqa: E402
 
 from experts_int8.evaluate import routing_quality  # noqa: E402
@@ -165,17 +164,6 @@ def test_library_decompresses_our_int8_bit_exactly(converted, arch, layout):
 @pytest.mark.filterwarnings("ignore:You passed `quantization_config`")  # we do pass dequantize=True on purpose
 @pytest.mark.parametrize("arch,layout", CASES)
 def test_transformers_loads_the_export(converted, arch, layout):
-    # Before 5.23, dequantize=True still applied the compressed-tensors scheme to the model, matching the export's
-    # ignore list (the checkpoint's names) against the model's names. Only a per-expert source keeps names that
-    # transformers renames (a fused one is saved with the model's names, and loads on every version); from 5.23 on
-    # such a load stays dense and the ignore list is not matched against the model.
-    old_names = layout == "per-expert" and Version(transformers.__version__) < Version("5.23")
-    if arch == "phimoe" and old_names:
-        pytest.skip("transformers before 5.23 quantizes PhiMoE's router, an nn.Linear named block_sparse_moe.gate in "
-                    "the export's ignore list and mlp.router in the model, then cannot initialize it")
-    if arch == "nemotron_h" and old_names:
-        pytest.skip("transformers before 5.23 matches the export's ignore list (the checkpoint's backbone.* names) "
-                    "against the model's model.* names, so it expects every Linear packed")
     if arch == "kimi_linear":
         pytest.skip("transformers' compressed-tensors loader fails to merge Kimi-Linear's attention conv weights "
                     "(a CONVERSION error on self_attn.conv1d.weight, which the export copies unchanged)")
@@ -298,8 +286,8 @@ def test_a_remote_code_architectures_per_expert_keys_export_under_their_own_name
     src = tmp_path / "kimi_k2"
     shutil.copytree(twin_src, src)
     config = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k2",
-                                                 "auto_map": {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}}))
+    auto_map = {"AutoConfig": "configuration_deepseek.DeepseekV3Config"}
+    (src / "config.json").write_text(json.dumps({**config, "model_type": "kimi_k2", "auto_map": auto_map}))
     result = CliRunner().invoke(main, ["quantize", str(src), str(tmp_path / "ct"), "--format", "compressed-tensors",
                                        "--no-progress"])
     assert result.exit_code == 0, result.output
