@@ -561,6 +561,36 @@ def test_a_lone_experts_module_split_keeps_none_of_its_parts_hooks():
         part.state_dict()
 
 
+def test_experts_offloaded_by_accelerate_are_refused_before_anything_is_split():
+    """Experts accelerate offloads (a 'cpu' entry of a GPU model's device map: their tensors on the meta device, the
+    hook's copy brought in for each forward) were split as meta tensors: parallelize_experts returned, and the next
+    forward failed on meta experts, the model split already. Refused now, naming the offload, with the model left
+    whole and running as before; shard_experts refuses such a module too."""
+    accelerate = pytest.importorskip("accelerate")
+    model = quantize_(tiny_model("mixtral", seed=0))
+    accelerate.cpu_offload(model.model.layers[1], execution_device=torch.device("cpu"))
+    offloaded = model.model.layers[1].mlp.experts
+    assert offloaded.down_proj.device.type == "meta"
+    tokens = torch.randint(3, 96, (1, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        before = model(tokens).logits
+    with pytest.raises(ValueError, match="this experts module is offloaded by accelerate"):
+        shard_experts(offloaded, "tp", 0, 1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.experts is offloaded by accelerate"):
+            parallelize_experts(model, "tp")
+        with pytest.raises(ValueError, match="offloaded by accelerate"):
+            parallelize_experts(offloaded, "ep")
+    finally:
+        dist.destroy_process_group()
+    assert [type(m).__name__ for n, m in model.named_modules() if n.endswith("experts")] == ["Int8Experts"] * 2
+    assert model.hf_quantizer.split is None
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, before)
+
+
 def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_group():
     model = tiny_model("mixtral", seed=0)
     quantize_(model)

@@ -125,6 +125,24 @@ class Split:
         return shard
 
 
+def _check_in_memory(name: str, module: Int8Experts) -> None:
+    """Refuse an experts module whose tensors are on the meta device: accelerate's offload (a ``"cpu"`` or
+    ``"disk"`` entry of a GPU model's device map) keeps them in its hook's weights map and brings them in for each
+    forward only. A split of the meta tensors would be meta parts the hook no longer fills: the model would fail at
+    its next forward, split already."""
+    meta = [t for t in module.tensor_names() if getattr(module, t).device.type == "meta"]
+    if not meta:
+        return
+    hook = getattr(module, "_hf_hook", None)
+    if getattr(hook, "offload", False) or getattr(hook, "weights_map", None) is not None:
+        raise ValueError(f"{name or 'this experts module'} is offloaded by accelerate (its tensors are on the meta "
+                         f"device, brought in from its hook's weights map at each forward), which a split cannot "
+                         f"read: load the model onto devices that hold its experts (no 'cpu' or 'disk' entries for "
+                         f"them in device_map) before splitting it")
+    raise ValueError(f"{name or 'this experts module'}.{meta[0]} is on the meta device (not loaded): load the "
+                     f"weights before splitting")
+
+
 def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
                   device: Optional[torch.device | str] = None) -> Int8Experts:
     """Rank ``rank``'s part of ``module`` under ``mode`` (see the module docstring), as a new
@@ -136,6 +154,7 @@ def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,
     if module.part_of is not None or module.expert_map is not None:
         raise ValueError(f"this experts module is already {module.part_of or 'a shard (it has an expert_map)'}; "
                          f"split whole experts once")
+    _check_in_memory("", module)
     device = torch.device(device) if device is not None else module.down_proj.device
     return split.shard(module, lambda t: getattr(module, t), device)
 
@@ -359,6 +378,7 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
         return wrapped
 
     if isinstance(model, Int8Experts):  # a lone experts module: its part, wrapped
+        _check_in_memory("", model)
         _check_ranks_agree(model, [("", model)], split, group, "parallelize_experts", device or model.down_proj.device)
         return part(model)
     targets = [(name, m) for name, m in model.named_modules() if isinstance(m, Int8Experts)]
@@ -368,6 +388,8 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     split_already = [(name, m.part_of) for name, m in targets if m.part_of is not None]
     if split_already:
         raise ValueError(f"{split_already[0][0]} is already {split_already[0][1]}: split the whole model once")
+    for name, module in targets:  # (all checked before any is split: a refusal leaves the model whole)
+        _check_in_memory(name, module)
     _check_ranks_agree(model, targets, split, group, "parallelize_experts", device or targets[0][1].down_proj.device)
     for name, module in targets:
         model.set_submodule(name, part(module))
