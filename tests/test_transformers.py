@@ -1194,6 +1194,26 @@ def test_experts_offloaded_by_accelerate_check_and_run(checkpoints, offload_buff
         assert torch.equal(model(ids).logits, before)
 
 
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])
+def test_quantize_refuses_experts_accelerate_offloads_naming_the_offload(arch):
+    """quantize_ of a float model a layer of which accelerate offloads (its experts on the meta device, the hook's
+    copy brought in for each forward) said "load the weights first" of weights that are loaded: it names the offload
+    and the ways that work now, and leaves the model unchanged (float, unmarked, the same logits)."""
+    from accelerate import cpu_offload
+
+    model = tiny_model(arch, dtype=torch.bfloat16)
+    cpu_offload(model.model.layers[1], execution_device=torch.device("cpu"))
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(ids).logits
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.experts is offloaded by accelerate.*"
+                                         r"quantize_ the model before dispatching it"):
+        quantize_(model)
+    assert len(_float_experts(model)) == 2 and not getattr(model, "is_quantized", False)
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, before)
+
+
 def test_dtype_restore_reaches_a_layer_accelerate_offloads():
     """transformers before 5.22 loads a bf16 int8 checkpoint's renamed keys (Mixtral's routers) in bf16 under
     dtype=float16, and the load's dtype restore casts them after. In a layer accelerate offloads (a GPU map's CPU
