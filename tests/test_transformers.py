@@ -1214,6 +1214,30 @@ def test_quantize_refuses_experts_accelerate_offloads_naming_the_offload(arch):
         assert torch.equal(model(ids).logits, before)
 
 
+def test_generate_and_evaluate_a_model_whose_embedding_accelerate_offloads():
+    """experts_int8.run.generate, routing_quality and compare_models sent the input ids to the device of the model's
+    first parameter: for a model accelerate offloads from the embedding on (its tensors on the meta device until a
+    forward brings them in), the meta device, where generate failed on .item() and the others could not copy the
+    logits out. They go where the embedding's hook runs it now, and give the whole model's results."""
+    from accelerate import cpu_offload
+
+    from experts_int8.evaluate import compare_models
+    from experts_int8.run import generate
+
+    float_model = tiny_model("mixtral", dtype=torch.bfloat16)
+    whole = quantize_(copy.deepcopy(float_model))
+    offloaded = copy.deepcopy(whole)
+    cpu_offload(offloaded, execution_device=torch.device("cpu"))
+    assert offloaded.model.embed_tokens.weight.device.type == "meta"
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(generate(offloaded, ids, 4, stop_at_eos=False).ids,
+                       generate(whole, ids, 4, stop_at_eos=False).ids)
+    assert routing_quality(float_model, offloaded, ids) == routing_quality(float_model, whole, ids)
+    tokens = ids.flatten()
+    assert (compare_models(float_model, offloaded, tokens, window=8, stride=4)
+            == compare_models(float_model, whole, tokens, window=8, stride=4))
+
+
 def test_dtype_restore_reaches_a_layer_accelerate_offloads():
     """transformers before 5.22 loads a bf16 int8 checkpoint's renamed keys (Mixtral's routers) in bf16 under
     dtype=float16, and the load's dtype restore casts them after. In a layer accelerate offloads (a GPU map's CPU

@@ -27,8 +27,8 @@ from .layer import Int8Experts, carry_hooks, detect_activation
 from .ops import BACKENDS
 from .reference import ACTIVATIONS
 
-__all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation", "routing_quality",
-           "snr_db"]
+__all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation", "input_device",
+           "routing_quality", "snr_db"]
 
 _GATED_NAMES = ("gate_proj", "up_proj", "down_proj")
 
@@ -62,6 +62,20 @@ class Int8DenseMLP(nn.Module):
         ids = torch.zeros((t, 1), dtype=torch.int32, device=x.device)
         weights = torch.ones((t, 1), dtype=torch.float32, device=x.device)
         return self.experts(x2d, ids, weights).reshape(*lead, hidden)
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s inputs go: its first parameter's device (the embedding's). Where accelerate offloads that
+    parameter (a ``"cpu"`` or ``"disk"`` entry of a device map: on the meta device until a forward brings it in),
+    the device its hook runs that module on."""
+    for name, p in model.named_parameters():
+        if p.device.type == "meta":
+            owner = model.get_submodule(name.rpartition(".")[0])
+            device = getattr(getattr(owner, "_hf_hook", None), "execution_device", None)
+            if device is not None:
+                return torch.device(device)
+        return p.device
+    return torch.device("cpu")
 
 
 def _gated_linears(module: nn.Module) -> Optional[tuple[nn.Linear, nn.Linear, nn.Linear]]:
@@ -161,8 +175,8 @@ def compare_models(float_model: nn.Module, int8_model: nn.Module,
     if not (isinstance(window, int) and isinstance(stride, int) and 1 <= stride < window):
         # stride < window: a window's first token is only predicted from the previous window
         raise ValueError(f"need 1 <= stride < window, got window={window}, stride={stride}")
-    device = next(float_model.parameters()).device
-    device_q = next(int8_model.parameters()).device
+    device = input_device(float_model)
+    device_q = input_device(int8_model)
     nll_f = nll_q = kl = 0.0
     agree = hit_f = hit_q = count = n_windows = 0
     for begin, end, first in _windows(ids.numel(), window, stride):
@@ -233,7 +247,7 @@ def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: to
 
     def run(model, hooks=()):
         try:
-            return model(input_ids.to(next(model.parameters()).device)).logits.float().cpu()
+            return model(input_ids.to(input_device(model))).logits.float().cpu()
         finally:
             for h in hooks:
                 h.remove()

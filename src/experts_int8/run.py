@@ -261,7 +261,9 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, progress: b
     from tqdm.auto import tqdm
     from transformers import GenerationConfig
 
-    device = next(model.parameters()).device
+    from .evaluate import input_device
+
+    device = input_device(model)  # (not the meta device of an embedding accelerate offloads)
     input_ids = input_ids.to(device)
     cfg = model.generation_config
     # Only the special tokens of the checkpoint's generation_config.json: transformers fills whatever a call
