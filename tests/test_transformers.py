@@ -1238,6 +1238,35 @@ def test_generate_and_evaluate_a_model_whose_embedding_accelerate_offloads():
             == compare_models(float_model, whole, tokens, window=8, stride=4))
 
 
+def test_quantize_keeps_accelerates_placement_hook_on_the_experts():
+    """A device map that names an experts module (over two GPUs: {"model.layers.1.mlp.experts": 1, ...}) gives it
+    accelerate's hook, which brings each input to its GPU. quantize_ put the int8 module in its place without it (the
+    kernel then got the hidden states of the GPU before and refused mixed devices), while dequantize() carries it: the
+    int8 module keeps it now, and runs through it."""
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class Counting(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            Counting.calls += 1
+            return args, kwargs
+
+    model = tiny_model("mixtral", dtype=torch.bfloat16)
+    whole = quantize_(copy.deepcopy(model))
+    hook = Counting()
+    add_hook_to_module(model.model.layers[1].mlp.experts, hook)
+    quantize_(model)
+    experts = model.model.layers[1].mlp.experts
+    assert isinstance(experts, Int8Experts) and experts._hf_hook is hook
+    ids = torch.randint(3, 96, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, whole(ids).logits)
+    assert Counting.calls == 1
+    model.dequantize()
+    assert model.model.layers[1].mlp.experts._hf_hook is hook
+
+
 def test_dtype_restore_reaches_a_layer_accelerate_offloads():
     """transformers before 5.22 loads a bf16 int8 checkpoint's renamed keys (Mixtral's routers) in bf16 under
     dtype=float16, and the load's dtype restore casts them after. In a layer accelerate offloads (a GPU map's CPU

@@ -1185,6 +1185,11 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
                                      activation=_activation_of(module, layout), name=name, **bias_tensors)
         new.train(module.training)
         carry_hooks(module, new)
+        hook = getattr(module, "_hf_hook", None)  # accelerate's placement hook (a device map naming the module)
+        if hook is not None:  # the int8 module runs where the float one did (as dequantize() gives it back)
+            from accelerate.hooks import add_hook_to_module
+
+            add_hook_to_module(new, hook)
         model.set_submodule(name, new)
         _keep_float_module(new, module)  # (to the meta device: its float tensors are freed now)
         del module
