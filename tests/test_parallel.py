@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from experts_int8 import ExpertsInt8Config, Int8Experts, quantize_, select_experts
-from experts_int8.parallel import ParallelExperts, Split, parallelize_experts, shard_experts
+from experts_int8.parallel import ParallelExperts, Split, parallelize_experts, shard_experts, split_while_loading
 from models import tiny_model
 
 
@@ -363,6 +363,27 @@ def test_split_while_loading_refuses_one_device_map_for_every_rank(tmp_path):
     for rank in _run_ranks(_auto_over_two_gpus, 2, tmp_path):
         assert rank["error"].startswith("split_while_loading over 2 ranks: device_map='auto' spreads each rank's "
                                         "model over all 2 visible GPUs. Give each rank its own")
+
+
+def test_split_while_loading_refuses_experts_a_gpu_map_offloads_to_the_cpu(tmp_path):
+    """A GPU map with a layer on the CPU: accelerate offloads that layer when it dispatches the model, before
+    split_while_loading reads the experts' parts, which stayed on the CPU without a hook: the first forward handed
+    them GPU hidden states. Refused before anything is read (on a machine without a GPU too, where transformers
+    failed later on the GPU entries); without split_while_loading the same map loads (tests/test_transformers.py)."""
+    from transformers import AutoModelForCausalLM
+
+    quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
+    device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
+                  "model.rotary_emb": 0, "lm_head": 0}
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"split_while_loading: the device map offloads model\.layers\.1\.mlp\."
+                                             r"experts to the CPU while the model runs on 0"):
+            with split_while_loading("tp"):
+                AutoModelForCausalLM.from_pretrained(tmp_path / "int8", device_map=device_map)
+    finally:
+        dist.destroy_process_group()
 
 
 def _transformers_expert_parallel(rank: int, device: torch.device, out_dir: str) -> dict:

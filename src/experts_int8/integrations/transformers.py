@@ -635,6 +635,23 @@ def _refuse_disk(device_map, experts) -> None:
                          f"give the routed experts a GPU or the CPU (for device_map='auto', raise max_memory)")
 
 
+def _refuse_split_offload(device_map, experts) -> None:
+    """Refuse, under split_while_loading without a device of its own, a device map that puts any of the routed
+    ``experts`` on the CPU beside accelerator entries: accelerate offloads such a layer (its tensors on the meta
+    device, brought to the main GPU for each forward) when it dispatches the model, before the split parts are read;
+    they would then stay on the CPU, hookless, and the first forward would hand them GPU hidden states."""
+    loading = loading_split()
+    if loading is None or loading.device is not None or not isinstance(device_map, dict):
+        return
+    gpus = sorted({str(d) for d in device_map.values() if str(d) not in ("cpu", "disk")})
+    on_cpu = [name for name in experts if str(_placed(device_map, name)) == "cpu"]
+    if gpus and on_cpu:
+        raise ValueError(f"split_while_loading: the device map offloads {on_cpu[0]} to the CPU while the model runs "
+                         f"on {gpus[0]}; accelerate's offload does not reach the experts' parts, which are read after "
+                         f"it dispatches the model. Map the routed experts to this rank's GPU (for "
+                         f"device_map='auto', raise its max_memory), or give split_while_loading(device=...) that GPU")
+
+
 def _placed(device_map, name: str):
     """The device map's entry for ``name``: a dict's longest matching prefix, else the map itself."""
     if not isinstance(device_map, dict):
@@ -790,6 +807,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     def validate_environment(self, *args, **kwargs):
         self._device_map = kwargs.get("device_map", self._device_map)
         _refuse_disk(self._device_map, getattr(self, "_experts", ()))  # ("auto" resolved: called again with the map)
+        _refuse_split_offload(self._device_map, getattr(self, "_experts", ()))
         loading = loading_split()
         if (loading is not None and loading.device is None and loading.split.world_size > 1
                 and self._device_map in _STRATEGIES and torch.cuda.device_count() > 1):
@@ -814,6 +832,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             return model
         self._experts = [name for name, _ in todo]
         _refuse_disk(self._device_map, self._experts)
+        _refuse_split_offload(self._device_map, self._experts)
         dist_config = getattr(model.config, "distributed_config", None)
         if (getattr(dist_config, "ep_size", None) or 1) > 1 or getattr(dist_config, "enable_expert_parallel", False):
             raise ValueError("transformers' expert parallelism (distributed_config's ep_size / enable_expert_parallel) "
