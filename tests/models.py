@@ -206,10 +206,11 @@ def auto_class(arch: str):
     return transformers.AutoModelForImageTextToText if arch in _VISION_LANGUAGE else transformers.AutoModelForCausalLM
 
 
-def tiny_model(arch: str, dtype=torch.float32, seed: int = 0, **overrides):
-    """A random-weight model of ``arch`` (``auto_class``); weights are scaled so logits are not degenerate."""
+def tiny_model(arch: str, dtype=torch.float32, seed: int = 0, config=None, **overrides):
+    """A random-weight model of ``arch`` (``auto_class``; ``config``: one of ``tiny_config``'s, changed); weights
+    are scaled so logits are not degenerate."""
     torch.manual_seed(seed)
-    config = tiny_config(arch, **overrides)
+    config = tiny_config(arch, **overrides) if config is None else config
     model = auto_class(arch).from_config(config, dtype=dtype)
     odd = [type(m).__name__ for n, m in model.named_modules()
            if n.endswith(".experts") and not hasattr(m, "_apply_gate")]
@@ -230,3 +231,88 @@ def tiny_model(arch: str, dtype=torch.float32, seed: int = 0, **overrides):
             elif p.dim() >= 2:
                 p.copy_(torch.randn_like(p) * (0.5 / p.shape[-1] ** 0.5) * (4 if "embed" in name else 1))
     return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Image and video inputs for the vision-language models, built as their processors build them
+# ---------------------------------------------------------------------------------------------------
+_MM_IDS = dict(image=90, video=91, start=92, end=93, video_start=94, video_end=95)  # (inside the tiny vocab)
+_GRID_VL = ("qwen3_vl_moe", "qwen3_5_moe", "glm4v_moe")  # patches + a (t, h, w) grid per image, M-RoPE
+VIDEO_NAMES = _GRID_VL
+
+
+def tiny_image_config(arch: str):
+    """``tiny_config(arch)`` with its image (video) tokens inside the tiny vocab and, for Aria, a projector that
+    takes the tiny vision tower's 7 x 7 patches."""
+    config = tiny_config(arch)
+    if arch in _GRID_VL:
+        config.image_token_id, config.video_token_id = _MM_IDS["image"], _MM_IDS["video"]
+        starts = ("image_start_token_id", "image_end_token_id") if arch == "glm4v_moe" else (
+            "vision_start_token_id", "vision_end_token_id")
+        setattr(config, starts[0], _MM_IDS["start"])
+        setattr(config, starts[1], _MM_IDS["end"])
+        config.video_start_token_id, config.video_end_token_id = _MM_IDS["video_start"], _MM_IDS["video_end"]
+    elif arch == "aria":
+        patches = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+        config.projector_patch_to_query_dict = {patches: 8}
+        config.max_value_projector_patch_to_query_dict = 8
+    return config
+
+
+def image_inputs(arch: str, config, video: bool = False, seed: int = 0) -> dict:
+    """A batch of two prompts, each with one image (``video``: a two-frame video) of its own size where the model
+    allows it, left-padded: ``input_ids`` with as many placeholder tokens as the vision tower gives features,
+    ``attention_mask`` and the pixel tensors (and grids, token types) the model's processor would give."""
+    g = torch.Generator().manual_seed(seed)
+
+    def text(n):
+        return torch.randint(3, 80, (n,), generator=g)
+
+    def ids(*parts):
+        return torch.cat([p if isinstance(p, torch.Tensor) else torch.tensor(p) for p in parts])
+
+    v, rows, extra = config.vision_config, [], {}
+    if arch in _GRID_VL:
+        p, t, m = v.patch_size, v.temporal_patch_size, v.spatial_merge_size
+        grids = [(2, 4, 4), (2, 4, 6)] if video else [(1, 4, 6), (1, 4, 4)]
+        glm = arch == "glm4v_moe"
+        token = config.image_token_id if glm or not video else config.video_token_id  # (GLM's frames: image tokens)
+        start, end = (config.image_start_token_id, config.image_end_token_id) if glm else (
+            config.vision_start_token_id, config.vision_end_token_id)
+        for frames, h, w in grids:
+            n = h * w // (m * m)  # tokens a frame (temporal patches, each of t frames)
+            if not video:
+                rows.append(ids(text(3), [start] + [token] * n + [end], text(5)))
+            elif glm:  # video_start, then image_start frame image_end and its time stamp, per frame; video_end
+                per_frame = [ids([start] + [token] * n + [end], text(2)) for _ in range(frames)]
+                rows.append(ids(text(3), [config.video_start_token_id], *per_frame, [config.video_end_token_id],
+                                text(4)))
+            else:  # Qwen: a time stamp, then vision_start frame vision_end, per frame
+                per_frame = [ids(text(2), [start] + [token] * n + [end]) for _ in range(frames)]
+                rows.append(ids(text(3), *per_frame, text(4)))
+        pixels = torch.randn(sum(a * b * c for a, b, c in grids), 3 * t * p * p, generator=g)
+        extra = {"pixel_values_videos" if video else "pixel_values": pixels,
+                 "video_grid_thw" if video else "image_grid_thw": torch.tensor(grids)}
+    elif arch == "mistral3":  # Pixtral: images of their own sizes, zero-padded; merged patches
+        sizes, step = [(64, 96), (64, 64)], v.patch_size * config.spatial_merge_size
+        pixels = torch.zeros(len(sizes), 3, max(h for h, _ in sizes), max(w for _, w in sizes))
+        for i, (h, w) in enumerate(sizes):
+            pixels[i, :, :h, :w] = torch.randn(3, h, w, generator=g)
+            rows.append(ids(text(3), [config.image_token_id] * ((h // step) * (w // step)), text(5)))
+        extra = {"pixel_values": pixels, "image_sizes": torch.tensor(sizes)}
+    elif arch == "aria":  # one image of the vision tower's size; the projector's queries a image
+        s, (queries,) = v.image_size, config.projector_patch_to_query_dict.values()
+        rows = [ids(text(3), [config.image_token_id] * queries, text(5)) for _ in range(2)]
+        extra = {"pixel_values": torch.randn(2, 3, s, s, generator=g),
+                 "pixel_mask": torch.ones(2, s, s, dtype=torch.bool)}
+    else:
+        raise ValueError(f"no image inputs for {arch!r}")
+    length = max(len(r) for r in rows)
+    input_ids = torch.zeros(len(rows), length, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for i, r in enumerate(rows):
+        input_ids[i, length - len(r):], attention_mask[i, length - len(r):] = r, 1
+    if arch in _GRID_VL:  # text 0, image 1, video 2 (M-RoPE)
+        vision = (input_ids == config.image_token_id) | (input_ids == config.video_token_id)
+        extra["mm_token_type_ids"] = vision.long() * (2 if video else 1)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, **extra}

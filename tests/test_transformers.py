@@ -42,7 +42,10 @@ from experts_int8.layer import w13_name  # noqa: E402
 from experts_int8.parallel import ParallelExperts, shard_experts  # noqa: E402
 from experts_int8.quant import dequantize_weights, quantize_weights  # noqa: E402
 
-from models import ARCH_NAMES, COMMON, VISION_LANGUAGE_NAMES, auto_class, tiny_config, tiny_model  # noqa: E402
+from models import (  # noqa: E402
+    ARCH_NAMES, COMMON, VIDEO_NAMES, VISION_LANGUAGE_NAMES, auto_class, image_inputs, tiny_config, tiny_image_config,
+    tiny_model,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # device_map needs accelerate; on CPU the default placement is the CPU anyway.
@@ -271,6 +274,44 @@ def test_vision_language_moe_text_model_int8(arch, tmp_path):
     reloaded = auto_class(arch).from_pretrained(tmp_path / "int8", **ON_DEVICE)
     with torch.no_grad():
         assert torch.equal(model(_inputs(2)).logits, reloaded(_inputs(2)).logits)
+
+
+@pytest.mark.parametrize("arch", VISION_LANGUAGE_NAMES)
+def test_vision_language_moe_int8_with_images(arch, tmp_path):
+    """Images (and videos, where the model takes them) through the int8 model: its text model's experts run on
+    the vision tower's features as close to bf16 as on text, quantize_ gives the loaded model's logits, a save
+    reloads them and generates the same; no experts module outside the text model."""
+    config = tiny_image_config(arch)
+    tiny_model(arch, dtype=torch.bfloat16, config=config).save_pretrained(tmp_path / "bf16")
+    ref_model = auto_class(arch).from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, **ON_DEVICE)
+    model = auto_class(arch).from_pretrained(tmp_path / "bf16", quantization_config=ExpertsInt8Config(),
+                                             dtype=torch.bfloat16, **ON_DEVICE)
+    names = [name for name, _ in find_experts(ref_model)]
+    assert verify_int8_model(model) == len(names) > 0 and all(".language_model." in name for name in names)
+    in_memory = auto_class(arch).from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16, **ON_DEVICE)
+    quantize_(in_memory)
+    model.save_pretrained(tmp_path / "int8")
+    reloaded = auto_class(arch).from_pretrained(tmp_path / "int8", **ON_DEVICE)
+
+    def on_device(inputs):
+        return {k: v.to(DEVICE, torch.bfloat16 if v.is_floating_point() else v.dtype) for k, v in inputs.items()}
+
+    for video in (False, True) if arch in VIDEO_NAMES else (False,):
+        inputs = on_device(image_inputs(arch, config, video=video))
+        blank = {k: torch.zeros_like(v) if k.startswith("pixel_values") else v for k, v in inputs.items()}
+        with torch.no_grad():  # (the vision features reach the text model)
+            assert not torch.equal(ref_model(**inputs).logits, ref_model(**blank).logits)
+        quality = routing_quality(ref_model, model, **inputs)
+        assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, (arch, video, quality)
+        assert 30.0 <= quality["logits_snr_db_reference_routing"] < float("inf"), (arch, video, quality)
+        if not any(quality["tokens_with_changed_topk_per_layer"]):
+            assert quality["logits_snr_db_free_running"] >= 30.0, (arch, video, quality)
+        with torch.no_grad():
+            logits = model(**inputs).logits
+            assert torch.equal(in_memory(**inputs).logits, logits)
+            assert torch.equal(reloaded(**inputs).logits, logits)
+    generated = [m.generate(**inputs, max_new_tokens=3, min_new_tokens=3, do_sample=False) for m in (model, reloaded)]
+    assert torch.equal(*generated) and generated[0].shape == (2, inputs["input_ids"].shape[1] + 3)
 
 
 def test_architecture_table_covers_tested_models():

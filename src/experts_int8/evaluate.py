@@ -230,7 +230,7 @@ def _record_experts(model: nn.Module) -> tuple[list, list]:
 
 
 @torch.inference_mode()
-def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: torch.Tensor) -> dict:
+def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: torch.Tensor, **inputs) -> dict:
     """The int8 model against the float one on ``input_ids``, free-running and with the float model's routing.
 
     Near-tied routers turn the int8 noise upstream of them into flipped top-k choices, an O(1) change for
@@ -241,13 +241,16 @@ def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: to
     ids and weights against that layer's float output (``moe_layer_snr_db_reference_routing``), and the
     int8 logits with every layer's top-k ids and weights replaced by the float model's
     (``logits_snr_db_reference_routing``). Both models take transformers 5's experts call
-    ``experts(hidden_states, top_k_index, top_k_weights)``.
+    ``experts(hidden_states, top_k_index, top_k_weights)``. ``inputs``: the models' other inputs, the same for
+    both (``attention_mask``; a vision-language model's ``pixel_values`` and what goes with them).
     """
     from .integrations.transformers import find_experts
 
     def run(model, hooks=()):
         try:
-            return model(input_ids.to(input_device(model))).logits.float().cpu()
+            device = input_device(model)
+            others = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+            return model(input_ids.to(device), **others).logits.float().cpu()
         finally:
             for h in hooks:
                 h.remove()
