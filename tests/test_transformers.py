@@ -123,8 +123,30 @@ def test_int8_model_close_to_bf16(arch, checkpoints, int8_models):
 
 
 def test_routing_quality_refuses_models_that_differ():
-    with pytest.raises(ValueError, match="the models differ: 2 MoE layers ran in the float model, the int8 model has 1"):
+    with pytest.raises(ValueError, match="the models differ: the float model has 2 MoE layers, the int8 model 1"):
         routing_quality(tiny_model("mixtral"), quantize_(tiny_model("deepseek_v2")), _inputs().cpu())
+
+
+def test_routing_quality_of_experts_the_inputs_do_not_reach(caplog):
+    """Ernie 4.5 VL's vision experts run on image tokens only: on a text prompt routing_quality measures the
+    text experts (it said the models differ)."""
+    config_class = getattr(transformers, "Ernie4_5_VLMoeConfig", None)
+    if config_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no Ernie4_5_VLMoeConfig")
+    text = dict(COMMON, head_dim=16, num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=[32, 16],
+                moe_num_experts=4, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=0,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 3, 2]})
+    config = config_class(text_config=text, vision_config=dict(depth=1, hidden_size=32, num_heads=2,
+                                                               intermediate_size=32, out_hidden_size=64))
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    int8_model = quantize_(copy.deepcopy(model))
+    names = [name for name, _ in find_experts(int8_model)]
+    assert any("vision_moe" in name for name in names) and verify_int8_model(int8_model) == len(names) == 2
+    quality = routing_quality(model, int8_model, _inputs().cpu())
+    assert len(quality["moe_layer_snr_db_reference_routing"]) == 1, quality  # (its MoE layer's text experts)
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+    assert 30.0 <= quality["logits_snr_db_reference_routing"] < float("inf"), quality
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)

@@ -218,14 +218,16 @@ def snr_db(ref: torch.Tensor, out: torch.Tensor) -> float:
 
 
 def _record_experts(model: nn.Module) -> tuple[list, list]:
-    """Forward hooks on every experts module: a list that fills with (inputs, top-k ids, top-k weights,
-    output) per MoE layer and forward, and the hook handles."""
+    """Forward hooks on every experts module: a list, one entry per module (``find_experts``' order), that fills
+    with (inputs, top-k ids, top-k weights, output) per call of that module, and the hook handles. A module the
+    inputs do not reach keeps an empty entry (Ernie 4.5 VL's vision experts on a text-only prompt)."""
     from .integrations.transformers import find_experts
 
-    seen = []
-    hooks = [m.register_forward_hook(lambda mod, args, out: seen.append(
+    experts = [m for _, m in find_experts(model)]
+    seen = [[] for _ in experts]
+    hooks = [m.register_forward_hook(lambda mod, args, out, calls=calls: calls.append(
         (args[0].detach().clone(), args[1].clone(), args[2].clone(), out.detach().clone())))
-        for _, m in find_experts(model)]
+        for m, calls in zip(experts, seen)]
     return seen, hooks
 
 
@@ -255,18 +257,32 @@ def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: to
             for h in hooks:
                 h.remove()
 
+    named = find_experts(int8_model)
+    experts = [m for _, m in named]
     seen, hooks = _record_experts(float_model)
     ref_logits = run(float_model, hooks)
-    experts = [m for _, m in find_experts(int8_model)]
     if len(seen) != len(experts):
-        raise ValueError(f"the models differ: {len(seen)} MoE layers ran in the float model, the int8 model has "
+        raise ValueError(f"the models differ: the float model has {len(seen)} MoE layers, the int8 model "
                          f"{len(experts)}")
     mine, hooks = _record_experts(int8_model)
     free_logits = run(int8_model, hooks)
+    # Each experts module against its own float calls (modules the inputs do not reach are left out)
+    for (name, _), a, b in zip(named, seen, mine):
+        if len(a) != len(b):
+            raise ValueError(f"the models differ: {name} ran {len(a)} times in the float model, {len(b)} in the "
+                             f"int8 model")
+    if not any(seen):
+        raise ValueError("no MoE layer ran on these inputs")
     changed = [float((a[1].sort(-1).values != b[1].sort(-1).values).any(-1).float().mean())
-               for a, b in zip(seen, mine)]
-    per_layer = [snr_db(out.float(), m(inp, ids, w).float()) for m, (inp, ids, w, out) in zip(experts, seen)]
-    hooks = [m.register_forward_pre_hook(lambda mod, args, r=r: (args[0], r[1], r[2])) for m, r in zip(experts, seen)]
+               for calls, its in zip(seen, mine) for a, b in zip(calls, its)]
+    per_layer = [snr_db(out.float(), m(inp, ids, w).float())
+                 for m, calls in zip(experts, seen) for inp, ids, w, out in calls]
+
+    def float_routing(calls):
+        it = iter(calls)
+        return lambda mod, args: (args[0], *next(it)[1:3])
+
+    hooks = [m.register_forward_pre_hook(float_routing(calls)) for m, calls in zip(experts, seen) if calls]
     forced_logits = run(int8_model, hooks)
     return {"logits_snr_db_free_running": snr_db(ref_logits, free_logits),
             "tokens_with_changed_topk_per_layer": changed,
