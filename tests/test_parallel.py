@@ -612,6 +612,19 @@ def test_experts_offloaded_by_accelerate_are_refused_before_anything_is_split():
         assert torch.equal(model(tokens).logits, before)
 
 
+def test_experts_offloaded_through_a_chain_of_accelerate_hooks_are_refused_as_offloaded():
+    """cpu_offload of the experts module itself chains its device hook and its offload hook (a SequentialHook): the
+    refusal named the offload only for a lone hook, and said "not loaded" of loaded experts behind a chain."""
+    accelerate = pytest.importorskip("accelerate")
+    model = quantize_(tiny_model("mixtral", seed=0))
+    experts = model.model.layers[1].mlp.experts
+    accelerate.cpu_offload(experts, execution_device=torch.device("cpu"))
+    with pytest.raises(ValueError, match="this experts module is offloaded by accelerate"):
+        shard_experts(experts, "tp", 0, 1)
+    with pytest.raises(ValueError, match=r"^this experts module's gate_up_proj is on the meta device \(not loaded\)"):
+        shard_experts(quantize_(tiny_model("mixtral", seed=0)).model.layers[1].mlp.experts.to("meta"), "tp", 0, 1)
+
+
 def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_group():
     model = tiny_model("mixtral", seed=0)
     quantize_(model)

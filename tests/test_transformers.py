@@ -1355,6 +1355,34 @@ def test_dtype_restore_reaches_a_layer_accelerate_offloads():
         assert torch.equal(offloaded(ids).logits, whole(ids).logits)
 
 
+
+def test_offload_seen_through_a_chain_of_accelerate_hooks():
+    """accelerate chains a module's hooks into a SequentialHook (add_hook_to_module(..., append=True)): cpu_offload of
+    a module with tensors of its own gives it its device hook and its offload hook so. Its offload was not seen
+    through the chain: quantize_ said "load the weights first" of loaded weights, the inputs of a model whose
+    embedding is offloaded so went to the meta device, and the dtype restore left the hook's copy alone."""
+    from accelerate import cpu_offload
+    from accelerate.hooks import SequentialHook
+
+    from experts_int8.evaluate import input_device
+    from experts_int8.integrations.transformers import _restore_float_dtypes, _stored
+
+    cpu = torch.device("cpu")
+    model = tiny_model("mixtral", dtype=torch.bfloat16)
+    cpu_offload(model.model.layers[1].mlp.experts, execution_device=cpu)
+    assert isinstance(model.model.layers[1].mlp.experts._hf_hook, SequentialHook)
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.experts is offloaded by accelerate"):
+        quantize_(model)
+    whole = quantize_(tiny_model("mixtral")).to(torch.bfloat16)
+    offloaded = copy.deepcopy(whole)
+    cpu_offload(offloaded.model.embed_tokens, execution_device=cpu)
+    router = offloaded.model.layers[0].mlp.gate
+    cpu_offload(router, execution_device=cpu)
+    assert input_device(offloaded) == cpu
+    _restore_float_dtypes(offloaded, {"model.layers.0.mlp.gate.weight": torch.float16})
+    assert router.weight.dtype == _stored(router, "weight").dtype == torch.float16
+    assert _stored(router, "weight").device == cpu
+
 # ---------------------------------------------------------------------------------------------------
 # GPU: generation goes through the fused Triton kernel; loading keeps device memory low
 # ---------------------------------------------------------------------------------------------------

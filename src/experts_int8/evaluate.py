@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layer import Int8Experts, carry_hooks, detect_activation
+from .layer import Int8Experts, accelerate_hooks, carry_hooks, detect_activation
 from .ops import BACKENDS
 from .reference import ACTIVATIONS
 
@@ -71,9 +71,10 @@ def input_device(model: nn.Module) -> torch.device:
     for name, p in model.named_parameters():
         if p.device.type == "meta":
             owner = model.get_submodule(name.rpartition(".")[0])
-            device = getattr(getattr(owner, "_hf_hook", None), "execution_device", None)
-            if device is not None:
-                return torch.device(device)
+            devices = [h.execution_device for h in accelerate_hooks(owner)
+                       if getattr(h, "execution_device", None) is not None]
+            if devices:
+                return torch.device(devices[0])
         return p.device
     return torch.device("cpu")
 

@@ -96,6 +96,27 @@ def carry_hooks(old: nn.Module, new: nn.Module) -> None:
             hook.module = weakref.ref(new)
 
 
+def accelerate_hooks(module: nn.Module) -> tuple:
+    """accelerate's hooks on ``module``: its ``_hf_hook``, or the hooks a ``SequentialHook`` chains
+    (``add_hook_to_module(..., append=True)``: ``cpu_offload`` of a module with tensors of its own chains its device
+    hook and its offload hook so)."""
+    hooks, flat = [getattr(module, "_hf_hook", None)], []
+    while hooks:
+        hook = hooks.pop(0)
+        if hook is not None:
+            chained = getattr(hook, "hooks", None)
+            hooks[:0] = chained if isinstance(chained, (list, tuple)) else ()
+            flat += [] if isinstance(chained, (list, tuple)) else [hook]
+    return tuple(flat)
+
+
+def offloaded_by_accelerate(module: nn.Module) -> bool:
+    """Whether an accelerate hook offloads ``module``'s tensors (on the meta device, its weights map's copies brought
+    in for each forward)."""
+    return any(getattr(h, "offload", False) or getattr(h, "weights_map", None) is not None
+               for h in accelerate_hooks(module))
+
+
 @torch.compiler.assume_constant_result
 def _activation_cached(act_fn) -> str:
     """detect_activation, once per function, and a constant to torch.compile (a graph cannot branch on data)."""

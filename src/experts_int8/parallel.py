@@ -41,7 +41,7 @@ from safetensors import safe_open
 from torch import nn
 
 from .checkpoint import CheckpointKeys
-from .layer import Int8Experts, carry_hooks, w13_name
+from .layer import Int8Experts, carry_hooks, offloaded_by_accelerate, w13_name
 
 MODES = ("tp", "ep")
 
@@ -133,14 +133,13 @@ def _check_in_memory(name: str, module: Int8Experts) -> None:
     meta = [t for t in module.tensor_names() if getattr(module, t).device.type == "meta"]
     if not meta:
         return
-    hook = getattr(module, "_hf_hook", None)
-    if getattr(hook, "offload", False) or getattr(hook, "weights_map", None) is not None:
+    if offloaded_by_accelerate(module):
         raise ValueError(f"{name or 'this experts module'} is offloaded by accelerate (its tensors are on the meta "
                          f"device, brought in from its hook's weights map at each forward), which a split cannot "
                          f"read: load the model onto devices that hold its experts (no 'cpu' or 'disk' entries for "
                          f"them in device_map) before splitting it")
-    raise ValueError(f"{name or 'this experts module'}.{meta[0]} is on the meta device (not loaded): load the "
-                     f"weights before splitting")
+    tensor = f"{name}.{meta[0]}" if name else f"this experts module's {meta[0]}"
+    raise ValueError(f"{tensor} is on the meta device (not loaded): load the weights before splitting")
 
 
 def shard_experts(module: Int8Experts, mode: str, rank: int, world_size: int,

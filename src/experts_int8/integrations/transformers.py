@@ -64,7 +64,8 @@ from transformers.utils.quantization_config import QuantizationConfigMixin
 
 from ..checkpoint import (EXPERT_COUNT_KEYS, FLOAT_DTYPES, SAFETENSORS_DTYPES, CheckpointKeys, check_int8_checkpoint,
                           from_fused_layout, read_headers, to_fused_layout)
-from ..layer import Int8Experts, carry_hooks, detect_activation, int8_experts_forward, w13_name
+from ..layer import (Int8Experts, accelerate_hooks, carry_hooks, detect_activation, int8_experts_forward,
+                     offloaded_by_accelerate, w13_name)
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
@@ -1027,10 +1028,12 @@ def _stored(module: nn.Module, name: str) -> torch.Tensor:
     """``module``'s tensor ``name``; for a module accelerate offloads (its tensors on the meta device until a
     forward brings them in), the copy its hook keeps."""
     value = getattr(module, name)
-    hook = getattr(module, "_hf_hook", None)
-    weights = getattr(hook, "weights_map", None) if getattr(hook, "offload", False) else None
-    if value.device.type == "meta" and weights is not None and name in weights:
-        return weights[name]
+    if value.device.type != "meta":
+        return value
+    for hook in accelerate_hooks(module):
+        weights = getattr(hook, "weights_map", None) if getattr(hook, "offload", False) else None
+        if weights is not None and name in weights:
+            return weights[name]
     return value
 
 
@@ -1094,8 +1097,7 @@ def _float_module_of(name: str, module: Int8Experts, layout: str) -> nn.Module:
     if float_module is None:
         raise ValueError(f"{name} was not made by experts_int8's transformers integration (from_pretrained or "
                          f"quantize_): there is no float module to rebuild; load the float checkpoint instead")
-    hook = getattr(module, "_hf_hook", None)  # accelerate's placement hook (device_map="auto" and the like)
-    if hook is not None and (getattr(hook, "offload", False) or getattr(hook, "weights_map", None) is not None):
+    if offloaded_by_accelerate(module):  # (accelerate's placement hook: device_map="auto" and the like)
         raise ValueError(f"{name} is offloaded by accelerate (its weights come from an int8 weights map at each "
                          f"forward), which dequantize cannot rewrite: load the model onto devices that hold it")
     wanted = dict(float_module.named_parameters())
