@@ -100,14 +100,13 @@ def accelerate_hooks(module: nn.Module) -> tuple:
     """accelerate's hooks on ``module``: its ``_hf_hook``, or the hooks a ``SequentialHook`` chains
     (``add_hook_to_module(..., append=True)``: ``cpu_offload`` of a module with tensors of its own chains its device
     hook and its offload hook so)."""
-    hooks, flat = [getattr(module, "_hf_hook", None)], []
-    while hooks:
-        hook = hooks.pop(0)
-        if hook is not None:
-            chained = getattr(hook, "hooks", None)
-            hooks[:0] = chained if isinstance(chained, (list, tuple)) else ()
-            flat += [] if isinstance(chained, (list, tuple)) else [hook]
-    return tuple(flat)
+    def flat(hook) -> tuple:
+        chained = getattr(hook, "hooks", None)
+        if isinstance(chained, (list, tuple)):
+            return tuple(h for c in chained for h in flat(c))
+        return () if hook is None else (hook,)
+
+    return flat(getattr(module, "_hf_hook", None))
 
 
 def offloaded_by_accelerate(module: nn.Module) -> bool:
