@@ -306,6 +306,24 @@ def test_python_entry_and_unknown_format(tmp_path, converted):
     assert not (tmp_path / "x").exists()
 
 
+def test_export_warns_when_transformers_cannot_build_the_model_for_its_names(tmp_path, converted, monkeypatch):
+    """The ignore list's second set of names (transformers' own, for its loader) needs the model built on the meta
+    device; where that fails the export still completes, with the checkpoint's names, and a warning says so."""
+    import experts_int8.integrations.transformers as integration
+
+    src, ct, _, _ = converted("phimoe", "per-expert")
+
+    def cannot_build(*args, **kwargs):
+        raise RuntimeError("no such architecture here")
+
+    monkeypatch.setattr(integration, "dense_linear_names", cannot_build)
+    with pytest.warns(UserWarning, match=r"could not build the model \(RuntimeError: no such architecture here\)"):
+        export_compressed_tensors(src, tmp_path / "ct", progress=False)
+    ignore = json.loads((tmp_path / "ct" / "config.json").read_text())["quantization_config"]["ignore"]
+    full = json.loads((ct / "config.json").read_text())["quantization_config"]["ignore"]
+    assert set(ignore) < set(full)  # (the model's names for PhiMoE's renamed routers are missing)
+
+
 def test_the_converter_reads_one_file_at_a_time_and_reports_the_whole_tensors_snr(converted, tmp_path,
                                                                                    monkeypatch):
     """Every source file stayed open for the whole conversion, and each page read through a handle stays mapped

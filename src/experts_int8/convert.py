@@ -64,6 +64,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -737,7 +738,7 @@ def _model_linear_names(src_dir: Path, config: dict) -> list[str]:
     transformers load that keeps the checkpoint compressed (its default) matches the ignore list against those,
     and where they differ from the checkpoint's (a renamed router or prefix) a layer missing from the list is
     expected packed and loads without its weight. [] without transformers or where it cannot build the model
-    (the checkpoint's names alone, which vLLM reads)."""
+    (the checkpoint's names alone, which vLLM reads; a warning says so in the second case)."""
     try:
         from .integrations.transformers import dense_linear_names
         from .run import quiet_transformers
@@ -746,7 +747,11 @@ def _model_linear_names(src_dir: Path, config: dict) -> list[str]:
     try:
         with quiet_transformers():  # (a config's deprecation notes, already the source's business)
             return dense_linear_names(src_dir, config)
-    except Exception:  # noqa: BLE001 - an architecture transformers cannot build: its loader cannot load the export
+    except Exception as exc:  # noqa: BLE001 - any failure to build: the export itself does not need the names
+        warnings.warn(f"{src_dir}: this transformers could not build the model ({type(exc).__name__}: "
+                      f"{str(exc).splitlines()[0] if str(exc) else ''}), so the export's ignore list names its "
+                      f"layers as the checkpoint does only; a transformers release that renames them on load may "
+                      f"then expect those layers packed. vLLM reads the checkpoint's names", stacklevel=2)
         return []
 
 
