@@ -1183,8 +1183,8 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     for name, module in todo:  # validate everything before changing anything
         for t in (w13_name(module), "down_proj", *biases):
             w = getattr(module, t)
-            if w.device.type == "meta" and _stored(module, t) is not w:
-                # (accelerate's offload: the weights live in its hook's map, which quantize_ cannot rewrite)
+            if w.device.type == "meta" and offloaded_by_accelerate(module):
+                # (the weights live in its hook's map, which quantize_ cannot rewrite)
                 raise ValueError(f"{name} is offloaded by accelerate (its weights are on the meta device, brought in "
                                  f"from its hook's weights map at each forward), which quantize_ cannot rewrite "
                                  f"(model left unchanged): quantize_ the model before dispatching it, or load it with "
