@@ -178,7 +178,7 @@ def test_tune_times_as_many_calls_a_replay_as_the_bench(monkeypatch):
     seen = {}
 
     def time_calls(x, layers, routing, num_calls, **kw):
-        seen["calls"] = num_calls
+        seen["calls"], seen["warm_s"] = num_calls, kw["warm_s"]
         return 1e-5, "cuda_graph"
 
     monkeypatch.setattr(bench, "time_calls", time_calls)
@@ -189,7 +189,10 @@ def test_tune_times_as_many_calls_a_replay_as_the_bench(monkeypatch):
     calls = bench.calls_per_graph(1, 5e-6, draws=len(routing))
     assert calls > 1
     measure = tune._gpu_measure(x, layers, routing, 3, "silu", calls)
-    assert measure(dict(PINNED), math.inf) == 1e-5 and seen["calls"] == calls
+    assert measure(dict(PINNED), math.inf) == 1e-5 and seen == {"calls": calls, "warm_s": 0.0}
+    # with warm_s, each candidate's timed replays follow untimed ones, as the bench's rows do
+    assert tune._gpu_measure(x, layers, routing, 3, "silu", calls, warm_s=0.5)(dict(PINNED), math.inf) == 1e-5
+    assert seen["warm_s"] == 0.5
 
 
 def test_bench_layer_pool_sizes_the_pool_for_the_shape():
@@ -923,8 +926,14 @@ def test_cli_tune_takes_the_experts_activation_and_biases(monkeypatch):
     assert r.exit_code == 0, r.output
     (args, kw), = asked
     assert args == (32, 2880, 2880, 4) and (kw["activation"], kw["biases"], kw["gated"]) == ("swiglu_oai", True, True)
+    assert kw["warm_s"] == 0.0
+    r = _run("tune", "--shape", "8,64,64,2", "--warm-s", "0.5")
+    assert r.exit_code == 0, r.output
+    assert asked[-1][1]["warm_s"] == 0.5
+    r = _run("tune", "--shape", "8,64,64,2", "--warm-s", "-1")
+    assert r.exit_code == 2 and "--warm-s" in r.output and len(asked) == 2
     r = _run("tune", "--shape", "8,64,64,2", "--activation", "swiglu_oai", "--no-gate")
-    assert r.exit_code == 1 and "needs gate and up rows" in r.output and len(asked) == 1
+    assert r.exit_code == 1 and "needs gate and up rows" in r.output and len(asked) == 2
 
 
 def test_cli_without_gpu_says_so():

@@ -303,6 +303,10 @@ Examples:
                    "still times its current config, one round of variants of its winner and the winner's "
                    "confirmation against the current config, so a tune runs over, the more so the shorter the "
                    "budget (200 s took 215-257 s over 14 M of one format). The best so far is kept.")
+@click.option("--warm-s", type=click.FloatRange(0, 60), default=0.0, show_default=True,
+              help="Untimed replays for about this long before each candidate's timed ones, so candidates are "
+                   "ranked on the clock held work runs at under the GPU's power cap, as `bench --warm-s` times "
+                   "rows. Each timing takes that much longer, so the budget times fewer candidates.")
 @click.option("--no-gate", is_flag=True, help="Experts without a gate (up_proj [E, I, H], act(up): NemotronH).")
 @click.option("--activation", default=None,
               help="The experts' activation each candidate is timed and checked with (silu, gelu, gelu_tanh, "
@@ -310,8 +314,8 @@ Examples:
 @click.option("--biases", is_flag=True, help="Time and check candidates with expert biases (GPT-OSS; with "
                                              "--model-config: where the model's experts have them).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, reps, budget_s, no_gate, activation,
-                 biases, no_progress):
+def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, reps, budget_s, warm_s, no_gate,
+                 activation, biases, no_progress):
     """Search MoE block configs on this GPU and save them where get_config finds them.
 
     Writes E={E},N={I},device={gpu},dtype={int8_w8a16|bf16}.json tables (M -> config; experts without a
@@ -348,8 +352,8 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
     bench.check_form(not no_gate, activation)
     tune(e, h, i // tp, k, dtypes=bench.parse_dtypes([dtypes]),
          ms=bench.parse_int_list([ms]) if ms else DEFAULT_MS, out_dir=out_dir, max_candidates=max_candidates,
-         reps=reps, budget_s=budget_s or None, progress=not no_progress, gated=not no_gate, activation=activation,
-         biases=biases, log=click.echo)
+         reps=reps, budget_s=budget_s or None, warm_s=warm_s, progress=not no_progress, gated=not no_gate,
+         activation=activation, biases=biases, log=click.echo)
 
 
 # --- demo / quantize / generate -----------------------------------------------------------------

@@ -651,12 +651,13 @@ def check_output(got: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2, r
 
 
 def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
-                 calls: Optional[int] = None) -> Callable[[dict, float], float]:
+                 calls: Optional[int] = None, warm_s: float = 0.0) -> Callable[[dict, float], float]:
     """Seconds per ``fused_experts`` call (with ``activation`` and the layers' biases) under a forced config,
     timed as the benchmark times it: ``calls`` calls cycling over the layers and the routing draws (the bench's
     :func:`~experts_int8.bench.calls_per_graph`; default one sweep of both) captured in a CUDA graph, replays between
     events. (Eager calls would measure the host at decode sizes, where a call's launches take longer than
-    its kernels.) Each config's output on the first layer is first checked against the torch reference path."""
+    its kernels.) ``warm_s``: untimed replays for about that long before the timed ones (the bench's
+    ``--warm-s``). Each config's output on the first layer is first checked against the torch reference path."""
     from . import bench
     from .ops import fused_experts
 
@@ -673,7 +674,8 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
         checked_call(cfg, first_layer, expected)
         with configs.override_config(cfg):
             seconds, _ = bench.time_calls(x, layers, routing, calls or math.lcm(len(layers), len(routing)),
-                                          reps=reps, warmup=1, give_up_above_s=2 * best_s, activation=activation)
+                                          reps=reps, warmup=1, give_up_above_s=2 * best_s, activation=activation,
+                                          warm_s=warm_s)
         return seconds
 
     return measure
@@ -682,8 +684,8 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
 def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable[str] = ("int8", "bf16"),
          ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
          reps: int = 5, pool_gb: float = 4.0, budget_s: Optional[float] = 300.0, progress: bool = True,
-         settle_s: float = 1.0, gated: bool = True, activation: str = "silu", biases: bool = False,
-         log: Callable[[str], None] = print) -> dict[str, Path]:
+         settle_s: float = 1.0, warm_s: float = 0.0, gated: bool = True, activation: str = "silu",
+         biases: bool = False, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU
     (``gated`` False: experts without a gate, ``[E, I, H]``, into tables of their own: ``...,no_gate.json``),
     timing and checking every candidate with the experts' ``activation`` and, with ``biases``, expert
@@ -699,7 +701,10 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     results/s44b; 200 s took 215-257 over 14 M of bf16, results/s49); a search cut short keeps its best
     config so far and says so in the summary. ``settle_s``: the GPU idles that long after each weight
     pool's fill, whose power cap would otherwise slow the first M's first timings (the config serving it
-    now among them; :func:`bench.settle`).
+    now among them; :func:`bench.settle`). ``warm_s``: untimed replays for about that long before each
+    candidate's timed ones, so candidates are ranked on the clock held work runs at under the power cap, as
+    the bench times its rows (``bench --warm-s``; on an H200 int8 decode meets the cap, NOTES items 204-206);
+    each timing then takes that much longer, so a budget times fewer candidates.
     """
     from . import bench
 
@@ -718,6 +723,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
         raise ValueError(f"token counts must be positive integers, got {ms}")
     if reps < 1:
         raise ValueError(f"reps must be >= 1, got {reps}")
+    if not 0 <= warm_s <= 60:
+        raise ValueError(f"warm_s must be between 0 and 60 seconds, got {warm_s}")
 
     check_writable_dir(out_dir if out_dir is not None else configs.user_config_dir(), "the tables' folder")
     device = torch.device("cuda", torch.cuda.current_device())
@@ -784,7 +791,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                             + pdl_variants(cfg, m, top_k, pdl_ok))
 
                 try:
-                    result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation, calls),
+                    result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation, calls, warm_s),
                                     deadline=deadline, refine=variants, on_more=bar.extend,
                                     on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best
                                                                else "none yet"))
