@@ -239,13 +239,14 @@ def pdl_variants(best: dict, m: int, top_k: int, pdl_ok: bool) -> list[dict]:
     return [] if "PDL_PREFETCH" in down or down.get("SUM_TOPK") else [configs.with_down(best, PDL_PREFETCH=1)]
 
 
-def fp16_dot_variants(best: dict, m: int, dtype: str) -> list[dict]:
+def fp16_dot_variants(best: dict, m: int, dtype: str, steady: bool = False) -> list[dict]:
     """At prefill sizes (M >= 128) of int8 weights: the winner with gate_up's dot in fp16 on
     power-of-two-scaled rows of x (FP16_DOT; 2-3% faster at some H200 rows: benchmarks/NOTES.md items
-    75-76). At decode it ties in the tuner's bursts and wins 1-2% only after half a second at the H200's
-    power cap (item 210), which the search does not wait for: those entries come from variant_ab.py's
+    75-76). At decode it ties in the tuner's bursts and wins 1-3% on the large experts only after half a
+    second at the H200's power cap (items 210, 233), so it is offered there only to a search that times
+    under the cap (``steady``: ``tune --warm-s``); elsewhere those entries come from variant_ab.py's
     steady-state A/B. Not with the kernels that ignore it."""
-    if dtype != "int8" or m < 128 or any(best.get(key) for key in ("FP16_DOT", "DEQUANT_ONCE")):
+    if dtype != "int8" or (m < 128 and not steady) or any(best.get(key) for key in ("FP16_DOT", "DEQUANT_ONCE")):
         return []
     return [dict(best, FP16_DOT=1)]
 
@@ -783,7 +784,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                             + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
                             + sum_last_variants(cfg, m, num_experts, top_k)
                             + dequant_variants(cfg, m, d, float_config, tma_ok) + tma_variants(cfg, tma_ok)
-                            + fp16_dot_variants(cfg, m, d)
+                            + fp16_dot_variants(cfg, m, d, steady=warm_s > 0)
                             + gluon_variants(cfg, m, top_k, d, gluon_ok, smem, gated)
                             + wsrr_variants(cfg, m, top_k, d, gluon_ok, smem)
                             + tail_variants(cfg, m, top_k)
