@@ -156,6 +156,29 @@ def test_metrics_on_hand_checkable_distributions():
     assert r["ppl_rel_diff"] == pytest.approx(1.0)
 
 
+class DropoutLM(FixedLM):
+    """FixedLM behind dropout: random logits in training mode."""
+
+    def __init__(self, logits):
+        super().__init__(logits)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, input_ids):
+        return SimpleNamespace(logits=self.drop(super().forward(input_ids).logits))
+
+
+def test_compare_models_scores_in_eval_mode_and_puts_the_modes_back():
+    """Models left in training mode (dropout, PhiMoE's sampled routing) gave other metrics each call."""
+    logits = torch.randn(96)
+    float_model, int8_model = DropoutLM(logits).train(), DropoutLM(logits + 0.1 * torch.randn(96)).train()
+    int8_model.drop.eval()  # (a submodule's own mode is put back as it was)
+    ids = torch.randint(0, 96, (40,))
+    results = [compare_models(float_model, int8_model, ids, window=16, stride=8) for _ in range(2)]
+    assert results[0] == results[1]
+    assert float_model.training and float_model.drop.training and int8_model.training and not int8_model.drop.training
+    assert results[0] == compare_models(float_model.eval(), int8_model.eval(), ids, window=16, stride=8)
+
+
 @pytest.mark.parametrize("n, window, stride", [(2, 4, 2), (10, 4, 2), (11, 4, 3), (12, 2, 1), (9, 9, 3), (100, 16, 5)])
 def test_windows_score_every_target_once_with_enough_context(n, window, stride):
     seen = []

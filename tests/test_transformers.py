@@ -127,6 +127,15 @@ def test_routing_quality_refuses_models_that_differ():
         routing_quality(tiny_model("mixtral"), quantize_(tiny_model("deepseek_v2")), _inputs().cpu())
 
 
+def test_routing_quality_runs_the_models_in_eval_mode():
+    """PhiMoE's router samples its top-k in training mode: models left in it gave other numbers each call."""
+    model = tiny_model("phimoe").train()
+    int8_model = quantize_(copy.deepcopy(model)).train()
+    first, second = (routing_quality(model, int8_model, _inputs().cpu()) for _ in range(2))
+    assert first == second
+    assert model.training and int8_model.training
+
+
 def test_routing_quality_of_experts_the_inputs_do_not_reach(caplog):
     """Ernie 4.5 VL's vision experts run on image tokens only: on a text prompt routing_quality measures the
     text experts (it said the models differ)."""

@@ -17,6 +17,7 @@ The first two are model-agnostic: they need a module tree with ``gate_proj``/``u
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from typing import Optional, Sequence, Union
 
 import torch
@@ -148,6 +149,20 @@ def _windows(n: int, window: int, stride: int):
         prev_end, begin = end, begin + stride
 
 
+@contextmanager
+def _evaluating(*models: nn.Module):
+    """The models in eval mode for the block, each module's own mode put back after it. In training mode dropout
+    and some routers draw random numbers (PhiMoE's jitter and sampled top-k): the same call gave other metrics."""
+    modes = [(m, m.training) for model in models for m in model.modules()]
+    try:
+        for model in models:
+            model.eval()
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 @torch.inference_mode()
 def compare_models(float_model: nn.Module, int8_model: nn.Module,
                    token_ids: Union[torch.Tensor, Sequence[int]], *, window: int = 1024,
@@ -166,7 +181,8 @@ def compare_models(float_model: nn.Module, int8_model: nn.Module,
     - ``top1_acc_float``, ``top1_acc_int8``: fraction of positions where the argmax is the true token
     - ``tokens``: number of scored positions (``N - 1``); ``windows``: number of windows run
 
-    Log-probabilities and all sums are computed in fp64 from each model's logits.
+    Log-probabilities and all sums are computed in fp64 from each model's logits. Both models run in eval mode
+    (each module's mode is put back afterwards).
     """
     ids = torch.as_tensor(token_ids, dtype=torch.long)
     if ids.dim() == 2 and ids.shape[0] == 1:
@@ -176,6 +192,11 @@ def compare_models(float_model: nn.Module, int8_model: nn.Module,
     if not (isinstance(window, int) and isinstance(stride, int) and 1 <= stride < window):
         # stride < window: a window's first token is only predicted from the previous window
         raise ValueError(f"need 1 <= stride < window, got window={window}, stride={stride}")
+    with _evaluating(float_model, int8_model):
+        return _compare(float_model, int8_model, ids, window, stride)
+
+
+def _compare(float_model, int8_model, ids, window, stride) -> dict:
     device = input_device(float_model)
     device_q = input_device(int8_model)
     nll_f = nll_q = kl = 0.0
@@ -245,8 +266,14 @@ def routing_quality(float_model: nn.Module, int8_model: nn.Module, input_ids: to
     int8 logits with every layer's top-k ids and weights replaced by the float model's
     (``logits_snr_db_reference_routing``). Both models take transformers 5's experts call
     ``experts(hidden_states, top_k_index, top_k_weights)``. ``inputs``: the models' other inputs, the same for
-    both (``attention_mask``; a vision-language model's ``pixel_values`` and what goes with them).
+    both (``attention_mask``; a vision-language model's ``pixel_values`` and what goes with them). Both models run
+    in eval mode (each module's mode is put back afterwards).
     """
+    with _evaluating(float_model, int8_model):
+        return _routing_quality(float_model, int8_model, input_ids, inputs)
+
+
+def _routing_quality(float_model, int8_model, input_ids, inputs) -> dict:
     from .integrations.transformers import find_experts
 
     def run(model, hooks=()):
