@@ -1,6 +1,7 @@
 """End-to-end benchmark plumbing on a tiny random Mixtral (CPU): three columns, same generated tokens."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -132,6 +133,24 @@ def test_more_layers_or_positions_than_the_model_has_are_refused_before_it_is_bu
     with pytest.raises(ValueError, match="--layers 33 is more than the 32 layers of mixtral-8x7b"):
         bench_e2e.run("mixtral-8x7b", device="cpu", overrides=dict(num_hidden_layers=33))
     assert built == []
+
+
+def test_every_column_and_run_times_the_same_prompts():
+    """The prompts came from the global generator: each column (and each run) timed other prompts, routed to
+    other experts."""
+    seen = []
+
+    class Model:
+        config = SimpleNamespace(vocab_size=128)
+
+        def generate(self, ids, **kwargs):
+            seen.append(ids.clone())
+            return ids
+
+    for _ in range(2):
+        bench_e2e.measure(Model(), 2, 8, 3, "cpu", reps=1)
+        torch.rand(1)  # (what runs between two columns draws from the global generator)
+    assert len(seen) == 6 and all(torch.equal(ids, seen[0]) for ids in seen)
 
 
 def test_columns_run_in_their_order():

@@ -32,6 +32,7 @@ import re
 import statistics
 import sys
 import time
+import zlib
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -174,7 +175,11 @@ def greedy_decode(model, ids: torch.Tensor, new_tokens: int, step: Optional[Call
 
 def measure(model, batch: int, prompt_len: int, new_tokens: int, device: str, reps: int,
             cache: str = "static", decode: str = "generate", step: Optional[Callable] = None) -> dict:
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device=device)
+    # Prompts seeded by their shape, as bench.py seeds its routing: from the global generator each column (and each
+    # run) timed other prompts, which route to other experts
+    seed = zlib.crc32(f"{batch},{prompt_len},{model.config.vocab_size}".encode())
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len),
+                        generator=torch.Generator().manual_seed(seed)).to(device)
     if torch.distributed.is_initialized():
         torch.distributed.broadcast(ids, 0)  # every rank generates from rank 0's prompts
     mask = torch.ones_like(ids)
