@@ -662,6 +662,31 @@ def test_quantize_output_takes_the_umask_permissions(bf16_checkpoint, tmp_path):
     assert {stat.S_IMODE(f.stat().st_mode) for f in dst.iterdir()} == {0o644}
 
 
+def test_quantize_refuses_a_side_file_linked_from_outside_the_checkpoint(bf16_checkpoint, tmp_path):
+    """A file of SRC linking outside it (`notes.txt -> /proc/self/environ` in a downloaded folder, or a user's key)
+    had its contents copied into DST, made to be shared; a Hub cache snapshot's links into its blobs/ convert."""
+    repo = tmp_path / "models--org--name"
+    snapshot, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for f in bf16_checkpoint("mixtral").iterdir():
+        shutil.copy(f, blobs / f.name)
+        (snapshot / f.name).symlink_to(Path("../../blobs") / f.name)
+    (blobs / "readme").write_text("the model card")
+    (snapshot / "README.md").symlink_to("../../blobs/readme")
+    result = invoke("quantize", snapshot, tmp_path / "hub-int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "hub-int8" / "README.md").read_text() == "the model card"
+    (tmp_path / "secret").write_text("a key")
+    for name, target in (("notes.txt", "/proc/self/environ"), ("key.txt", tmp_path / "secret"),
+                         ("up.txt", "../../../secret")):
+        (snapshot / name).symlink_to(target)
+        result = invoke("quantize", snapshot, tmp_path / "int8", "--device", "cpu", "--no-progress")
+        assert_one_line_error(result, f"{snapshot / name} links to", "outside the checkpoint folder", "remove the link")
+        assert sorted(os.listdir(tmp_path)) == ["hub-int8", "models--org--name", "secret"]
+        (snapshot / name).unlink()
+
+
 def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint, tmp_path):
     """--overwrite replaces a checkpoint folder only: not a folder of other things (`quantize SRC ~/models
     --overwrite` would have deleted every model in it), a link or a file, refused before any work."""

@@ -427,6 +427,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                          f"safetensors checkpoints can be converted)" if others else ""))
     encoding = release_encoding(config, src)
     dst_dir = _check_dst(src, dst, src_dir, overwrite)
+    _side_files(src_dir)  # (its refusal before any work)
     max_bytes = parse_size(max_shard_size)
     device = torch.device(device)
     headers, key_file, order = _tensor_index(files)
@@ -846,12 +847,29 @@ def _default_permissions(folder: Path) -> None:
         f.chmod(0o666 & ~umask)
 
 
-def _copy_side_files(src_dir: Path, out_dir: Path, config: dict, quant_config: dict) -> None:
-    """config.json with quantization_config, plus every other non-weight file (tokenizer, generation config)."""
+def _side_files(src_dir: Path) -> list[Path]:
+    """The non-weight files of ``src_dir`` the converted checkpoint gets a copy of (tokenizer, generation config).
+    A link to a file outside the checkpoint is refused: its contents would be copied into a checkpoint made to be
+    shared (a downloaded folder's ``notes.txt -> /proc/self/environ`` carried the user's tokens into DST). A Hub
+    cache snapshot's links into its repository's blobs/ are the checkpoint's own files."""
+    root = src_dir.resolve()
+    blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+    files = []
     for f in sorted(src_dir.iterdir()):
         if not f.is_file() or f.name in ("config.json", INDEX_NAME) or f.name.endswith(WEIGHT_FILE_SUFFIXES) \
                 or f.name.endswith(OTHER_WEIGHT_SUFFIXES) or f.name.endswith(".index.json"):
             continue
+        target = f.resolve()
+        if not target.is_relative_to(root) and (blobs is None or target.parent != blobs):
+            raise ValueError(f"{f} links to {target}, outside the checkpoint folder, and DST would get a copy of "
+                             f"it; copy the file into {src_dir} if it belongs to the checkpoint, or remove the link")
+        files.append(f)
+    return files
+
+
+def _copy_side_files(src_dir: Path, out_dir: Path, config: dict, quant_config: dict) -> None:
+    """config.json with quantization_config, plus every other non-weight file (tokenizer, generation config)."""
+    for f in _side_files(src_dir):
         shutil.copy2(f, out_dir / f.name)
     config = dict(config)
     config["quantization_config"] = quant_config
