@@ -662,6 +662,21 @@ def test_quantize_output_takes_the_umask_permissions(bf16_checkpoint, tmp_path):
     assert {stat.S_IMODE(f.stat().st_mode) for f in dst.iterdir()} == {0o644}
 
 
+def test_quantize_keeps_a_private_side_file_private(bf16_checkpoint, tmp_path):
+    """A file of SRC only its owner may read (0600) was copied into DST readable by everyone (the umask's 0644)."""
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    (src / "notes.txt").write_text("private")
+    (src / "notes.txt").chmod(0o600)
+    old = os.umask(0o022)
+    try:
+        assert invoke("quantize", src, tmp_path / "int8", "--no-progress").exit_code == 0
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "int8").iterdir()}
+    assert modes.pop("notes.txt") == 0o600 and set(modes.values()) == {0o644}, modes
+
+
 def test_quantize_refuses_a_side_file_linked_from_outside_the_checkpoint(bf16_checkpoint, tmp_path):
     """A file of SRC linking outside it (`notes.txt -> /proc/self/environ` in a downloaded folder, or a user's key)
     had its contents copied into DST, made to be shared; a Hub cache snapshot's links into its blobs/ convert."""

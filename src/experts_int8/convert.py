@@ -523,13 +523,13 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         bar.close()
         try:
             writer.finish()
+            _default_permissions(tmp)  # (before the copies: a private 0600 file of SRC stays private in DST)
             _copy_side_files(src_dir, tmp, config, quant_config)
         except OSError as exc:  # (the OS's message named our temporary folder, and no way out)
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             raise OSError(f"writing the converted checkpoint in {parent} failed ({exc.strerror}); free space there "
                           f"or choose another DST") from None
-        _default_permissions(tmp)
         _move_into_place(tmp, dst_dir, overwrite)
     except BaseException:
         if tmp is not None:
@@ -838,8 +838,8 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
 
 
 def _default_permissions(folder: Path) -> None:
-    """The umask's permissions for ``folder`` and its files: the temporary folder is private (0700) and
-    safetensors writes its files 0600, so a checkpoint served from another account could not read them."""
+    """The umask's permissions for ``folder`` and the files written in it: the temporary folder is private (0700)
+    and safetensors writes its files 0600, so a checkpoint served from another account could not read them."""
     umask = os.umask(0)
     os.umask(umask)
     folder.chmod(0o777 & ~umask)
