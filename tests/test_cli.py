@@ -318,6 +318,22 @@ def test_quantize_refuses_a_config_whose_expert_count_the_weights_do_not_have(bf
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+def test_quantize_refuses_experts_with_a_size_of_0(bf16_checkpoint, tmp_path):
+    """Experts of I = 0 hold no data, but their [E, H] scales and the loop over H's rows follow H: a 1 KB file with
+    H = 2**28 (config.json's hidden_size to match) ran for minutes into gigabytes. A small H converted (exit 0)."""
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    config = json.loads((src / "config.json").read_text())
+    weights = load_file(src / "model.safetensors")
+    for key in list(weights):
+        if ".experts." in key:
+            weights[key] = torch.empty((64, 0) if key.endswith("w2.weight") else (0, 64), dtype=torch.bfloat16)
+    save_file(weights, src / "model.safetensors")
+    assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"),
+                          "experts: experts of E, H, I = [5, 64, 0], a size of 0", "download it again")
+    assert config["hidden_size"] == 64 and sorted(os.listdir(tmp_path)) == ["src"]
+
+
 def test_a_tokenizer_of_another_model_is_named(demo_run, bf16_checkpoint, tmp_path):
     """A tokenizer whose ids pass the model's vocab_size (copied from another model) failed in the embedding with
     "index out of range in self"."""

@@ -471,6 +471,12 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     text = text_config(config)
     hidden = text.get("moe_latent_size") or text.get("hidden_size")  # (the experts' width: NemotronH's latent)
     shapes = {p: _check_group(g, headers, hidden) for p, g in groups.items()}
+    # A size of 0 holds no data, yet the other sizes still allocate scales and loop over rows: a 1 KB file of
+    # experts [0, 2**28] made minutes of work and gigabytes of scales
+    empty = next(((p, s) for p, s in shapes.items() if 0 in s), None)
+    if empty:
+        raise ValueError(f"{empty[0]}: experts of E, H, I = {list(empty[1])}, a size of 0: the checkpoint is "
+                         f"damaged; download it again")
     counts = {text[k] for k in EXPERT_COUNT_KEYS if type(text.get(k)) is int}  # (a per-layer list: not checked)
     wrong = next(((p, e) for p, (e, _, _) in shapes.items() if counts and e not in counts), None)
     if wrong:  # (converted, the DST would not load: its model is built with the config's count)
