@@ -216,6 +216,9 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
             raise ValueError(f"{config_file}: {key} is {value!r}, not a positive integer; the config is damaged: "
                              f"download it again")
     files, weight_map = _weight_files(p)
+    placed: dict[str, list[str]] = {}  # (file -> its keys, once: a walk of the map per file took 20,000 files 50 s)
+    for k, name in (weight_map or {}).items():
+        placed.setdefault(name, []).append(k)
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
         if f.is_dir():  # (safetensors' own message: "No such device (os error 19)")
             raise ValueError(f"{f} is a folder, not a safetensors file; remove it or put the checkpoint's file there")
@@ -226,7 +229,7 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
             raise ValueError(f"{f} is not a readable safetensors file ({exc}); download or convert it "
                              f"again") from None
         # A key the index places in a file that lacks it is read nowhere: the model would miss it
-        absent = sorted(k for k, name in (weight_map or {}).items() if name == f.name and k not in keys)
+        absent = sorted(k for k in placed.get(f.name, ()) if k not in keys)
         if absent:
             more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
             raise ValueError(f"{p / INDEX_NAME} places {absent[0]}{more} in {f.name}, missing from that file: the "
