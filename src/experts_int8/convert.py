@@ -222,6 +222,9 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
         if f.is_dir():  # (safetensors' own message: "No such device (os error 19)")
             raise ValueError(f"{f} is a folder, not a safetensors file; remove it or put the checkpoint's file there")
+        if not f.is_file():  # (a FIFO's open waits for a writer for ever, past Ctrl-C and SIGTERM)
+            raise ValueError(f"{f} is not a regular file (a pipe or a device), not a safetensors file; remove it or "
+                             f"put the checkpoint's file there")
         try:
             with safe_open(str(f), framework="pt") as handle:
                 keys = set(handle.keys())
