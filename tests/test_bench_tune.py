@@ -670,6 +670,7 @@ def test_two_writers_of_one_table_at_once_keep_both_entries(tmp_path, monkeypatc
     ("[]", "a table maps token counts to configs"), ("{}", "a table maps token counts to configs"),
     ('{"abc": {}}', "'abc' is not a token count"), ('{"0": {}}', "'0' is not a token count"),
     ('{"016": {}}', "'016' is not a token count"), ('{"4": {"BLOCK_SIZE_M": 3}}', "M=4: a MoE config needs"),
+    ("[" * 100_000 + "]" * 100_000, "not a readable JSON table"),  # (a RecursionError: past the warning)
 ])
 def test_a_broken_cached_table_is_named_and_ignored_and_a_tune_replaces_it(text, says, tmp_path, monkeypatch,
                                                                           caplog):

@@ -224,10 +224,12 @@ def table_name(num_experts: int, inter: int, device: str, fmt: str, gated: bool 
 
 def read_table(path: os.PathLike) -> dict[int, dict]:
     """A table file's validated entries by M; ValueError naming the file (and the entry) when it is not one."""
+    # (JSONDecodeError is a ValueError; RecursionError: arrays nested past Python's stack, which went past the
+    # cache's warning and failed every MoE layer)
     try:
         with open(path) as f:
             raw = json.load(f)
-    except (OSError, ValueError) as e:  # (JSONDecodeError is a ValueError)
+    except (OSError, ValueError, RecursionError) as e:
         raise ValueError(f"{path}: not a readable JSON table ({e})") from e
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"{path}: a table maps token counts to configs, got {json.dumps(raw)[:80]}")
