@@ -360,6 +360,24 @@ def test_an_index_is_checked_against_its_files_in_one_walk(tmp_path, monkeypatch
     assert Name.compared < 3 * (len(weight_map) + files), (Name.compared, files, len(weight_map))
 
 
+def test_json_nested_past_pythons_stack_is_named(bf16_checkpoint, tmp_path):
+    """A config.json or index of arrays nested 100,000 deep said only "maximum recursion depth exceeded"."""
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    nested = "[" * 100_000 + "]" * 100_000
+    config = (src / "config.json").read_text()
+    (src / "config.json").write_text(nested)
+    for args in (("quantize", src, tmp_path / "o", "--no-progress"), ("generate", src, "--prompt", "a")):
+        assert_one_line_error(invoke(*args, "--device", "cpu"), "config.json is not valid JSON")
+    (src / "config.json").write_text(config)
+    os.rename(src / "model.safetensors", src / "model-00001-of-00001.safetensors")
+    (src / "model.safetensors.index.json").write_text('{"weight_map": ' + nested + "}")
+    for args in (("quantize", src, tmp_path / "o", "--no-progress"), ("generate", src, "--prompt", "a")):
+        assert_one_line_error(invoke(*args, "--device", "cpu"), "model.safetensors.index.json is not a safetensors "
+                                                                 "index")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
 def test_quantize_refuses_a_config_whose_expert_count_the_weights_do_not_have(bf16_checkpoint, tmp_path):
     """It converted (exit 0) into a DST that no load accepts: the model is built with the config's count."""
     src = tmp_path / "src"

@@ -181,7 +181,8 @@ def _index_map(p: Path) -> Optional[dict[str, str]]:
         weight_map = json.loads(index.read_text())["weight_map"]
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
             raise TypeError("its keys and file names must be strings")
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError) as e:  # (the last: nested
+        # past Python's stack, named no file)
         raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map): "
                          f"{type(e).__name__}: {e}") from None
     outside = sorted({n for n in weight_map.values() if Path(n).name != n or n in ("", ".", "..")})
@@ -205,7 +206,7 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
         raise ValueError(f"{path} is not a Hugging Face model directory (no config.json)")
     try:
         config = json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, RecursionError) as e:  # (the second: nested past Python's stack, named no file)
         raise ValueError(f"{config_file} is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{config_file} holds a JSON {type(config).__name__}, not a model config's object")
