@@ -54,6 +54,17 @@ def test_cli_help_and_bad_config():
     assert bad.exit_code != 0 and "--columns" in bad.output  # (an empty list ran all three)
 
 
+def test_a_config_of_the_folders_own_code_is_refused_without_a_prompt(tmp_path, monkeypatch):
+    """A config.json whose model_type is the folder's own code (auto_map) got transformers' "Do you wish to run the
+    custom code? [y/N]" on stdin: one keystroke from running it. Loading and quantizing refuse it unasked."""
+    (tmp_path / "configuration_evil.py").write_text("raise SystemExit('ran the folder code')\n")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "evil_moe",
+                                                      "auto_map": {"AutoConfig": "configuration_evil.EvilConfig"}}))
+    monkeypatch.setattr("builtins.input", lambda *a: pytest.fail("asked on stdin"))
+    with pytest.raises(ValueError, match="is the checkpoint's own code .auto_map., which experts-int8 does not run"):
+        bench_e2e.model_config(str(tmp_path))
+
+
 def test_an_output_folder_it_cannot_write_is_refused_before_the_runs(tmp_path, monkeypatch):
     from click.testing import CliRunner
 

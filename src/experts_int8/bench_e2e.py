@@ -74,7 +74,14 @@ def model_config(name: str, overrides: Optional[dict] = None):
         return AutoConfig.for_model(**dict(CONFIGS[name], **(overrides or {})))
     if config_dir(name) is None:
         raise ValueError(f"unknown config {name!r}; choose one of {sorted(CONFIGS)} or give a model's config.json")
-    config = AutoConfig.from_pretrained(str(config_dir(name)))
+    try:  # (never transformers' prompt on stdin to run the folder's code, as everywhere else in experts_int8)
+        config = AutoConfig.from_pretrained(str(config_dir(name)), trust_remote_code=False)
+    except (KeyError, ValueError) as e:
+        if "trust_remote_code" not in str(e):
+            raise
+        from .integrations.transformers import remote_code_message
+
+        raise ValueError(remote_code_message(json.loads((config_dir(name) / "config.json").read_text()))) from None
     for key, value in (overrides or {}).items():
         setattr(config.get_text_config(), key, value)
     return config
