@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import weakref
 from typing import Optional
 
@@ -1204,6 +1205,28 @@ def test_contradicting_configs_are_refused(checkpoints, tmp_path, caplog):
         AutoModelForCausalLM.from_pretrained(checkpoints("mixtral"),
                                              quantization_config=ExpertsInt8Config(modules_to_not_convert=["lm_hed"]))
     assert "['lm_hed'] name no routed experts module" in caplog.text
+
+
+def test_a_pattern_of_nested_repetition_is_refused_in_time(tmp_path, monkeypatch):
+    """A checkpoint's config may carry a pattern whose match takes exponential time in the module name's length
+    (Python's re: 0.5 s at 23 characters, hours at a real model's names): it is refused with a message naming it
+    once a match passes the time limit, and the load stops there."""
+    from experts_int8.integrations import transformers as integration
+
+    monkeypatch.setattr(integration, "MATCH_TIMEOUT_S", 0.05)
+    hostile = r"(?:[\w.]|[\w.])*\d\d\d"
+    with pytest.raises(ValueError, match=r"modules_to_not_convert entry .* took over 0.05 s to match the module name"):
+        ExpertsInt8Config(modules_to_not_convert=[hostile]).skips("model.layers.1.mlp.expe")
+    model = tiny_model("mixtral")
+    quantize_(model)
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"]["modules_to_not_convert"] = [hostile]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="nested repetition"):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert time.perf_counter() - started < 30
 
 
 @pytest.mark.parametrize("entry, kept", [("layers.1", (1, 10)), ("layers.1.", (1,))])

@@ -43,6 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import regex  # (transformers' own dependency) for its match timeout: see _names
 import torch
 from torch import nn
 from transformers.core_model_loading import (
@@ -370,17 +371,29 @@ def _patterns(modules_to_not_convert) -> tuple[str, ...]:
         raise TypeError(f"modules_to_not_convert must be a list of str, got {modules_to_not_convert!r}")
     for m in modules_to_not_convert:
         try:
-            re.compile(m)
-        except re.error as exc:
+            regex.compile(m)  # (the engine _names matches with)
+        except regex.error as exc:
             raise ValueError(f"modules_to_not_convert entry {m!r} is not a valid pattern ({exc})") from None
     return tuple(modules_to_not_convert)
+
+
+# A config's patterns come with checkpoints the user did not write: one of nested repetition, matched by Python's
+# re, stalled a load for hours (the time grows exponentially with the name's length); regex has a time limit
+MATCH_TIMEOUT_S = 1.0
 
 
 def _names(pattern: str, module_name: str) -> bool:
     """Whether ``pattern`` (a name, a fragment or a regex) occurs in ``module_name`` at module boundaries: it starts
     the name or follows a dot (or starts with one), and ends it or is followed by a dot (or ends with one)."""
-    return bool(pattern) and re.search(rf"(?:^|(?<=\.)|(?=\.))(?:{pattern})(?:(?<=\.)|(?=\.|$))",
-                                       module_name) is not None
+    if not pattern:
+        return False
+    try:
+        return regex.search(rf"(?:^|(?<=\.)|(?=\.))(?:{pattern})(?:(?<=\.)|(?=\.|$))", module_name,
+                            timeout=MATCH_TIMEOUT_S) is not None
+    except TimeoutError:
+        raise ValueError(f"modules_to_not_convert entry {pattern!r} took over {MATCH_TIMEOUT_S:g} s to match the "
+                         f"module name {module_name!r} (a pattern of nested repetition); use module names or a "
+                         f"simpler pattern, and check where the config came from") from None
 
 
 def _follow_checkpoint(model: nn.Module, config: ExpertsInt8Config, headers: dict) -> None:
