@@ -712,6 +712,24 @@ def test_demo_failure_leaves_no_kept_checkpoint(tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["given"] and os.listdir(given) == []
 
 
+@pytest.mark.parametrize("exc", [BrokenPipeError, KeyboardInterrupt])
+def test_demo_interrupted_while_printing_removes_its_temporary_folder(tmp_path, monkeypatch, exc):
+    """`experts-int8 demo | head` (a broken pipe) or Ctrl-C while the table prints: the demo's temporary checkpoints
+    are removed then, not when the garbage collector finds the folder (the traceback holds it meanwhile)."""
+    import tempfile
+
+    from experts_int8 import demo
+
+    def fail(*args, **kwargs):
+        raise exc()
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(demo, "_print_report", fail)
+    with pytest.raises(exc) as raised:  # noqa: F841 - its traceback held, as a notebook holds its last one
+        demo.run_demo(device="cpu", new_tokens=2, progress=False)
+    assert os.listdir(tmp_path) == []
+
+
 def test_quantize_failure_removes_the_folders_it_made(bf16_checkpoint, tmp_path):
     src = tmp_path / "poisoned"
     shutil.copytree(bf16_checkpoint("mixtral"), src)

@@ -183,9 +183,11 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
     ]
     result = DemoResult(rows, snr, top1, reload_identical, str(dev), time.perf_counter() - start, str(root),
                         router_scale, keep is not None)
-    _print_report(result, log)
-    if tmp is not None:
-        tmp.cleanup()
+    try:
+        _print_report(result, log)
+    finally:  # (a failure or Ctrl-C while printing, `demo | head`'s broken pipe among them, left the folder until
+        if tmp is not None:  # the garbage collector found it, with a ResourceWarning)
+            tmp.cleanup()
     return result
 
 
