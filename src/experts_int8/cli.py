@@ -109,7 +109,11 @@ def clean_errors(fn: Callable) -> Callable:
             if debug:
                 raise
             try:  # (Python would report the pipe again when it flushes stdout at exit)
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, sys.stdout.fileno())
+                finally:  # (dup2 makes its own: this one was left open, one more each time in a process that goes on)
+                    os.close(devnull)
             except (OSError, ValueError):  # no file descriptor behind stdout
                 pass
             sys.exit(128 + 13)  # (SIGPIPE's status)
