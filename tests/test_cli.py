@@ -110,6 +110,27 @@ def test_run_demo_leaves_the_callers_transformers_settings_as_they_were():
         hf_logging.set_verbosity_warning()
 
 
+def test_generate_and_eval_leave_transformers_settings_as_they_were(demo_run, tmp_path):
+    """The commands quiet transformers while they run; called in a process that goes on (a notebook calling main,
+    CliRunner), transformers spoke again afterwards, also after a failure."""
+    from transformers.utils import logging as hf_logging
+
+    _, keep = demo_run
+    text = tmp_path / "text.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 8)
+    hf_logging.set_verbosity_info()
+    hf_logging.enable_progress_bar()
+    try:
+        for args in (("generate", keep / "int8", "--prompt", "The assert", "--max-new-tokens", "2"),
+                     ("eval", keep / "bf16", "--text", text, "--max-tokens", "32", "--window", "16"),
+                     ("eval", keep / "bf16", "--text", text, "--window", "100000")):  # (refused after the quiet)
+            result = invoke(*args, "--device", "cpu")
+            assert (result.exit_code == 0) == (args[-1] != "100000"), result.output
+            assert hf_logging.get_verbosity() == hf_logging.INFO and hf_logging.is_progress_bar_enabled(), args
+    finally:
+        hf_logging.set_verbosity_warning()
+
+
 def test_generate_int8_and_float_checkpoints(demo_run):
     _, keep = demo_run
     texts = []

@@ -531,7 +531,8 @@ def _generate(model, config, prompt, chat, max_new_tokens, dev, dtype, parallel,
         if rank == 0:
             click.echo(*args, **kwargs)
 
-    quiet_transformers()
+    # (until the command ends: left on, a process that goes on, a notebook calling main, kept transformers quiet)
+    click.get_current_context().with_resource(quiet_transformers())
     tokenizer = load_tokenizer(model)
     if chat:
         if not tokenizer.chat_template:
@@ -654,7 +655,7 @@ def eval_command(model, text_file, device, dtype, max_tokens, window, stride, de
     if not has_tokenizer(model):
         raise ValueError(f"{model} has no tokenizer files (tokenizer.json / tokenizer_config.json)")
     dev = check_device(device or _default_device())
-    quiet_transformers()
+    click.get_current_context().with_resource(quiet_transformers())  # (until the command ends, as generate's)
     check_context(config, window, "--window's tokens")
     ids = read_tokens(load_tokenizer(model), text, max_tokens)
     if len(ids) < 2:
