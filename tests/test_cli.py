@@ -942,6 +942,29 @@ def test_quantize_overwrite_whose_dst_another_run_takes_away_meanwhile_leaves_no
     assert sorted(os.listdir(tmp_path)) == ["int8"] and (dst / "model.safetensors").is_file()
 
 
+def test_quantize_overwrite_interrupted_while_deleting_the_old_checkpoint_leaves_no_old_folder(bf16_checkpoint,
+                                                                                               tmp_path):
+    """Ctrl-C or SIGTERM while the replaced checkpoint is deleted (seconds for a large one, once the new one is in
+    place) left what remained of it in a hidden .old folder beside DST, never to be removed."""
+    from experts_int8 import convert
+
+    dst = tmp_path / "int8"
+    assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+    real, stopped = convert.shutil.rmtree, []
+
+    def stopped_midway(path, *args, **kwargs):
+        if str(path).endswith(".old") and not stopped:
+            stopped.append(path)
+            os.unlink(next(f for f in Path(path).rglob("*") if f.is_file()))  # (part of it deleted)
+            raise KeyboardInterrupt
+        return real(path, *args, **kwargs)
+
+    with mock.patch.object(convert.shutil, "rmtree", stopped_midway):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert stopped and result.exit_code == 128 + signal.SIGINT, result.output
+    assert sorted(os.listdir(tmp_path)) == ["int8"] and (dst / "model.safetensors").is_file()
+
+
 def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):
     """A list of end tokens and no pad token (generate crashed comparing a list with an int); an instruct model's
     chat template (--chat); a prompt and new tokens, or an eval window, past max_position_embeddings (generate ran

@@ -847,7 +847,11 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
                           f"{old / 'x'}") from exc
         old.rmdir()
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    try:
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:  # (Ctrl-C or SIGTERM while a large old checkpoint is deleted, seconds: what remained of it
+        shutil.rmtree(old, ignore_errors=True)  # was left in a hidden folder beside DST, never to be removed)
+        raise
 
 
 def _default_permissions(folder: Path) -> None:
