@@ -300,6 +300,27 @@ def test_bench_plot_names_the_gpu_the_commit_and_the_command(tmp_path, monkeypat
     assert "python3 benchmarks/bench_kernel.py --quick" in text
 
 
+def test_bench_plot_leaves_the_callers_matplotlib_as_it_was(tmp_path):
+    """write_results is a library function: it switched the caller's backend to Agg for good (a notebook's inline
+    plots stopped showing), and a plot that failed left its figure open in pyplot (memory, in a process that goes
+    on)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # (a backend of the caller's own)
+    try:
+        assert [p.suffix for p in bench.write_results(_fake_result(), tmp_path)] == [".json", ".png"]
+        broken = _fake_result()
+        del broken["ceilings"]
+        with pytest.raises(KeyError):
+            bench.write_results(broken, tmp_path / "broken")
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == []
+    finally:
+        plt.close("all")
+        matplotlib.use(before)
+
+
 def test_bench_plot_is_skipped_with_a_log_line_without_matplotlib(tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # (import matplotlib -> ImportError)
     paths = bench.write_results(_fake_result(), tmp_path)

@@ -673,11 +673,8 @@ def write_results(result: dict, out_dir: str | os.PathLike, *, plot: bool = True
 
 def plot_results(result: dict, path: Path) -> Optional[Path]:
     """Time (top) and fraction of ceiling (bottom) vs M, one column per shape. None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    try:  # (a Figure of its own, not pyplot's: matplotlib.use("Agg") switched the caller's backend for good, a
+        import matplotlib.figure  # notebook's among them, and a failure kept pyplot's figure open)
     except ImportError:
         logger.warning("matplotlib is not installed: no PNG plot (the JSON has every number); pip install matplotlib "
                        "for it, or pass --no-plot")
@@ -686,7 +683,8 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     if not shapes:
         return None
-    fig, axes = plt.subplots(2, len(shapes), figsize=(4 * len(shapes), 7), squeeze=False)
+    fig = matplotlib.figure.Figure(figsize=(4 * len(shapes), 7))
+    axes = fig.subplots(2, len(shapes), squeeze=False)
     colors = {"bf16": "tab:blue", "int8": "tab:red"}
     for col, shape in enumerate(shapes):
         top, bottom = axes[0][col], axes[1][col]
@@ -720,11 +718,8 @@ def plot_results(result: dict, path: Path) -> Optional[Path]:
     # the command that made the numbers, under the panels (the JSON holds it too)
     fig.text(0.01, 0.005, f"$ {result.get('command', '?')}", fontsize=7, family="monospace", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.03, 1, 1))
-    try:
-        with atomic_path(path) as tmp:  # (a full disk leaves no part of a PNG)
-            fig.savefig(tmp, dpi=110, format="png")
-    finally:
-        plt.close(fig)
+    with atomic_path(path) as tmp:  # (a full disk leaves no part of a PNG)
+        fig.savefig(tmp, dpi=110, format="png")
     return path
 
 
