@@ -829,6 +829,29 @@ def test_quantize_refuses_a_side_file_linked_from_outside_the_checkpoint(bf16_ch
         (snapshot / name).unlink()
 
 
+def test_quantize_converts_side_files_linked_into_a_hub_caches_blobs(bf16_checkpoint, tmp_path):
+    """A checkpoint in a Hub snapshot's subfolder, and a folder huggingface_hub < 0.23 downloaded with local_dir
+    (its files over 5 MB, a large tokenizer.json, link into the cache's blobs/), were refused as linking outside
+    SRC."""
+    repo = tmp_path / "hub" / "models--org--name"
+    sub, blobs = repo / "snapshots" / "abc123" / "checkpoint", repo / "blobs"
+    sub.mkdir(parents=True)
+    blobs.mkdir()
+    local = tmp_path / "local"
+    local.mkdir()
+    for f in bf16_checkpoint("mixtral").iterdir():
+        shutil.copy(f, local / f.name)
+        shutil.copy(f, blobs / f.name)
+        (sub / f.name).symlink_to(Path("../../../blobs") / f.name)
+    (blobs / "0123abcd").write_text("the model card")
+    (sub / "README.md").symlink_to("../../../blobs/0123abcd")
+    (local / "README.md").symlink_to(blobs / "0123abcd")
+    for src, dst in ((sub, tmp_path / "sub-int8"), (local, tmp_path / "local-int8")):
+        result = invoke("quantize", src, dst, "--device", "cpu", "--no-progress")
+        assert result.exit_code == 0, result.output
+        assert (dst / "README.md").read_text() == "the model card" and not (dst / "README.md").is_symlink()
+
+
 def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint, tmp_path):
     """--overwrite replaces a checkpoint folder only: not a folder of other things (`quantize SRC ~/models
     --overwrite` would have deleted every model in it), a link or a file, refused before any work."""

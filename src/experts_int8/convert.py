@@ -868,7 +868,9 @@ def _side_files(src_dir: Path) -> list[Path]:
     """The non-weight files of ``src_dir`` the converted checkpoint gets a copy of (tokenizer, generation config).
     A link to a file outside the checkpoint is refused: its contents would be copied into a checkpoint made to be
     shared (a downloaded folder's ``notes.txt -> /proc/self/environ`` carried the user's tokens into DST). A Hub
-    cache snapshot's links into its repository's blobs/ are the checkpoint's own files."""
+    cache snapshot's links into its repository's blobs/ are the checkpoint's own files, as are links into any Hub
+    cache's blobs/: a checkpoint in a snapshot's subfolder, or a folder huggingface_hub < 0.23 downloaded with
+    ``local_dir``, whose files over 5 MB (a large tokenizer.json) link into the cache."""
     root = src_dir.resolve()
     blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
     files = []
@@ -877,11 +879,18 @@ def _side_files(src_dir: Path) -> list[Path]:
                 or f.name.endswith(OTHER_WEIGHT_SUFFIXES) or f.name.endswith(".index.json"):
             continue
         target = f.resolve()
-        if not target.is_relative_to(root) and (blobs is None or target.parent != blobs):
+        if not target.is_relative_to(root) and target.parent != blobs and not _hub_blob(target):
             raise ValueError(f"{f} links to {target}, outside the checkpoint folder, and DST would get a copy of "
                              f"it; copy the file into {src_dir} if it belongs to the checkpoint, or remove the link")
         files.append(f)
     return files
+
+
+def _hub_blob(target: Path) -> bool:
+    """Whether resolved ``target`` is a file of a Hugging Face cache's ``<repo type>s--<org>--<name>/blobs/``
+    (each a public or the user's own download: not a secret a hostile link could reach)."""
+    return target.parent.name == "blobs" and target.parent.parent.name.startswith(("models--", "datasets--",
+                                                                                     "spaces--"))
 
 
 def _copy_side_files(src_dir: Path, out_dir: Path, config: dict, quant_config: dict) -> None:
