@@ -356,6 +356,17 @@ def test_a_weight_file_that_is_a_pipe_is_refused(bf16_checkpoint, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
+def test_a_weight_file_that_is_a_dangling_link_is_named_missing(bf16_checkpoint, tmp_path):
+    """A Hub snapshot's link to a pruned blob is no pipe or device: the error says to download it again."""
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    (src / "model.safetensors").unlink()
+    (src / "model.safetensors").symlink_to("../../blobs/gone")
+    result = invoke("quantize", src, tmp_path / "int8", "--no-progress")
+    assert_one_line_error(result, "model.safetensors is not a readable safetensors file", "No such file",
+                          "download or convert it again")
+
+
 def test_an_index_is_checked_against_its_files_in_one_walk(tmp_path, monkeypatch):
     """Each file's keys were found by a walk of the whole weight_map, files x keys comparisons: an index of 20,000
     files took 50 s before any work (DeepSeek-V3's 163 files and 91,000 keys: 15 million)."""

@@ -223,7 +223,9 @@ def read_model_dir(path) -> tuple[Path, dict, list[Path]]:
     for f in files:  # headers only: a truncated or foreign file is named here, not deep in a load
         if f.is_dir():  # (safetensors' own message: "No such device (os error 19)")
             raise ValueError(f"{f} is a folder, not a safetensors file; remove it or put the checkpoint's file there")
-        if not f.is_file():  # (a FIFO's open waits for a writer for ever, past Ctrl-C and SIGTERM)
+        # (a FIFO's open waits for a writer for ever, past Ctrl-C and SIGTERM; a dangling link, a Hub snapshot's
+        # pruned blob, is no pipe: safe_open names it missing, to be downloaded again)
+        if f.exists() and not f.is_file():
             raise ValueError(f"{f} is not a regular file (a pipe or a device), not a safetensors file; remove it or "
                              f"put the checkpoint's file there")
         try:
