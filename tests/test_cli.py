@@ -863,6 +863,28 @@ def test_quantize_converts_side_files_linked_into_a_hub_caches_blobs(bf16_checkp
         assert (dst / "README.md").read_text() == "the model card" and not (dst / "README.md").is_symlink()
 
 
+def test_quantize_converts_a_folder_of_links_to_another_checkpoint(bf16_checkpoint, tmp_path):
+    """A folder of links to a checkpoint's files beside an edited config.json (a config changed without copying
+    the weights) was refused: its tokenizer links led outside SRC. A link to a file of another name there is not."""
+    src, edited = tmp_path / "orig", tmp_path / "edited"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    (src / "tokenizer.json").write_text("{}")
+    edited.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (edited / f.name).symlink_to(f)
+    shutil.copy(src / "config.json", edited / "config.json")
+    result = invoke("quantize", edited, tmp_path / "int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert {f.name for f in (tmp_path / "int8").iterdir()} >= {f.name for f in edited.iterdir()}
+    (tmp_path / ".env").write_text("a key")  # (a namesake in a folder that is no checkpoint: refused too)
+    for name, target in (("notes.txt", src / "tokenizer.json"), (".env", tmp_path / ".env")):
+        (edited / name).symlink_to(target)
+        result = invoke("quantize", edited, tmp_path / "int8b", "--device", "cpu", "--no-progress")
+        assert_one_line_error(result, f"{name} links to", "outside the checkpoint folder")
+        (edited / name).unlink()
+
+
 def test_quantize_refuses_existing_dst_and_overwrites_on_request(bf16_checkpoint, tmp_path):
     """--overwrite replaces a checkpoint folder only: not a folder of other things (`quantize SRC ~/models
     --overwrite` would have deleted every model in it), a link or a file, refused before any work."""

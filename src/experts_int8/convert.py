@@ -872,7 +872,8 @@ def _side_files(src_dir: Path) -> list[Path]:
     shared (a downloaded folder's ``notes.txt -> /proc/self/environ`` carried the user's tokens into DST). A Hub
     cache snapshot's links into its repository's blobs/ are the checkpoint's own files, as are links into any Hub
     cache's blobs/: a checkpoint in a snapshot's subfolder, or a folder huggingface_hub < 0.23 downloaded with
-    ``local_dir``, whose files over 5 MB (a large tokenizer.json) link into the cache."""
+    ``local_dir``, whose files over 5 MB (a large tokenizer.json) link into the cache; and a link to a file of
+    the same name in another checkpoint's folder."""
     root = src_dir.resolve()
     blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
     files = []
@@ -881,7 +882,11 @@ def _side_files(src_dir: Path) -> list[Path]:
                 or f.name.endswith(OTHER_WEIGHT_SUFFIXES) or f.name.endswith(".index.json"):
             continue
         target = f.resolve()
-        if not target.is_relative_to(root) and target.parent != blobs and not _hub_blob(target):
+        # (a folder of links to another checkpoint's files beside an edited config.json, the usual way to change
+        # a config without copying the weights, links its tokenizer files too: each to its namesake in a folder
+        # with a config.json, which no secret such as /proc/self/environ or ~/.ssh/id_rsa is)
+        if not target.is_relative_to(root) and target.parent != blobs and not _hub_blob(target) \
+                and not (target.name == f.name and (target.parent / "config.json").is_file()):
             raise ValueError(f"{f} links to {target}, outside the checkpoint folder, and DST would get a copy of "
                              f"it; copy the file into {src_dir} if it belongs to the checkpoint, or remove the link")
         files.append(f)
