@@ -329,30 +329,31 @@ def test_an_index_that_does_not_match_its_files_is_refused(tmp_path):
 
 def test_a_weight_file_that_is_a_pipe_is_refused(bf16_checkpoint, tmp_path):
     """A named pipe among the *.safetensors blocked the header read for ever (safetensors' open waits for a writer
-    and retries when a signal interrupts it: Ctrl-C and SIGTERM did not stop it). Here a writer comes, so that an
-    open of it ends."""
-    import threading
-    import time
-
+    and retries when a signal interrupts it: Ctrl-C and SIGTERM did not stop it). Here a writer process comes to
+    every open of it (a thread could not: the blocked open holds the GIL), so that a regression fails instead of
+    hanging the run."""
     src = tmp_path / "src"
     shutil.copytree(bf16_checkpoint("mixtral"), src)
     os.rename(src / "model.safetensors", src / "a.safetensors")
     os.mkfifo(src / "b.safetensors")
-
-    def writer(deadline=time.monotonic() + 10):
-        while time.monotonic() < deadline:
-            try:
-                fd = os.open(src / "b.safetensors", os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:  # (ENXIO: no reader yet)
-                time.sleep(0.05)
-                continue
-            os.write(fd, b"x" * 16)
-            os.close(fd)
-            return
-
-    threading.Thread(target=writer, daemon=True).start()
-    for args in (("quantize", src, tmp_path / "o", "--no-progress"), ("generate", src, "--prompt", "a")):
-        assert_one_line_error(invoke(*args, "--device", "cpu"), "b.safetensors is not a regular file (a pipe")
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import os, time
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        fd = os.open({str(src / "b.safetensors")!r}, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:  # (ENXIO: no reader yet)
+        time.sleep(0.05)
+        continue
+    os.write(fd, b"x" * 16)
+    os.close(fd)
+"""])
+    try:
+        for args in (("quantize", src, tmp_path / "o", "--no-progress"), ("generate", src, "--prompt", "a")):
+            assert_one_line_error(invoke(*args, "--device", "cpu"), "b.safetensors is not a regular file (a pipe")
+    finally:
+        writer.kill()
+        writer.wait()
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 
