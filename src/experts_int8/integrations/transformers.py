@@ -1196,13 +1196,12 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     for name, module in todo:  # validate everything before changing anything
         for t in (w13_name(module), "down_proj", *biases):
             w = getattr(module, t)
-            if w.device.type == "meta" and offloaded_by_accelerate(module):
-                # (the weights live in its hook's map, which quantize_ cannot rewrite)
-                raise ValueError(f"{name} is offloaded by accelerate (its weights are on the meta device, brought in "
-                                 f"from its hook's weights map at each forward), which quantize_ cannot rewrite "
-                                 f"(model left unchanged): quantize_ the model before dispatching it, or load it with "
-                                 f"quantization_config=ExpertsInt8Config() and the device_map")
             if w.device.type == "meta":
+                if offloaded_by_accelerate(module):  # (the weights live in its hook's map: not ours to rewrite)
+                    raise ValueError(f"{name} is offloaded by accelerate (its weights are on the meta device, brought "
+                                     f"in from its hook's weights map at each forward), which quantize_ cannot rewrite "
+                                     f"(model left unchanged): quantize_ the model before dispatching it, or load it "
+                                     f"with quantization_config=ExpertsInt8Config() and the device_map")
                 raise ValueError(f"{name}.{t} is on the meta device; load the weights first")
             if not w.is_floating_point():
                 raise TypeError(f"{name}.{t}: expected float weights, got {w.dtype}")
