@@ -21,6 +21,22 @@ def test_three_columns_run_and_report(tmp_path):
     assert "ours-int8" in bench_e2e.table(result)
 
 
+def test_random_model_weights_are_seeded_and_leave_the_callers_generator_alone():
+    """Every run times the same weights (a column built after another draws the same ones), and the caller's
+    global generator goes on as if the model had not been built."""
+    def weights(**kw):
+        model = bench_e2e.random_model("mixtral-8x7b", "cpu", dtype=torch.float32, overrides=TINY, **kw)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    torch.manual_seed(123)
+    expected_next = torch.rand(4)
+    torch.manual_seed(123)
+    first = weights()
+    assert torch.equal(torch.rand(4), expected_next)
+    assert torch.equal(weights(), first)
+    assert not torch.equal(weights(seed=1), first)
+
+
 def test_random_model_has_full_size_shape_unless_overridden():
     model = bench_e2e.random_model("mixtral-8x7b", "meta", overrides=dict(num_hidden_layers=1))
     assert model.config.hidden_size == 4096 and model.config.num_local_experts == 8

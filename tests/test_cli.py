@@ -110,6 +110,19 @@ def test_run_demo_leaves_the_callers_transformers_settings_as_they_were():
         hf_logging.set_verbosity_warning()
 
 
+def test_demo_model_is_seeded_without_reseeding_the_callers_generator():
+    from experts_int8.demo import build_model, build_tokenizer
+
+    tokenizer = build_tokenizer()
+    torch.manual_seed(7)
+    expected_next = torch.rand(4)
+    torch.manual_seed(7)
+    first = build_model(tokenizer, seed=3).state_dict()
+    assert torch.equal(torch.rand(4), expected_next)
+    second = build_model(tokenizer, seed=3).state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+
+
 def test_generate_and_eval_leave_transformers_settings_as_they_were(demo_run, tmp_path):
     """The commands quiet transformers while they run; called in a process that goes on (a notebook calling main,
     CliRunner), transformers spoke again afterwards, also after a failure."""

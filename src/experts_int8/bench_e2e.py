@@ -54,13 +54,15 @@ CONFIGS = {
 }
 
 
-def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Optional[dict] = None):
-    """A model with random weights, built directly on ``device``: a named architecture (``CONFIGS``), or
-    any model's ``config.json`` (the file or its folder), so that no checkpoint is needed."""
+def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Optional[dict] = None, seed: int = 0):
+    """A model with random weights drawn from ``seed``, built directly on ``device``: a named architecture
+    (``CONFIGS``), or any model's ``config.json`` (the file or its folder), so that no checkpoint is needed."""
     from transformers import AutoModelForCausalLM
 
     config = model_config(name, overrides)
-    with torch.device(device):
+    # Seeded, so that every run (and every column) times the same weights; the caller's generators untouched.
+    with torch.random.fork_rng(), torch.device(device):
+        torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()
 

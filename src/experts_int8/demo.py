@@ -58,8 +58,9 @@ def build_model(tokenizer, *, router_scale: float = DEFAULT_ROUTER_SCALE, seed: 
 
     config = MixtralConfig(**DEMO_CONFIG, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                            pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    with torch.random.fork_rng():  # (the caller's generators untouched)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(".gate.weight"):  # the router of each MoE block
