@@ -73,6 +73,8 @@ def test_override_config_nests_and_restores():
     (dict(PINNED, down=dict(BLOCK_SIZE_N=24)), "power of two"),
     (dict(PINNED, BLOCK_SIZE_N=48), "power of two"),
     (dict(PINNED, BLOCK_SIZE_K=8), "power of two"),
+    (dict(PINNED, BLOCK_SIZE_M=1024), "from 16 to 256"),
+    (dict(PINNED, down=dict(BLOCK_SIZE_K=512)), "from 16 to 256"),
     (dict(PINNED, num_warps=0), "positive int"),
     (dict(PINNED, GROUP_SIZE_M=1.5), "positive int"),
 ])

@@ -70,6 +70,8 @@ MAIN_PASS_KEYS = (*WSRR_KEYS, "DEQUANT_ONCE", *TAIL_KEYS)
 # 103: the best of the small entries for tails of up to 64 rows on the Mixtral shapes and jamba).
 TAIL_ENTRY_ROWS = 16
 
+MAX_BLOCK = 256  # the largest block size a config may name (the tuner's largest too)
+
 _OVERRIDE: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("experts_int8_config", default=None)
 
 
@@ -79,7 +81,7 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     WSRR, WSRR_ROWS and WSRR_STAGES (with WSRR), TAIL_ROWS, TAIL_ENTRY_ROWS (with TAIL_ROWS), TILE_N, LATE_EPILOGUE,
     PDL (0-2) and "down", whose overrides may add SPLIT_K, TMA, SUM_LAST, LATE_EPILOGUE, PDL_PREFETCH (with PDL) or,
     with PAIRS, SUM_TOPK for the down GEMM),
-    positive ints, block sizes powers of two of at least 16 (``tl.dot``'s minimum)."""
+    positive ints, block sizes powers of two from 16 (``tl.dot``'s minimum) to MAX_BLOCK."""
     required = () if _nested else CONFIG_KEYS
     allowed = (set(CONFIG_KEYS) - {"BLOCK_SIZE_M"}
                | {"SWAP_AB", "SPLIT_K", "SUM_TOPK", "SUM_LAST", "TMA", "LATE_EPILOGUE", "PDL_PREFETCH"}
@@ -145,8 +147,10 @@ def check_config(config: dict, *, _nested: bool = False) -> dict:
     if out.get("FUSE_GATE_UP") and out.get("SWAP_AB"):
         raise ValueError("config: FUSE_GATE_UP applies to the unswapped gate_up GEMM; drop SWAP_AB or FUSE_GATE_UP")
     for key in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
-        if key in out and (out[key] < 16 or out[key] & (out[key] - 1)):
-            raise ValueError(f"config[{key!r}] must be a power of two >= 16, got {out[key]}")
+        # (above 256 a tile's accumulator or operands outgrow a program's registers and shared memory: such a
+        # table entry would compile for minutes, then fail, at the first forward that looks it up)
+        if key in out and (not 16 <= out[key] <= MAX_BLOCK or out[key] & (out[key] - 1)):
+            raise ValueError(f"config[{key!r}] must be a power of two from 16 to {MAX_BLOCK}, got {out[key]}")
     if "num_warps" in out and (out["num_warps"] > 32 or out["num_warps"] & (out["num_warps"] - 1)):
         # (Triton refuses other counts at every launch; its interpreter ignores them, so CPU tests would not see it)
         raise ValueError(f"config['num_warps'] must be a power of two up to 32, got {out['num_warps']}")
