@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -531,6 +532,45 @@ def test_ranks_that_would_split_different_things_are_refused(tmp_path):
         assert "ranks 0 and 1 disagree" in said["mode"] or "ranks 1 and 0 disagree" in said["mode"], said
         assert "mode 'tp' against 'ep'" in said["mode"] or "mode 'ep' against 'tp'" in said["mode"]
         assert "disagree" in said["shapes"] and "of shapes" in said["shapes"], said
+
+
+def _one_rank_refuses(rank: int, device: torch.device, out_dir: str) -> dict:
+    """Rank 1 alone refused (its own model or device map); rank 0 went on into the exchange of shapes."""
+    from transformers import AutoModelForCausalLM
+
+    from experts_int8.parallel import split_while_loading
+
+    said = {}
+    model = tiny_model("mixtral", seed=0)
+    try:
+        parallelize_experts(quantize_(model) if rank == 0 else model, "tp")  # rank 1's: never quantized
+        said["parallelize"] = None
+    except ValueError as e:
+        said["parallelize"] = str(e)
+    gpu_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
+               "model.rotary_emb": 0, "lm_head": 0}
+    try:
+        with split_while_loading("tp"):
+            AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "int8"), device_map=(None, gpu_map)[rank])
+        said["loading"] = None
+    except ValueError as e:
+        said["loading"] = str(e)
+    return said
+
+
+def test_a_refusal_of_one_rank_reaches_the_others(tmp_path):
+    """A rank refused alone raised at once while the others waited for it in the exchange of shapes until the
+    process group timed out (here 300 s; NCCL's default is 10 minutes); they now raise with its reason."""
+    quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
+    start = time.monotonic()
+    first, second = _run_ranks(_one_rank_refuses, 2, tmp_path)
+    assert time.monotonic() - start < 120
+    assert second["parallelize"].startswith("MixtralForCausalLM has no Int8Experts modules")
+    assert first["parallelize"].startswith("parallelize_experts: rank 1 refused, so no rank splits anything: "
+                                           "MixtralForCausalLM has no Int8Experts modules")
+    assert second["loading"].startswith("split_while_loading: the device map offloads model.layers.1.mlp.experts")
+    assert first["loading"].startswith("split_while_loading: rank 1 refused, so no rank splits anything: "
+                                       "split_while_loading: the device map offloads model.layers.1.mlp.experts")
 
 
 def test_hooks_on_an_experts_module_move_to_its_split():

@@ -256,21 +256,43 @@ def _split_over(group: Optional[dist.ProcessGroup], mode: str, what: str) -> "Sp
     return Split(mode, dist.get_rank(group), dist.get_world_size(group))
 
 
+def _exchange(payload, split: Split, group: Optional[dist.ProcessGroup],
+              device: Optional[torch.device | str]) -> list:
+    """Every rank's ``payload``, in rank order. (NCCL exchanges objects through the current CUDA device:
+    ``device``, this rank's, where given.)"""
+    everyone = [None] * split.world_size
+    device = torch.device(device) if device is not None else None
+    with torch.cuda.device(device) if device is not None and device.type == "cuda" else nullcontext():
+        dist.all_gather_object(everyone, payload, group=group)
+    return everyone
+
+
+def refuse_on_every_rank(error: Exception, split: Split, group: Optional[dist.ProcessGroup],
+                         device: Optional[torch.device | str] = None):
+    """Raise ``error``, a refusal of this rank alone (its own device map, an offloaded module), after telling the
+    other ranks in the exchange :func:`_check_ranks_agree` waits in, so that they raise too instead of waiting
+    there for this rank until the process group times out."""
+    _exchange((str(error), None), split, group, device)
+    raise error
+
+
 def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str,
-                       device: Optional[torch.device | str] = None):
+                       device: Optional[torch.device | str] = None, refusal: Optional[Exception] = None):
     """Refuse ranks that would split different things (another mode, checkpoint or model): each would add its
     part of another model into the all-reduce, which needs only equal output shapes, and give wrong text silently.
-    One exchange of shapes at split time; weights of equal shapes are not compared. (NCCL exchanges objects
-    through the current CUDA device: ``device``, this rank's, where given.)"""
+    One exchange of shapes at split time; weights of equal shapes are not compared. A rank's own ``refusal``
+    travels in the same exchange (:func:`refuse_on_every_rank`): every rank raises, none splits."""
+    if refusal is not None:
+        refuse_on_every_rank(refusal, split, group, device)
     text = model.config.get_text_config() if hasattr(getattr(model, "config", None), "get_text_config") else None
     dims = tuple(getattr(text, key, None) for key in ("vocab_size", "hidden_size", "num_hidden_layers"))
     mine = (split.mode, split.world_size, (type(model).__name__, *dims),
             [(name, tuple(m.get_parameter(w13_name(m)).shape), tuple(m.down_proj.shape)) for name, m in modules])
-    everyone = [None] * split.world_size
-    device = torch.device(device) if device is not None else None
-    with torch.cuda.device(device) if device is not None and device.type == "cuda" else nullcontext():
-        dist.all_gather_object(everyone, mine, group=group)
-    for rank, theirs in enumerate(everyone):
+    everyone = _exchange((None, mine), split, group, device)
+    for rank, (refused, _) in enumerate(everyone):
+        if refused is not None:
+            raise ValueError(f"{what}: rank {rank} refused, so no rank splits anything: {refused}")
+    for rank, (_, theirs) in enumerate(everyone):
         if theirs != mine:
             labels = ("mode", "world size", "model (class, vocab, hidden size, layers)")
             said = next((f"{label} {a!r} against {b!r}" for label, a, b in zip(labels, mine, theirs) if a != b), None)
@@ -376,20 +398,16 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
         carry_hooks(module, wrapped)  # (a user's hooks see the whole layer's output, as before the split)
         return wrapped
 
-    if isinstance(model, Int8Experts):  # a lone experts module: its part, wrapped
-        _check_in_memory("", model)
-        _check_ranks_agree(model, [("", model)], split, group, "parallelize_experts", device or model.down_proj.device)
+    lone = isinstance(model, Int8Experts)
+    try:  # (a refusal of this rank alone goes to the others in the shapes' exchange: they raise too, none waits)
+        targets = _targets(model)
+        refusal = None
+    except ValueError as e:
+        targets, refusal = [], e
+    where = device or (targets[0][1].down_proj.device if targets else None)
+    _check_ranks_agree(model, targets, split, group, "parallelize_experts", where, refusal)
+    if lone:  # a lone experts module: its part, wrapped
         return part(model)
-    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, Int8Experts)]
-    if not targets:
-        raise ValueError(f"{type(model).__name__} has no Int8Experts modules: quantize it first "
-                         f"(ExpertsInt8Config when loading, or quantize_)")
-    split_already = [(name, m.part_of) for name, m in targets if m.part_of is not None]
-    if split_already:
-        raise ValueError(f"{split_already[0][0]} is already {split_already[0][1]}: split the whole model once")
-    for name, module in targets:  # (all checked before any is split: a refusal leaves the model whole)
-        _check_in_memory(name, module)
-    _check_ranks_agree(model, targets, split, group, "parallelize_experts", device or targets[0][1].down_proj.device)
     for name, module in targets:
         model.set_submodule(name, part(module))
     if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained asks it before writing anything
@@ -397,5 +415,23 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     return model
 
 
+def _targets(model: nn.Module) -> list[tuple[str, Int8Experts]]:
+    """The experts modules :func:`parallelize_experts` splits (name, module); refuses what it cannot split, all
+    checked before any is split, so that a refusal leaves the model whole."""
+    if isinstance(model, Int8Experts):
+        _check_in_memory("", model)
+        return [("", model)]
+    targets = [(name, m) for name, m in model.named_modules() if isinstance(m, Int8Experts)]
+    if not targets:
+        raise ValueError(f"{type(model).__name__} has no Int8Experts modules: quantize it first "
+                         f"(ExpertsInt8Config when loading, or quantize_)")
+    split_already = [(name, m.part_of) for name, m in targets if m.part_of is not None]
+    if split_already:
+        raise ValueError(f"{split_already[0][0]} is already {split_already[0][1]}: split the whole model once")
+    for name, module in targets:
+        _check_in_memory(name, module)
+    return targets
+
+
 __all__ = ["MODES", "Loading", "ParallelExperts", "PendingShard", "Split", "fill_pending_shards", "loading_split",
-           "parallelize_experts", "shard_experts", "split_while_loading"]
+           "parallelize_experts", "refuse_on_every_rank", "shard_experts", "split_while_loading"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -67,7 +68,7 @@ from ..checkpoint import (EXPERT_COUNT_KEYS, FLOAT_DTYPES, SAFETENSORS_DTYPES, C
                           from_fused_layout, read_headers, to_fused_layout)
 from ..layer import (Int8Experts, accelerate_hooks, carry_hooks, detect_activation, int8_experts_forward,
                      offloaded_by_accelerate, w13_name)
-from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
+from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split, refuse_on_every_rank
 from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..routing import select_experts, sparsemixer
@@ -640,6 +641,20 @@ def _drop_expert_converters(model: nn.Module) -> None:
 _STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # device_map values accelerate resolves
 
 
+@contextmanager
+def _failures_reach_every_rank():
+    """Under split_while_loading, a failure of this rank's load before its experts' parts are read (its own device
+    map refused, say) reaches the other ranks, which would otherwise wait for it in fill_pending_shards' exchange
+    of shapes until the process group timed out: there they raise too."""
+    try:
+        yield
+    except Exception as e:
+        loading = loading_split()
+        if loading is None:
+            raise
+        refuse_on_every_rank(e, loading.split, loading.group, loading.device)
+
+
 def _refuse_disk(device_map, experts) -> None:
     """Refuse a device map that offloads any of the routed ``experts`` (module names) to disk, before the weights
     are read (accelerate would write the int8 tensors cast to the float placeholders' dtype)."""
@@ -819,6 +834,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return param.element_size()
 
     def validate_environment(self, *args, **kwargs):
+        with _failures_reach_every_rank():
+            self._validate_environment(**kwargs)
+
+    def _validate_environment(self, **kwargs):
         self._device_map = kwargs.get("device_map", self._device_map)
         _refuse_disk(self._device_map, getattr(self, "_experts", ()))  # ("auto" resolved: called again with the map)
         _refuse_split_offload(self._device_map, getattr(self, "_experts", ()))
@@ -836,6 +855,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return device_map
 
     def _process_model_before_weight_loading(self, model, device_map=None, checkpoint_files=None, **kwargs):
+        with _failures_reach_every_rank():
+            return self._prepare(model, device_map, checkpoint_files)
+
+    def _prepare(self, model, device_map, checkpoint_files):
         if device_map is not None:
             self._device_map = device_map
         headers = read_headers(checkpoint_files) if self.pre_quantized and checkpoint_files else None
@@ -922,13 +945,14 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return []
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        if self._errors:
-            raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
+        with _failures_reach_every_rank():
+            if self._errors:
+                raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
+            if self._loading is not None and not self._files:
+                raise ValueError("split_while_loading: transformers gave no checkpoint files to read the experts from")
         if self._loading is not None:
             loading = self._loading
             self.split = loading.split
-            if not self._files:
-                raise ValueError("split_while_loading: transformers gave no checkpoint files to read the experts from")
             loading.parts += fill_pending_shards(
                 model, self._files, loading.split, loading.group,
                 lambda name: loading.device or _device_for(self._device_map, name) or torch.device("cpu"))
