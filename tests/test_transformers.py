@@ -1388,6 +1388,18 @@ def test_dtype_restore_reaches_a_layer_accelerate_offloads():
 
 
 
+def test_inputs_go_to_the_input_embeddings_device_not_the_first_parameters():
+    """A VLM's first parameter is its vision tower's: with that tower elsewhere (here on the meta device), the
+    token ids went there."""
+    from experts_int8.evaluate import input_device
+
+    model = tiny_model("qwen3_vl_moe")
+    model.model.visual.to("meta")
+    assert next(model.parameters()).device.type == "meta"
+    assert input_device(model) == torch.device("cpu")
+    assert input_device(torch.nn.Sequential(torch.nn.Linear(2, 2))) == torch.device("cpu")  # (no input embedding: the first)
+
+
 def test_offload_seen_through_a_chain_of_accelerate_hooks():
     """accelerate chains a module's hooks into a SequentialHook (add_hook_to_module(..., append=True)): cpu_offload of
     a module with tensors of its own gives it its device hook and its offload hook so. Its offload was not seen

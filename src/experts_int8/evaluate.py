@@ -66,12 +66,20 @@ class Int8DenseMLP(nn.Module):
 
 
 def input_device(model: nn.Module) -> torch.device:
-    """Where ``model``'s inputs go: its first parameter's device (the embedding's). Where accelerate offloads that
-    parameter (a ``"cpu"`` or ``"disk"`` entry of a device map: on the meta device until a forward brings it in),
-    the device its hook runs that module on."""
-    for name, p in model.named_parameters():
+    """Where ``model``'s token ids go: its input embedding's device (``get_input_embeddings``), not its first
+    parameter's (a VLM's is its vision tower's, which a device map may place elsewhere); a model without an
+    input embedding: its first parameter's. Where accelerate
+    offloads that parameter (a ``"cpu"`` or ``"disk"`` entry of a device map: on the meta device until a forward
+    brings it in), the device its hook runs that module on."""
+    try:
+        embedding = model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embedding = None
+    has_weights = isinstance(embedding, nn.Module) and next(embedding.parameters(), None) is not None
+    module = embedding if has_weights else model
+    for name, p in module.named_parameters():
         if p.device.type == "meta":
-            owner = model.get_submodule(name.rpartition(".")[0])
+            owner = module.get_submodule(name.rpartition(".")[0])
             devices = [h.execution_device for h in accelerate_hooks(owner)
                        if getattr(h, "execution_device", None) is not None]
             if devices:
