@@ -12,6 +12,7 @@ import signal
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 from unittest import mock
 
@@ -1033,6 +1034,33 @@ def test_quantize_overwrite_interrupted_while_deleting_the_old_checkpoint_leaves
         result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
     assert stopped and result.exit_code == 128 + signal.SIGINT, result.output
     assert sorted(os.listdir(tmp_path)) == ["int8"] and (dst / "model.safetensors").is_file()
+
+
+def test_quantize_cleanup_runs_to_its_end_through_a_second_ctrl_c(bf16_checkpoint, tmp_path):
+    """An impatient second Ctrl-C while a failed run's output was removed left the rest of it in a hidden .partial
+    folder beside DST, never to be removed."""
+    from experts_int8 import convert
+
+    real_save, real_rmtree, pressed = convert.save_file, convert.shutil.rmtree, []
+
+    def interrupted(*args, **kwargs):  # (the first Ctrl-C, while a shard is written)
+        real_save(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    def pressed_again(path, *args, **kwargs):
+        if str(path).endswith(".partial") and not pressed:
+            pressed.append(path)
+            os.unlink(next(f for f in Path(path).rglob("*") if f.is_file()))  # (part of it removed)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # (where Python would run its handler)
+        return real_rmtree(path, *args, **kwargs)
+
+    with mock.patch.object(convert, "save_file", interrupted), \
+            mock.patch.object(convert.shutil, "rmtree", pressed_again):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--no-progress")
+    assert pressed and result.exit_code == 128 + signal.SIGINT, result.output
+    assert os.listdir(tmp_path) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back)
 
 
 def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):

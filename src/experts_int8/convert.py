@@ -74,7 +74,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .checkpoint import EXPERT_COUNT_KEYS, FLOAT_DTYPES, to_fused_layout
-from .files import check_writable_dir, missing_folders, remove_empty
+from .files import check_writable_dir, missing_folders, remove_empty, signals_held
 from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
 
@@ -547,9 +547,10 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                           f"or choose another DST") from None
         _move_into_place(tmp, dst_dir, overwrite)
     except BaseException:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-        remove_empty(made)
+        with signals_held():
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            remove_empty(made)
         raise
     bytes_before = sum(f.stat().st_size for f in files)
     bytes_after = sum(f.stat().st_size for f in dst_dir.glob("*.safetensors"))
@@ -852,7 +853,8 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
     try:
         shutil.rmtree(old, ignore_errors=True)
     except BaseException:  # (Ctrl-C or SIGTERM while a large old checkpoint is deleted, seconds: what remained of it
-        shutil.rmtree(old, ignore_errors=True)  # was left in a hidden folder beside DST, never to be removed)
+        with signals_held():  # was left in a hidden folder beside DST, never to be removed)
+            shutil.rmtree(old, ignore_errors=True)
         raise
 
 

@@ -86,7 +86,7 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
     from tqdm.auto import tqdm
 
     from .convert import format_bytes
-    from .files import missing_folders, remove_empty
+    from .files import missing_folders, remove_empty, signals_held
     from .integrations.transformers import ExpertsInt8Config  # noqa: F401 -- registers the quant method
     from .run import check_device, generate, load_model, memory_bytes, quiet_transformers
 
@@ -150,12 +150,13 @@ def run_demo(*, device: str = "cpu", keep=None, new_tokens: int = 16, router_sca
             gens[name] = generate(m, ids, new_tokens, stop_at_eos=False)
             bar.update(1)
     except BaseException:  # nothing half-written is left: a rerun with the same --keep would be refused
-        if tmp is not None:
-            tmp.cleanup()
-        else:
-            for folder in (bf16_dir, int8_dir):
-                shutil.rmtree(folder, ignore_errors=True)
-            remove_empty(made)
+        with signals_held():
+            if tmp is not None:
+                tmp.cleanup()
+            else:
+                for folder in (bf16_dir, int8_dir):
+                    shutil.rmtree(folder, ignore_errors=True)
+                remove_empty(made)
         raise
     finally:
         bar.close()

@@ -4,7 +4,9 @@ empty, and a file appears whole or not at all."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +25,26 @@ def remove_empty(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:  # not empty or gone
             break
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP ignored inside (in the main thread, where Python handles signals), for the cleanup
+    of a failed write: a second Ctrl-C during it left a large output half-removed in a hidden folder. The failure
+    being cleaned up ends the command anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = [getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)]
+    before = {n: signal.getsignal(n) for n in signums}
+    before = {n: h for n, h in before.items() if h is not None}  # (None: a handler not set from Python, left alone)
+    for n in before:
+        signal.signal(n, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for n, handler in before.items():
+            signal.signal(n, handler)
 
 
 @contextmanager
