@@ -796,6 +796,23 @@ def test_config_source_names_the_tuned_m_that_serves_a_row(tmp_path, monkeypatch
         configs.clear_table_cache()
 
 
+def test_tune_and_bench_refuse_a_gpu_older_than_the_kernel_needs(tmp_path, monkeypatch):
+    """On a T4 (sm_75) fused_experts runs the torch path: the tuner timed it for every candidate and wrote a table
+    of it, the bench timed it as the kernel. Both refuse first, saying why."""
+    from experts_int8 import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    says = r"Tesla T4 \(compute capability 7\.5\) is older than the fused kernel needs \(8\.0, Ampere\)"
+    with pytest.raises(RuntimeError, match=says):
+        tune.tune(8, 64, 64, 2, ms=[1], out_dir=tmp_path)
+    with pytest.raises(RuntimeError, match=says):
+        bench.run_benchmark(bench.Settings(shapes=["8:64:64:2"], ms=[1], dtypes=["int8"], out_dir=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_tune_refuses_without_gpu():
     if HAS_CUDA:
         pytest.skip("checks the CPU-only message")

@@ -528,6 +528,18 @@ def check_not_interpreting() -> None:
         raise RuntimeError(f"TRITON_INTERPRET={value} is set, so Triton would not compile for the GPU; unset it")
 
 
+def check_kernel_runs() -> None:
+    """Refuse GPU timing work on a GPU older than the fused kernel needs: fused_experts runs the torch path there,
+    so every row (and every config the tuner tries) would time that, and a tune would write a table of it."""
+    from .ops import MIN_CAPABILITY
+
+    capability = torch.cuda.get_device_capability()
+    if capability < MIN_CAPABILITY:
+        raise RuntimeError(f"{torch.cuda.get_device_name()} (compute capability {capability[0]}.{capability[1]}) is "
+                           f"older than the fused kernel needs ({MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}, Ampere): "
+                           f"MoE layers run the torch path there, with nothing to tune or time")
+
+
 def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Callable[[str], None] = print) -> dict:
     """Run the benchmark on the current CUDA device; returns the result dict (also written to disk)."""
     if not torch.cuda.is_available():
@@ -536,6 +548,7 @@ def run_benchmark(settings: Settings, *, command: Optional[str] = None, log: Cal
     from .kernels.configs import config_source, get_config
 
     check_writable_dir(settings.out_dir, "the output folder")
+    check_kernel_runs()
     shapes = [parse_shape(s) for s in settings.shapes]
     dtypes = parse_dtypes(settings.dtypes)
     check_form(settings.gated, settings.activation)

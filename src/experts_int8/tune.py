@@ -734,6 +734,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
         raise ValueError(f"warm_s must be between 0 and 60 seconds, got {warm_s}")
 
     check_writable_dir(out_dir if out_dir is not None else configs.user_config_dir(), "the tables' folder")
+    bench.check_kernel_runs()
     device = torch.device("cuda", torch.cuda.current_device())
     gpu = configs.device_name(device)
     smem = _smem_limit()
