@@ -95,6 +95,19 @@ def test_demo_prints_the_table_with_high_snr(demo_run):
     assert (keep / "int8" / "config.json").is_file() and (keep / "bf16" / "tokenizer.json").is_file()
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_demo_report_claims_decisive_routing_only_for_scaled_up_routers(scale):
+    """``--router-scale 1`` shows the raw, near-uniform routers: the report must not call them decisive."""
+    from experts_int8.demo import DemoResult, _print_report
+
+    lines = []
+    r = DemoResult(rows=[("logits SNR vs bf16", "-", "33.0 dB")], snr_db=33.0, top1=0.9, reload_identical=True,
+                   device="cpu", seconds=1.0, workdir="/tmp/x", router_scale=scale, kept=False)
+    _print_report(r, lines.append)
+    router = next(line for line in lines if line.startswith("router (gate) weights"))
+    assert f"x{scale:g}" in router and "decisive like a trained" not in router and "near-uniform" in router
+
+
 def test_run_demo_leaves_the_callers_transformers_settings_as_they_were():
     """run_demo is a library function: its quiet loads must not silence transformers for the rest of the program."""
     from transformers.utils import logging as hf_logging

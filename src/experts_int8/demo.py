@@ -208,8 +208,13 @@ def _print_report(r: DemoResult, log) -> None:
         f"experts top-{c['num_experts_per_tok']}, hidden {c['hidden_size']}, intermediate {c['intermediate_size']}, "
         f"vocab {c['vocab_size']}")
     log(f"device {r.device}: bf16 weights and bf16 compute; int8 experts via the {engine}")
-    log(f"router (gate) weights scaled x{r.router_scale:g} so routing is decisive like a trained model's "
-        f"(random routers are near-uniform: int8 noise flips near-ties; --router-scale 1 shows that case)")
+    if r.router_scale > 1:
+        log(f"router (gate) weights scaled x{r.router_scale:g} so routing is decisive like a trained model's "
+            f"(random routers are near-uniform: int8 noise flips near-ties; --router-scale 1 shows that case)")
+    else:  # (1: the raw random routers; below 1 flatter still: no claim of decisive routing)
+        log(f"router (gate) weights scaled x{r.router_scale:g}: near-uniform routing, so int8 noise flips near-tied "
+            f"expert choices and the logits SNR understates a trained model's (the default x{DEFAULT_ROUTER_SCALE:g} "
+            f"makes routing decisive)")
     log("")
     w0 = max(len(x[0]) for x in r.rows) + 2
     w1 = max(max(len(x[1]) for x in r.rows), 4) + 2
