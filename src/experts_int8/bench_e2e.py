@@ -16,7 +16,7 @@ For each batch size: end-to-end latency of ``prompt_len`` prompt tokens + ``new_
 prefill alone, and decode throughput = batch * (new_tokens - 1) / (end-to-end - prefill).
 
     experts-int8 bench-e2e --config mixtral-8x7b --random-weights
-    torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \
+    torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \\
         --columns ours-int8 --parallel tp       # the int8 experts split over two GPUs
 
 With ``parallel`` (under torchrun, a process group initialized) every rank builds the model, takes rank 0's

@@ -697,7 +697,7 @@ Examples:
   experts-int8 bench-e2e --config qwen3-30b-a3b --random-weights --batch 1,8
   experts-int8 bench-e2e --config ./GLM-4.5-Air/config.json --random-weights --layers 8   # any model's shapes
   experts-int8 bench-e2e --config mixtral-8x7b --random-weights --layers 4 --prompt-len 256 --new-tokens 32
-  torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \
+  torchrun --nproc-per-node 2 --no-python experts-int8 bench-e2e --config mixtral-8x7b --random-weights \\
       --columns ours-int8 --parallel tp
 """)
 @click.option("--config", "config_name", required=True, metavar="NAME|PATH",
