@@ -2,7 +2,7 @@
 
 Legend: M tokens, E experts, H hidden, I intermediate, k experts per token.
 
-Method (see DESIGN.md, "Measuring speed"):
+Method (its results: README.md, "Speed"):
 
 1. Measure the two ceilings on the card at hand: device-to-device copy bandwidth (bytes read +
    written per second) and the dense bf16 matmul rate (``torch.mm``).
