@@ -1338,25 +1338,12 @@ def test_swap_variants_for_decode_winners_only():
 
 def test_down_tile_variants_give_the_down_gemm_its_own_tile_at_decode():
     cfg = dict(PINNED, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, down={"SUM_LAST": 1}, PAIRS=1)
-    variants = tune.down_tile_variants(cfg, 1, tune.DEFAULT_SMEM)
+    variants = tune.down_tile_variants(cfg)
     assert [v["down"] for v in variants] == [{"SUM_LAST": 1, "BLOCK_SIZE_N": n} for n in (64, 128, 256)]
     assert all(v["BLOCK_SIZE_N"] == 32 and configs.check_config(v) == v for v in variants)  # gate_up as it was
     own = dict(cfg, down={"BLOCK_SIZE_N": 128})
-    assert [v["down"]["BLOCK_SIZE_N"] for v in tune.down_tile_variants(own, 1, tune.DEFAULT_SMEM)] == [64, 256]
-    assert tune.down_tile_variants(dict(PINNED, BLOCK_SIZE_M=64), 1, tune.DEFAULT_SMEM) == []  # prefill tiles
-
-
-def test_down_tile_variants_fit_the_shared_memory_of_smaller_gpus():
-    """A decode winner that fits ~99 KB (sm_86/sm_89) as gate_up (two 32-wide weight tiles a stage) outgrows it
-    with its down GEMM on one 128- or 256-wide tile (Triton 3.9 compiles them to 120 and 216 KB for sm_89, 216
-    over the A100's 163 too): they are not offered there, as down_pipeline_variants offers no pipeline that does
-    not fit."""
-    winner = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=4)
-    for limit, widths in ((99 * 1024, [64]), (163 * 1024, [64, 128]), (tune.DEFAULT_SMEM, [64, 128])):
-        assert tune._plausible(winner, 1, limit)
-        variants = tune.down_tile_variants(winner, 1, limit)
-        assert [v["down"]["BLOCK_SIZE_N"] for v in variants] == widths
-        assert all(tune.smem_bytes(configs.split_config(v)[1], 1, weight_tiles=1) <= limit for v in variants)
+    assert [v["down"]["BLOCK_SIZE_N"] for v in tune.down_tile_variants(own)] == [64, 256]
+    assert tune.down_tile_variants(dict(PINNED, BLOCK_SIZE_M=64)) == []  # prefill tiles: not searched here
 
 
 def test_tune_candidates_fit_the_shared_memory_of_smaller_gpus():
@@ -1776,7 +1763,7 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
             for top_k, hidden in ((2, 4096), (6, 2048), (8, 2048)):
                 for v in (tune_module.group_variants(cfg, m, num_experts, top_k)
                           + tune_module.split_k_variants(cfg, m, num_experts, hidden, top_k, 132)
-                          + tune_module.down_tile_variants(cfg, 1, tune_module.DEFAULT_SMEM)
+                          + tune_module.down_tile_variants(cfg)
                           + tune_module.down_pipeline_variants(cfg, 1, tune_module.DEFAULT_SMEM)
                           + tune_module.fuse_variants(cfg, "int8")
                           + tune_module.pairs_variants(cfg, m, num_experts, top_k)
