@@ -324,6 +324,26 @@ def test_export_warns_when_transformers_cannot_build_the_model_for_its_names(tmp
     assert set(ignore) < set(full)  # (the model's names for PhiMoE's renamed routers are missing)
 
 
+@pytest.mark.parametrize("snr_rows", [3, 256])
+def test_the_snr_of_transposed_experts_is_the_formulas(tmp_path, monkeypatch, snr_rows):
+    """GPT-OSS's experts reach the SNR sums as transposed views of the fused tensors (each block of rows strided),
+    and the sums are dot products of flattened blocks: the rows must pair the weights with their own int8 values."""
+    import experts_int8.convert as convert
+    from experts_int8.checkpoint import to_fused_layout
+
+    src = tmp_path / "bf16"
+    tiny_model("gpt_oss", dtype=torch.bfloat16).save_pretrained(src)
+    monkeypatch.setattr(convert, "SNR_ROWS", snr_rows)
+    report = quantize_checkpoint(src, tmp_path / "int8", progress=False)
+    want, got = tensors(src), tensors(tmp_path / "int8")
+    assert len(report.snr_db) == 4
+    for layer, value in report.snr_db.items():
+        prefix, _, name = layer.rpartition(".")
+        ref = to_fused_layout("gpt_oss", name, want[layer]).double()
+        expected = snr_db(dequantize_weights(got[layer], got[f"{layer}_scale"], torch.float64), ref)
+        assert abs(value - expected) < 1e-6, layer
+
+
 def test_the_converter_reads_one_file_at_a_time_and_reports_the_whole_tensors_snr(converted, tmp_path,
                                                                                    monkeypatch):
     """Every source file stayed open for the whole conversion, and each page read through a handle stays mapped
