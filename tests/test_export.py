@@ -324,15 +324,16 @@ def test_export_warns_when_transformers_cannot_build_the_model_for_its_names(tmp
     assert set(ignore) < set(full)  # (the model's names for PhiMoE's renamed routers are missing)
 
 
-@pytest.mark.parametrize("snr_rows", [3, 256])
-def test_the_snr_of_transposed_experts_is_the_formulas(tmp_path, monkeypatch, snr_rows):
+@pytest.mark.parametrize("snr_rows, dtype", [(3, torch.bfloat16), (256, torch.bfloat16), (3, torch.float64)])
+def test_the_snr_of_transposed_experts_is_the_formulas(tmp_path, monkeypatch, snr_rows, dtype):
     """GPT-OSS's experts reach the SNR sums as transposed views of the fused tensors (each block of rows strided),
-    and the sums are dot products of flattened blocks: the rows must pair the weights with their own int8 values."""
+    and the sums are dot products of flattened blocks: the rows must pair the weights with their own int8 values
+    (a float64 block is not copied to float64: the strided block itself is flattened)."""
     import experts_int8.convert as convert
     from experts_int8.checkpoint import to_fused_layout
 
-    src = tmp_path / "bf16"
-    tiny_model("gpt_oss", dtype=torch.bfloat16).save_pretrained(src)
+    src = tmp_path / "float"
+    tiny_model("gpt_oss", dtype=dtype).save_pretrained(src)
     monkeypatch.setattr(convert, "SNR_ROWS", snr_rows)
     report = quantize_checkpoint(src, tmp_path / "int8", progress=False)
     want, got = tensors(src), tensors(tmp_path / "int8")

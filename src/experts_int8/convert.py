@@ -683,7 +683,8 @@ def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
         w = w.to(device)
         q, s = quantize_weights(w, name=name)
         for lo in range(0, w.shape[0], SNR_ROWS):  # (fp64 copies of a block of rows, not of the whole expert)
-            wf = w[lo:lo + SNR_ROWS].to(torch.float64, memory_format=torch.contiguous_format).view(-1)
+            # (reshape: .to returns a float64 block itself, strided where the layout transposed it)
+            wf = w[lo:lo + SNR_ROWS].to(torch.float64, memory_format=torch.contiguous_format).reshape(-1)
             # dequantize_weights' values (the fp32 product, then fp64) less the weights, in place (the error's
             # negative: the same squares); the sums of squares as dot products, one pass each (the pow / sum /
             # dequantize temporaries took three times as long as the quantization on the CPU)
