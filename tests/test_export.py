@@ -335,9 +335,12 @@ def test_the_snr_of_transposed_experts_is_the_formulas(tmp_path, monkeypatch, sn
     src = tmp_path / "float"
     tiny_model("gpt_oss", dtype=dtype).save_pretrained(src)
     monkeypatch.setattr(convert, "SNR_ROWS", snr_rows)
+    reads, real = [], torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: (reads.append(t.numel()), real(t))[1])
     report = quantize_checkpoint(src, tmp_path / "int8", progress=False)
     want, got = tensors(src), tensors(tmp_path / "int8")
     assert len(report.snr_db) == 4
+    assert len(reads) == 2 * len(report.snr_db)  # (the sums read once per experts tensor, not per block of rows)
     for layer, value in report.snr_db.items():
         prefix, _, name = layer.rpartition(".")
         ref = to_fused_layout("gpt_oss", name, want[layer]).double()
