@@ -37,6 +37,25 @@ def test_random_model_weights_are_seeded_and_leave_the_callers_generator_alone()
     assert not torch.equal(weights(seed=1), first)
 
 
+def test_random_models_are_built_without_fork_rngs_warning_on_a_host_of_several_gpus(monkeypatch):
+    """fork_rng without its devices warned on every rank of a torchrun over several GPUs (once a process) that it
+    initializes every GPU; named, it forks the same generators without a word."""
+    import warnings
+
+    from experts_int8.demo import build_model, build_tokenizer
+
+    forked = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": forked.append(device) or torch.zeros(1))
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device="cuda": None)
+    monkeypatch.setattr(torch.random, "_fork_rng_warned_already", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bench_e2e.random_model("mixtral-8x7b", "cpu", dtype=torch.float32, overrides=TINY)
+        build_model(build_tokenizer())
+    assert forked == [0, 1, 0, 1]
+
+
 def test_random_model_has_full_size_shape_unless_overridden():
     model = bench_e2e.random_model("mixtral-8x7b", "meta", overrides=dict(num_hidden_layers=1))
     assert model.config.hidden_size == 4096 and model.config.num_local_experts == 8

@@ -60,8 +60,9 @@ def random_model(name: str, device: str, dtype=torch.bfloat16, overrides: Option
     from transformers import AutoModelForCausalLM
 
     config = model_config(name, overrides)
-    # Seeded, so that every run (and every column) times the same weights; the caller's generators untouched.
-    with torch.random.fork_rng(), torch.device(device):
+    # Seeded, so that every run (and every column) times the same weights; the caller's generators untouched
+    # (every GPU's, which manual_seed seeds too: named, so that fork_rng does not warn on a host of several).
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())), torch.device(device):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     return model.eval()

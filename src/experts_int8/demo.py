@@ -58,7 +58,7 @@ def build_model(tokenizer, *, router_scale: float = DEFAULT_ROUTER_SCALE, seed: 
 
     config = MixtralConfig(**DEMO_CONFIG, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                            pad_token_id=tokenizer.pad_token_id)
-    with torch.random.fork_rng():  # (the caller's generators untouched)
+    with torch.random.fork_rng(devices=range(torch.cuda.device_count())):  # (the caller's generators, every GPU's)
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     with torch.no_grad():
