@@ -33,7 +33,7 @@ from __future__ import annotations
 from contextlib import ExitStack, contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Optional
+from typing import NoReturn, Optional
 
 import torch
 import torch.distributed as dist
@@ -268,7 +268,7 @@ def _exchange(payload, split: Split, group: Optional[dist.ProcessGroup],
 
 
 def refuse_on_every_rank(error: Exception, split: Split, group: Optional[dist.ProcessGroup],
-                         device: Optional[torch.device | str] = None):
+                         device: Optional[torch.device | str] = None) -> NoReturn:
     """Raise ``error``, a refusal of this rank alone (its own device map, an offloaded module), after telling the
     other ranks in the exchange :func:`_check_ranks_agree` waits in, so that they raise too instead of waiting
     there for this rank until the process group times out."""
@@ -277,13 +277,11 @@ def refuse_on_every_rank(error: Exception, split: Split, group: Optional[dist.Pr
 
 
 def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str,
-                       device: Optional[torch.device | str] = None, refusal: Optional[Exception] = None):
+                       device: Optional[torch.device | str] = None):
     """Refuse ranks that would split different things (another mode, checkpoint or model): each would add its
     part of another model into the all-reduce, which needs only equal output shapes, and give wrong text silently.
-    One exchange of shapes at split time; weights of equal shapes are not compared. A rank's own ``refusal``
+    One exchange of shapes at split time; weights of equal shapes are not compared. A rank's own refusal
     travels in the same exchange (:func:`refuse_on_every_rank`): every rank raises, none splits."""
-    if refusal is not None:
-        refuse_on_every_rank(refusal, split, group, device)
     text = model.config.get_text_config() if hasattr(getattr(model, "config", None), "get_text_config") else None
     dims = tuple(getattr(text, key, None) for key in ("vocab_size", "hidden_size", "num_hidden_layers"))
     mine = (split.mode, split.world_size, (type(model).__name__, *dims),
@@ -401,11 +399,9 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     lone = isinstance(model, Int8Experts)
     try:  # (a refusal of this rank alone goes to the others in the shapes' exchange: they raise too, none waits)
         targets = _targets(model)
-        refusal = None
     except ValueError as e:
-        targets, refusal = [], e
-    where = device or (targets[0][1].down_proj.device if targets else None)
-    _check_ranks_agree(model, targets, split, group, "parallelize_experts", where, refusal)
+        refuse_on_every_rank(e, split, group, device)
+    _check_ranks_agree(model, targets, split, group, "parallelize_experts", device or targets[0][1].down_proj.device)
     if lone:  # a lone experts module: its part, wrapped
         return part(model)
     for name, module in targets:
