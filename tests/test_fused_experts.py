@@ -1,6 +1,7 @@
 """fused_experts against the fp64 reference: the Triton kernels (interpreted on CPU) and the torch path."""
 
 import functools
+import inspect
 
 import pytest
 import torch
@@ -1326,3 +1327,34 @@ def test_reference_reads_the_routing_on_the_host_once_not_once_per_expert():
         torch.cuda.set_sync_debug_mode(0)
     syncs = [w for w in record if "synchroniz" in str(w.message)]
     assert 1 <= len(syncs) <= 3, [str(w.message) for w in syncs]
+
+
+def test_every_kernel_launch_and_compile_sets_fp_fusion():
+    # Triton 3.10 turns FP fusion off by default (3.9 warns once, on the first compile, when a launch leaves it
+    # unset): each launch and offline compile of ours names it, so the numerics do not change under a new Triton.
+    # (Read from the source: the interpreter these tests run under neither compiles nor warns.)
+    import ast
+    from pathlib import Path
+
+    import experts_int8.kernels as kernels
+    from experts_int8.kernels.fused_moe import compile_for_sm90
+
+    missing = []
+    for path in sorted(Path(kernels.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Subscript):  # kernel[grid](...)
+                keywords = node.keywords
+            elif isinstance(node.func, ast.Attribute) and node.func.attr == "compile" and any(
+                    k.arg == "options" for k in node.keywords):  # triton.compile(source, options=dict(...))
+                options = next(k.value for k in node.keywords if k.arg == "options")
+                keywords = options.keywords if isinstance(options, ast.Call) else []
+                if isinstance(options, ast.Name):
+                    continue  # (compile_for_sm90's options dict: checked below)
+            else:
+                continue
+            if not any(k.arg == "enable_fp_fusion" for k in keywords):
+                missing.append(f"{path.name}:{node.lineno}")
+    assert not missing, missing
+    assert "enable_fp_fusion=True" in inspect.getsource(compile_for_sm90)

@@ -389,7 +389,7 @@ def _align_single_program(topk_ids, block_m, num_experts, expert_map, tail_rows=
         num_tokens_post_padded, numel, num_experts, expert_map.numel() if has_map else 0, num_sorted, tail_len,
         HAS_MAP=has_map, BLOCK_M=block_m, TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block,
         PAIRS=max(16, triton.next_power_of_2(numel)), GROUPS=groups, CHUNK=1024,
-        BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_supported(device),
+        BLOCK_CHUNK=max(16, 8192 // groups), num_warps=4, PDL=fused_moe.pdl_supported(device), enable_fp_fusion=True,
     )
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded
 
@@ -414,13 +414,15 @@ def _align_chunked(topk_ids, block_m, num_experts, expert_map, chunk: int = 1024
     num_blocks, num_tail_blocks = num_sorted // block_m, tail_len // tail_block
     align_count_kernel[(num_chunks,)](ids, emap, counts, sorted_token_ids, numel, num_experts, num_global,
                                       num_sorted + tail_len, triton.cdiv(num_sorted + tail_len, num_chunks),
-                                      HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, FILL=1024, num_warps=4)
+                                      HAS_MAP=has_map, CHUNK=chunk, GROUPS=groups, FILL=1024, num_warps=4,
+                                      enable_fp_fusion=True)
     align_offsets_kernel[(1,)](counts, base, tail, ends, num_tokens_post_padded, num_chunks, num_experts, num_sorted,
                                BLOCK_M=block_m, TAIL_ROWS=tail_rows, TAIL_BLOCK=tail_block, GROUPS=groups,
-                               ROWS=max(1, min(64, 8192 // groups)), num_warps=4)
+                               ROWS=max(1, min(64, 8192 // groups)), num_warps=4, enable_fp_fusion=True)
     align_scatter_kernel[(num_chunks,)](ids, emap, base, tail, ends, sorted_token_ids, block_expert_ids, numel,
                                         num_experts, num_global, num_blocks, num_tail_blocks,
                                         triton.cdiv(num_blocks, num_chunks), triton.cdiv(num_tail_blocks, num_chunks),
                                         HAS_MAP=has_map, TAIL_ROWS=tail_rows, CHUNK=chunk, GROUPS=groups,
-                                        BLOCK_M=block_m, TAIL_BLOCK=tail_block, BLOCK_CHUNK=block_chunk, num_warps=4)
+                                        BLOCK_M=block_m, TAIL_BLOCK=tail_block, BLOCK_CHUNK=block_chunk, num_warps=4,
+                                        enable_fp_fusion=True)
     return sorted_token_ids, block_expert_ids, num_tokens_post_padded

@@ -635,6 +635,10 @@ def _sum_if_last(y_ptr, sums_ptr, counts_ptr, rows, row_mask, offs_n, H, stride_
                  mask=mask)
 
 
+# Every launch (and offline compile) passes enable_fp_fusion=True: the fused multiply-adds these kernels were
+# tuned and checked with. Left unset, Triton 3.9 warns on the first compile that its default turns to False in
+# Triton 3.10 (TRITON_DEFAULT_FP_FUSION); the launch option is read by every Triton we support, and ignored by
+# the interpreter.
 def _kernel(kernel, device: torch.device):
     interpreted = isinstance(kernel, InterpretedFunction)
     if device.type == "cpu" and not interpreted:
@@ -776,7 +780,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
-        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(config, x.device),
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(config, x.device), enable_fp_fusion=True,
     )
 
 
@@ -825,7 +829,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         w_desc=weight_descriptor(w2, config), FAST_CVT=fast_cvt(a.device),
         TOP_K=top_k, HAS_SCALE=has_scale, HAS_BIAS=has_bias,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(a.dtype),
-        **own, **_launch_meta(config, topk_weights.numel()), **pdl,
+        **own, **_launch_meta(config, topk_weights.numel()), **pdl, enable_fp_fusion=True,
     )
     return sums if sum_last else out
 
@@ -870,7 +874,8 @@ def invoke_sum(y: torch.Tensor, out: torch.Tensor, top_k: int) -> torch.Tensor:
         block_h //= 2  # many rows to add per token: more, narrower programs
     grid = (out.shape[0], triton.cdiv(hidden, block_h))
     _kernel(moe_sum_kernel, y.device)[grid](y, out, hidden, y.stride(0), y.stride(1), out.stride(0),
-                                             TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4)
+                                             TOP_K=top_k, SPLIT_K=split_k, BLOCK_H=block_h, num_warps=4,
+                                             enable_fp_fusion=True)
     return out
 
 
@@ -914,7 +919,7 @@ def invoke_fp16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if m:
         block_h = min(1024, triton.next_power_of_2(hidden))
         _kernel(fp16_rows_kernel, x.device)[(m,)](x, out, inv_scale, hidden, x.stride(0), out.stride(0),
-                                                  BLOCK_H=block_h, num_warps=4)
+                                                  BLOCK_H=block_h, num_warps=4, enable_fp_fusion=True)
     return out, inv_scale
 
 
@@ -939,7 +944,8 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
     out = torch.empty((num_experts, n, k), dtype=dtype, device=q.device)
     block_k = min(1024, triton.next_power_of_2(k))
     _kernel(dequantize_kernel, q.device)[(num_experts * n, triton.cdiv(k, block_k))](
-        q, scale, out, n, k, q.stride(0), q.stride(1), scale.stride(0), BLOCK_K=block_k, num_warps=4)
+        q, scale, out, n, k, q.stride(0), q.stride(1), scale.stride(0), BLOCK_K=block_k, num_warps=4,
+        enable_fp_fusion=True)
     return out
 
 
@@ -996,7 +1002,7 @@ def compile_for_sm90(kernel, constexprs: dict, arg_types: dict, num_warps: int, 
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name] != "constexpr" and (name.endswith("_ptr") or name.startswith("stride")
                                                        or name in ("K", "H", "I"))}
-    options = dict(num_warps=num_warps)
+    options = dict(num_warps=num_warps, enable_fp_fusion=True)  # (as every launch: see _kernel)
     if num_stages is not None:
         options["num_stages"] = num_stages
     if maxnreg is not None:

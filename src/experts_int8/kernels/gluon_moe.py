@@ -467,7 +467,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
         FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")), GATED=gated, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
         SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **_meta(config, config["BLOCK_SIZE_N"]),
-        **_smem_layouts(config, x.dtype, 2 if gated else 1),
+        **_smem_layouts(config, x.dtype, 2 if gated else 1), enable_fp_fusion=True,
     )
 
 
@@ -482,7 +482,7 @@ def invoke_down(a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expe
         a, w2, w2_scale, out, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
         topk_weights.numel(), num_sorted, hidden, inter, a.stride(0), w2.stride(0), w2.stride(1),
         w2_scale.stride(0), out.stride(0), *bias, MUL_ROUTED_WEIGHT=mul_routed_weight, **has_bias,
-        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1),
+        **_meta(config, config["BLOCK_SIZE_N"]), **_smem_layouts(config, a.dtype, 1), enable_fp_fusion=True,
     )
 
 
@@ -515,5 +515,5 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, 
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
                if signature[name] != "constexpr"}
     compiled = triton.compile(GluonASTSource(kernel, signature, constexprs, aligned), target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=config["num_warps"]))
+                              options=dict(num_warps=config["num_warps"], enable_fp_fusion=True))
     return compiled.asm["ptx"]

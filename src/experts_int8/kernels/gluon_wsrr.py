@@ -91,7 +91,8 @@ def permute_k(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((m, k), dtype=x.dtype, device=x.device)
     if m:
         _kernel(permute_k_kernel, x.device)[(triton.cdiv(m, PERMUTE_ROWS), k // 64)](
-            x, out, m, x.stride(0), x.stride(1), out.stride(0), BLOCK_R=PERMUTE_ROWS, num_warps=4)
+            x, out, m, x.stride(0), x.stride(1), out.stride(0), BLOCK_R=PERMUTE_ROWS, num_warps=4,
+            enable_fp_fusion=True)
     return out
 
 
@@ -453,7 +454,7 @@ def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, nu
                                   ACTIVATION=ACTIVATION_CODES[activation], ODD_K=_odd_k(hidden),
                                   PAD_I=inter % BLOCK_K != 0,
                                   SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **has_bias,
-                                  **_meta(xp.dtype, tile, tile.gate_up_cols(gated), stages))
+                                  **_meta(xp.dtype, tile, tile.gate_up_cols(gated), stages), enable_fp_fusion=True)
 
 
 def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert_ids, num_tokens_post_padded,
@@ -469,7 +470,7 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
                                w2.stride(0), w2.stride(1), w2_scale.stride(0), y.stride(0), *bias,
                                ODD_K=_odd_k(inter), MASK_N=hidden % tile.down_cols != 0,
                                MASK_K=inter % BLOCK_K != 0, **has_bias,
-                               **_meta(h.dtype, tile, tile.down_cols, stages))
+                               **_meta(h.dtype, tile, tile.down_cols, stages), enable_fp_fusion=True)
 
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
