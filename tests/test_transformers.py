@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import weakref
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -203,7 +204,7 @@ def test_save_reload_identical(arch, int8_models, tmp_path):
     model.save_pretrained(tmp_path)
     files = sorted(os.listdir(tmp_path))
     assert any(f.endswith(".safetensors") for f in files) and not any(f.endswith(".bin") for f in files)
-    config = json.load(open(tmp_path / "config.json"))
+    config = json.loads((tmp_path / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "experts_int8"
     headers = _headers(tmp_path)
     n_moe = len(find_experts(model))
@@ -548,7 +549,7 @@ def test_dequantize_gives_back_the_models_float_experts(arch, checkpoints, tmp_p
     # the experts' dtypes (transformers 5.17 keeps some router tensors fp32 when a quantizer loads the model)
     assert {k: v for k, v in saved.items() if ".experts." in k} == {
         k: v for k, v in original.items() if ".experts." in k}
-    assert "quantization_config" not in json.load(open(tmp_path / "config.json"))
+    assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, **ON_DEVICE)
     with torch.no_grad():
         assert torch.equal(reloaded(x).logits, logits)
@@ -1817,7 +1818,7 @@ def test_every_exported_name_is_bound_where_type_checkers_look():
 
     import experts_int8
 
-    tree = ast.parse(open(experts_int8.__file__).read())
+    tree = ast.parse(Path(experts_int8.__file__).read_text())
     bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
              for alias in node.names}
     bound |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
