@@ -1358,3 +1358,26 @@ def test_every_kernel_launch_and_compile_sets_fp_fusion():
                 missing.append(f"{path.name}:{node.lineno}")
     assert not missing, missing
     assert "enable_fp_fusion=True" in inspect.getsource(compile_for_sm90)
+
+
+def test_decode_converts_the_int8_weights_a_block_at_a_time(monkeypatch):
+    """An expert with few rows multiplies its int8 weights converted a block of rows at a time (the block still in
+    cache), with the whole copy's results; longer inputs convert once. Gradients go through either."""
+    torch.manual_seed(0)
+    experts = make_experts(4, 32, 16)
+    x = torch.randn(3, 32, device=DEVICE, requires_grad=True)
+    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    monkeypatch.setattr(reference, "DECODE_ROWS", 0)
+    whole = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch")
+    (grad_whole,) = torch.autograd.grad(whole.sum(), x)
+    monkeypatch.setattr(reference, "DECODE_ROWS", 16)
+    monkeypatch.setattr(reference, "BLOCK", 100)  # blocks of 3 rows (K=32), and of 6 rows (K=16)
+    converted = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: (converted.append(t.shape) if t.dtype == torch.int8
+                                                                else None) or real_to(t, *a, **k))
+    blocks = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch")
+    (grad_blocks,) = torch.autograd.grad(blocks.sum(), x)
+    assert converted and {s[0] for s in converted} <= {3, 2, 6, 4} and all(s[1] in (32, 16) for s in converted)
+    torch.testing.assert_close(blocks, whole, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(grad_blocks, grad_whole, rtol=1e-6, atol=1e-6)
