@@ -1363,10 +1363,10 @@ def test_every_kernel_launch_and_compile_sets_fp_fusion():
 def test_decode_converts_the_int8_weights_a_block_at_a_time(monkeypatch):
     """An expert with few rows multiplies its int8 weights converted a block of rows at a time (the block still in
     cache), with the whole copy's results; longer inputs convert once. Gradients go through either."""
-    torch.manual_seed(0)
-    experts = make_experts(4, 32, 16)
-    x = torch.randn(3, 32, device=DEVICE, requires_grad=True)
-    w, ids = select_experts(torch.randn(3, 4, device=DEVICE), 2)
+    torch.manual_seed(0)  # (on the CPU, also where a GPU is: a GPU converts once, each block would be two launches)
+    experts = {k: v.cpu() if torch.is_tensor(v) else v for k, v in make_experts(4, 32, 16).items()}
+    x = torch.randn(3, 32, requires_grad=True)
+    w, ids = select_experts(torch.randn(3, 4), 2)
     monkeypatch.setattr(reference, "DECODE_ROWS", 0)
     whole = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch")
     (grad_whole,) = torch.autograd.grad(whole.sum(), x)

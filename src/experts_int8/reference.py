@@ -63,7 +63,8 @@ def is_gated(w13: torch.Tensor, w2: torch.Tensor) -> bool:
 # Decode (an expert with at most DECODE_ROWS rows): the int8 weight's float copy costs more than the product, and a
 # whole [N, K] one goes through memory and back (1 byte read, 4 written, 4 read again per weight). Converted
 # BLOCK elements (1 MiB in fp32) at a time, each block is multiplied while it is still in cache: 1.3-2x faster per
-# expert on CPU (E=8 H=1024 I=3584 top-2, 1-8 tokens). Longer inputs convert once (their products dominate).
+# expert on CPU (E=8 H=1024 I=3584 top-2, 1-8 tokens). Longer inputs convert once (their products dominate), and so
+# does a GPU, where each block would be two more launches.
 DECODE_ROWS = 16
 BLOCK = 1 << 18
 
@@ -71,7 +72,7 @@ BLOCK = 1 << 18
 def _expert_matmul(a: torch.Tensor, w: torch.Tensor, scale: Optional[torch.Tensor], acc: torch.dtype):
     """``a [T, K] @ w[N, K]^T`` in ``acc`` precision, times the per-row scale of int8 weights."""
     a = a.to(acc)
-    if w.dtype == torch.int8 and a.shape[0] <= DECODE_ROWS and w.numel() > BLOCK:
+    if w.dtype == torch.int8 and a.device.type == "cpu" and a.shape[0] <= DECODE_ROWS and w.numel() > BLOCK:
         out = torch.cat([a @ block.to(acc).t() for block in w.split(max(1, BLOCK // w.shape[1]))], dim=-1)
     else:
         out = a @ w.to(acc).t()
