@@ -76,7 +76,7 @@ from safetensors.torch import save_file
 from .checkpoint import EXPERT_COUNT_KEYS, FLOAT_DTYPES, to_fused_layout
 from .files import check_writable_dir, missing_folders, remove_empty, signals_held
 from .releases import float_decoders, release_encoding
-from .quant import quantize_weights
+from .quant import dequantize_weights, quantize_weights
 
 QUANT_CONFIG = {"quant_method": "experts_int8", "bits": 8, "scheme": "symmetric_per_row",
                 "modules_to_not_convert": None, "allow_no_experts": False}
@@ -685,10 +685,10 @@ def _quantize_group(g: ExpertsGroup, shape, get, device, snr: dict):
         for lo in range(0, w.shape[0], SNR_ROWS):  # (fp64 copies of a block of rows, not of the whole expert)
             # (reshape: .to returns a float64 block itself, strided where the layout transposed it)
             wf = w[lo:lo + SNR_ROWS].to(torch.float64, memory_format=torch.contiguous_format).reshape(-1)
-            # dequantize_weights' values (the fp32 product, then fp64) less the weights, in place (the error's
-            # negative: the same squares); the sums of squares as dot products, one pass each (the pow / sum /
-            # dequantize temporaries took three times as long as the quantization on the CPU)
-            err = q[lo:lo + SNR_ROWS].float().mul_(s[lo:lo + SNR_ROWS].unsqueeze(-1)).double().view(-1).sub_(wf)
+            # the dequantized rows less the weights, in place (the error's negative: the same squares); the sums of
+            # squares as dot products, one pass each (pow / sum temporaries took three times as long as the
+            # quantization on the CPU)
+            err = dequantize_weights(q[lo:lo + SNR_ROWS], s[lo:lo + SNR_ROWS], torch.float64).view(-1).sub_(wf)
             stat[0] += torch.dot(wf, wf)
             stat[1] += torch.dot(err, err)
         q_out.copy_(q.cpu())
