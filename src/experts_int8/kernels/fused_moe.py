@@ -950,13 +950,14 @@ def invoke_dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
 
 
 def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, top_k: int = 2,
-                 num_pairs: int = 16, gated: bool = True):
+                 num_pairs: int = 16, gated: bool = True, weight_dtype: torch.dtype = torch.int8):
     """The ``"gate_up"`` or ``"down"`` Triton kernel as a table entry launches it on int8 weights with scales
     (no biases, the routing weights applied in the down GEMM), compiled for sm_90 without a GPU (Triton
     ships ptxas): ``.asm["cubin"]`` for registers (``cuobjdump -res-usage``) or SASS, ``.metadata.shared``
     for the shared memory a program takes (with the entry's form of programmatic dependent launch, ``PDL``).
-    ``gated`` False: gate_up for experts without a gate (SiLU of the up rows). Run it in a process without
-    ``TRITON_INTERPRET``, whose patches of Triton's language break compilation."""
+    ``gated`` False: gate_up for experts without a gate (SiLU of the up rows). ``weight_dtype`` float (that
+    of ``act_dtype``): float experts, without scales. Run it in a process without ``TRITON_INTERPRET``, whose
+    patches of Triton's language break compilation."""
     from .configs import check_config, split_config
 
     gate_up, down = split_config(check_config(config))
@@ -964,7 +965,10 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     meta = _launch_meta(cfg, num_pairs)
     num_warps, num_stages = meta.pop("num_warps"), meta.pop("num_stages")
     act = {torch.bfloat16: "*bf16", torch.float16: "*fp16"}[act_dtype]
-    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=True, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=cfg.get("PDL", 0),
+    int8 = weight_dtype == torch.int8
+    if not int8 and weight_dtype != act_dtype:
+        raise ValueError(f"sm90_compile: weights are int8 or of the activations' dtype {act_dtype}, got {weight_dtype}")
+    constexprs = dict(meta, TOP_K=top_k, HAS_SCALE=int8, HAS_BIAS=False, DOT_PRECISION="tf32", PDL=cfg.get("PDL", 0),
                       FAST_CVT=True)
     if not meta["TMA"]:
         constexprs["w_desc"] = None
@@ -973,19 +977,19 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
         constexprs.update(_gate_up_meta(cfg, gated), ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False,
                           SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
                           ZERO_COUNTS=bool(down.get("SUM_LAST")),
-                          ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16)
+                          ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16 and int8)
         pointers = dict(x_ptr="*fp16" if constexprs["ROW_SCALE"] else act, out_ptr=act)
     else:
         kernel = moe_down_kernel
         constexprs.update(_down_meta(cfg, pdl=bool(cfg.get("PDL"))), MUL_ROUTED_WEIGHT=True)
         partials = constexprs["SPLIT_K"] > 1 or constexprs["SUM_LAST"]
         pointers = dict(a_ptr=act, out_ptr="*fp32" if partials else act, sums_ptr=act)
-    pointers.update(w_ptr="*i8", scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32", x_inv_scale_ptr="*fp32",
-                    sorted_token_ids_ptr="*i32", block_expert_ids_ptr="*i32", num_tokens_post_padded_ptr="*i32",
-                    counts_ptr="*i32",
+    pointers.update(w_ptr="*i8" if int8 else act, scale_ptr="*fp32", bias_ptr=act, topk_weights_ptr="*fp32",
+                    x_inv_scale_ptr="*fp32", sorted_token_ids_ptr="*i32", block_expert_ids_ptr="*i32",
+                    num_tokens_post_padded_ptr="*i32", counts_ptr="*i32",
                     # with TMA the weights come as a descriptor of (BLOCK_SIZE_N, BLOCK_SIZE_K) tiles
                     # (weight_descriptor)
-                    w_desc=f"tensordesc<i8[{cfg['BLOCK_SIZE_N']}, {cfg['BLOCK_SIZE_K']}]>")
+                    w_desc=f"tensordesc<{'i8' if int8 else act[1:]}[{cfg['BLOCK_SIZE_N']}, {cfg['BLOCK_SIZE_K']}]>")
     return compile_for_sm90(kernel, constexprs, pointers, num_warps, num_stages=num_stages)
 
 
