@@ -419,6 +419,20 @@ def test_tune_search_space_is_pruned(shape):
     assert len(union) <= 2 * 80
 
 
+def test_tune_search_space_holds_the_decode_pipelines_that_fit_hopper():
+    """A decode block (16 rows: mma.sync) keeps num_stages - 1 stages in shared memory: 16 x 128 x 256 int8 and
+    16 x 64 x 256 bf16 in 4 stages compile to 216 KB for sm_90 (tests/test_smem_estimate.py), under its 227 KB;
+    5 stages (288 KB) do not fit."""
+    bns, bks = list(tune.BLOCK_N), list(tune.BLOCK_K)
+    for wbytes, bn in ((1, 128), (2, 64)):
+        space = tune._space(16, bns, bks, wbytes, tune.DEFAULT_SMEM)
+        fits = dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=256, GROUP_SIZE_M=1, num_warps=4, num_stages=4)
+        assert fits in space and dict(fits, num_stages=5) not in space
+    # (the space of 16-row blocks: 51 int8 and 39 bf16 configs where counting every stage left 46 and 32)
+    assert len(tune._space(16, bns, bks, 1, tune.DEFAULT_SMEM)) == 51
+    assert len(tune._space(16, bns, bks, 2, tune.DEFAULT_SMEM)) == 39
+
+
 def test_tune_candidates_are_deterministic_and_budgeted():
     a = tune.candidate_configs(1024, 8, 4096, 14336, 2, torch.int8, max_candidates=12)
     assert a == tune.candidate_configs(1024, 8, 4096, 14336, 2, torch.int8, max_candidates=12)
@@ -1112,10 +1126,16 @@ def test_heuristics_fit_the_shared_memory_of_smaller_gpus():
             # Hopper's 227 KB takes the defaults unchanged.
             assert configs.fit_shared_memory(cfg, dtype.itemsize, 227 * 1024) == cfg
     # Two stages are the floor (a pipeline); past it the K tiles shorten: 16x256 bf16 + 2 x 256x64 int8 a stage
-    # is 40 KB, so 64 KB takes two stages of K tiles of 128, not one stage of 256
+    # is 40 KB, of which a decode block's two stages hold one (mma.sync: num_stages - 1 in shared memory), three
+    # stages two; so 64 KB takes two stages of K tiles of 256, and 32 KB two stages of 128
     cfg = configs.heuristic_config(1, 8, 2, torch.int8, "NVIDIA_H200")
     assert (cfg["BLOCK_SIZE_K"], cfg["num_stages"]) == (256, 3)
-    assert configs.fit_shared_memory(cfg, 1, 64 * 1024) == dict(cfg, num_stages=2, BLOCK_SIZE_K=128)
+    assert configs.fit_shared_memory(cfg, 1, 64 * 1024) == dict(cfg, num_stages=2)
+    assert configs.fit_shared_memory(cfg, 1, 32 * 1024) == dict(cfg, num_stages=2, BLOCK_SIZE_K=128)
+    # at ~99 KB the decode heuristics keep 3 stages (80 KB int8, 72 KB bf16 compiled for sm_86), not 2
+    for dtype in (torch.int8, torch.bfloat16):
+        cfg = configs.heuristic_config(1, 8, 2, dtype, "NVIDIA_A10")
+        assert configs.fit_shared_memory(cfg, dtype.itemsize, 99 * 1024) == dict(cfg, num_stages=3)
 
 
 def test_heuristic_decode_config_streams_long_int8_k_tiles():
@@ -1739,11 +1759,12 @@ def test_down_pipeline_variants_change_only_the_down_gemm():
         dict(SUM_LAST=1, BLOCK_SIZE_K=k) for k in (64, 128)]
     assert all(configs.split_config(v)[0] == configs.split_config(best)[0] for v in got)  # gate_up as it was
     assert all(configs.check_config(v) == v for v in got)
-    # 16 x 256 activation + 256 x 256 bf16 weight tiles: 136 KB a stage, so only 1 stage would fit 200 KB;
-    # a K tile of 64 takes 34 KB a stage, its 4 stages fit
+    # 16 x 256 activation + 256 x 256 bf16 weight tiles: 136 KB a stage, of which a decode block's pipeline holds
+    # num_stages - 1 (mma.sync), so 2 stages fit 200 KB and 3 do not; a K tile of 64 takes 34 KB a stage, its
+    # 4 stages fit (102 KB), one of 128 68 KB a stage (204 KB) does not
     wide = dict(best, down={"BLOCK_SIZE_N": 256})
     assert [v["down"] for v in tune_module.down_pipeline_variants(wide, 2, 200 * 1024)] == [
-        dict(BLOCK_SIZE_N=256, BLOCK_SIZE_K=64)]
+        dict(BLOCK_SIZE_N=256, num_stages=2), dict(BLOCK_SIZE_N=256, BLOCK_SIZE_K=64)]
     assert tune_module.down_pipeline_variants(dict(best, BLOCK_SIZE_M=64), 1, tune_module.DEFAULT_SMEM) == []
     assert tune_module.down_pipeline_variants(dict(best, GLUON=1), 1, tune_module.DEFAULT_SMEM) == []
 

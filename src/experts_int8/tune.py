@@ -79,10 +79,15 @@ def block_m_choices(m: int, num_experts: int, top_k: int) -> list[int]:
     return [b for b in BLOCK_M if b <= max(16, 2 * r) and not (b == 16 and r > 64)]
 
 
-smem_bytes = configs.pipeline_smem_bytes  # shared memory of a GEMM's pipeline (gate_up's by default)
+smem_bytes = configs.pipeline_smem_bytes  # shared memory of a GEMM's program (gate_up's by default)
 
 
 def _plausible(cfg: dict, weight_bytes: int, smem_limit: int) -> bool:
+    """Whether a config of the search space may run well: its gate_up program fits ``smem_limit`` bytes of
+    shared memory as Triton allocates it (``configs.pipeline_smem_bytes``: on Hopper, rings of num_stages - 1
+    tiles for the decode blocks' mma.sync, num_stages for wgmma's), which the down GEMM on the same tile (one
+    weight tile, not two) does too; its gate and up accumulators fit MAX_ACC_REGS registers a thread; and 8
+    warps have enough of a tile to share."""
     bm, bn, warps = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["num_warps"]
     if smem_bytes(cfg, weight_bytes) > smem_limit:
         return False
@@ -170,7 +175,9 @@ def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> li
     own: another depth (NUM_STAGES) or K tile (64, 128, 256). The down GEMM streams K = I where gate_up
     streams K = H, yet takes gate_up's pipeline unless the entry sets its own; its depth also sets how
     many of its programs an SM holds (8x7b M=2: 4 at gate_up's 4 stages, 6 at 3), and a short K = I
-    overlaps more in smaller K steps (benchmarks/NOTES.md items 149, 153: deepseek M=8 at 64)."""
+    overlaps more in smaller K steps (benchmarks/NOTES.md items 149, 153: deepseek M=8 at 64). Those whose
+    down program fits ``smem_limit`` bytes of shared memory (configs.pipeline_smem_bytes: at decode, rings of
+    num_stages - 1 tiles)."""
     if best["BLOCK_SIZE_M"] > 32 or any(best.get(key) for key in configs.OTHER_KERNEL_KEYS):
         return []
     down = configs.split_config(best)[1]

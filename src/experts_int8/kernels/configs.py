@@ -282,15 +282,49 @@ def clear_table_cache() -> None:
 
 
 def pipeline_smem_bytes(config: dict, weight_bytes: int, act_bytes: int = 2, weight_tiles: int = 2) -> int:
-    """Shared memory of a GEMM's software pipeline: per stage one activation tile and ``weight_tiles``
-    weight tiles (gate_up, the larger of the two GEMMs, has two: gate and up; down has one)."""
+    """Shared memory a program of one Triton GEMM takes (its compile's ``metadata.shared``), in bytes, as
+    Triton 3.6-3.9 allocate it for sm_90, the most of any GPU before Blackwell: the software pipeline's rings of
+    activation tiles and ``weight_tiles`` weight tiles (gate_up, the larger of the two GEMMs, has two: gate
+    and up; down has one).
+
+    - A dot of fewer than 64 rows (BLOCK_SIZE_M, or BLOCK_SIZE_N under SWAP_AB; every dot before Hopper) is an
+      ``mma.sync`` whose operands pass through registers: rings of ``num_stages - 1`` tiles (the next tiles
+      load while the dot runs on the last ones loaded).
+    - On Hopper a dot of 64 rows or more is a ``wgmma``, which reads its shared-memory operands while it
+      runs: their rings hold ``num_stages`` tiles. int8 weights, converted in registers, keep a ring of
+      ``num_stages - 1`` and store the converted tile for the dot (one, which gate's and up's dots take in
+      turn; twice as wide with FUSE_GATE_UP), or, under SWAP_AB, give the dot its register operand.
+    - After the K loop the pipeline's memory may hold the output tile on its way to the store (a tile of
+      128 x 128 and K tiles of 16: 32 KB where the rings take 24 KB): at least ``BLOCK_SIZE_M x BLOCK_SIZE_N``
+      fp32 values are counted.
+    - A few bytes a stage of barriers (TMA's copies; Blackwell's MMAs).
+
+    tests/test_smem_estimate.py compares it with compiles. On sm_100 (Triton 3.9) an int8 gate_up of 64 rows or
+    more stores a converted tile for each of gate and up, one more than counted here. A ``num_stages`` of 1 is
+    counted as 2."""
     bm, bn, bk = config["BLOCK_SIZE_M"], config["BLOCK_SIZE_N"], config["BLOCK_SIZE_K"]
-    return config["num_stages"] * (bm * bk * act_bytes + weight_tiles * bk * bn * weight_bytes)
+    stages = max(2, config["num_stages"])
+    act, weights = bm * bk * act_bytes, weight_tiles * bk * bn * weight_bytes
+    swap = bool(config.get("SWAP_AB"))
+    if (bn if swap else bm) < 64:  # mma.sync: both rings num_stages - 1 deep
+        rings = (stages - 1) * (act + weights)
+    elif weight_bytes == act_bytes:  # wgmma on both tiles from shared memory
+        rings = stages * (act + weights)
+    elif swap:  # wgmma on the converted weights (registers) and x's tile (shared memory)
+        rings = stages * act + (stages - 1) * weights
+    else:  # wgmma on x's tile and the converted weight tile (shared memory)
+        converted = (weight_tiles if config.get("FUSE_GATE_UP") else 1) * bk * bn * act_bytes
+        rings = stages * act + (stages - 1) * weights + converted
+    return max(rings, bm * bn * 4) + 8 * stages * (1 + weight_tiles)
 
 
 def fit_shared_memory(config: dict, weight_bytes: int, limit: int) -> dict:
-    """Fewer stages, then shorter K tiles, until the pipeline fits ``limit`` bytes (e.g. the ~100 KB
-    of sm_86/sm_89 parts, where Hopper-sized defaults would not launch)."""
+    """Fewer stages, then shorter K tiles, until gate_up's program fits ``limit`` bytes of shared memory as
+    :func:`pipeline_smem_bytes` counts it (e.g. the ~99 KB of sm_86/sm_89 parts, where Hopper-sized defaults
+    would not launch). Compiled by Triton 3.9 for sm_80 (163 KB), sm_86/sm_89/sm_120 (99 KB) and sm_90/sm_100
+    (227 KB), each heuristic fitted so takes at most ``limit`` in both GEMMs: the int8 prefill heuristic's down
+    GEMM, on tiles twice as wide as gate_up's, takes 8 KB more than gate_up on Hopper (104 KB) and less before
+    it (mma.sync: 72 KB where the limit is 99 KB)."""
     config = dict(config)
     while pipeline_smem_bytes(config, weight_bytes) > limit:
         if config["num_stages"] > 2:
