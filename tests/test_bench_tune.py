@@ -1358,12 +1358,25 @@ def test_swap_variants_for_decode_winners_only():
 
 def test_down_tile_variants_give_the_down_gemm_its_own_tile_at_decode():
     cfg = dict(PINNED, BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, down={"SUM_LAST": 1}, PAIRS=1)
-    variants = tune.down_tile_variants(cfg)
+    variants = tune.down_tile_variants(cfg, 1, tune.DEFAULT_SMEM)
     assert [v["down"] for v in variants] == [{"SUM_LAST": 1, "BLOCK_SIZE_N": n} for n in (64, 128, 256)]
     assert all(v["BLOCK_SIZE_N"] == 32 and configs.check_config(v) == v for v in variants)  # gate_up as it was
     own = dict(cfg, down={"BLOCK_SIZE_N": 128})
-    assert [v["down"]["BLOCK_SIZE_N"] for v in tune.down_tile_variants(own)] == [64, 256]
-    assert tune.down_tile_variants(dict(PINNED, BLOCK_SIZE_M=64)) == []  # prefill tiles: not searched here
+    assert [v["down"]["BLOCK_SIZE_N"] for v in tune.down_tile_variants(own, 1, tune.DEFAULT_SMEM)] == [64, 256]
+    assert tune.down_tile_variants(dict(PINNED, BLOCK_SIZE_M=64), 1, tune.DEFAULT_SMEM) == []  # prefill: not here
+
+
+def test_down_tile_variants_offer_the_tiles_that_fit_shared_memory():
+    """The 256-wide down tile of a 16 x 64 x 256 int8 decode winner in 4 stages takes 216 KB compiled for sm_90
+    (three stages of 16 x 256 bf16 + 256 x 256 int8: mma.sync keeps num_stages - 1 of them), which fits Hopper's
+    227 KB; in bf16 weights (280 KB), or on a GPU of ~99 KB, it does not, nor does the 128-wide one there."""
+    best = dict(PINNED, BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=256, num_stages=4)
+    down = configs.split_config(configs.with_down(best, BLOCK_SIZE_N=256))[1]
+    assert tune.smem_bytes(down, 1, weight_tiles=1) - 221184 in range(0, 129)  # 216 KB, as compiled
+    assert [v["down"] for v in tune.down_tile_variants(best, 1, tune.DEFAULT_SMEM)] == [
+        dict(BLOCK_SIZE_N=128), dict(BLOCK_SIZE_N=256)]
+    assert [v["down"] for v in tune.down_tile_variants(best, 2, tune.DEFAULT_SMEM)] == [dict(BLOCK_SIZE_N=128)]
+    assert tune.down_tile_variants(best, 1, 99 * 1024) == []
 
 
 def test_tune_candidates_fit_the_shared_memory_of_smaller_gpus():
@@ -1784,7 +1797,7 @@ def test_refine_variants_of_shipped_entries_are_valid_configs():
             for top_k, hidden in ((2, 4096), (6, 2048), (8, 2048)):
                 for v in (tune_module.group_variants(cfg, m, num_experts, top_k)
                           + tune_module.split_k_variants(cfg, m, num_experts, hidden, top_k, 132)
-                          + tune_module.down_tile_variants(cfg)
+                          + tune_module.down_tile_variants(cfg, 1, tune_module.DEFAULT_SMEM)
                           + tune_module.down_pipeline_variants(cfg, 1, tune_module.DEFAULT_SMEM)
                           + tune_module.fuse_variants(cfg, "int8")
                           + tune_module.pairs_variants(cfg, m, num_experts, top_k)

@@ -158,16 +158,18 @@ def swap_variants(best: dict) -> list[dict]:
     return [dict(best, SWAP_AB=1), configs.with_down(dict(best, SWAP_AB=1), SWAP_AB=0)]
 
 
-def down_tile_variants(best: dict) -> list[dict]:
+def down_tile_variants(best: dict, weight_bytes: int, smem_limit: int) -> list[dict]:
     """A decode winner (BLOCK_SIZE_M <= 32) with its down GEMM on other column tiles: the down GEMM is
     N=H x K=I, unlike gate_up's N=2I x K=H, yet inherits gate_up's tile (qwen3 at M=4: 128-wide down
-    tiles 7% faster than the 32-wide ones of its gate_up, benchmarks/NOTES.md item 69). Not filtered by
-    shared memory: the estimate counts a stage more than Triton allocates, and would drop the 256-wide tile
-    that fits Hopper (216 KB compiled); one that does not fit fails to compile and is skipped."""
+    tiles 7% faster than the 32-wide ones of its gate_up, benchmarks/NOTES.md item 69), where the down GEMM's
+    program fits ``smem_limit`` bytes of shared memory (the 256-wide tile of 16 x 256 x 256 in 4 stages takes
+    216 KB on Hopper: three stages of int8 weights, as configs.pipeline_smem_bytes counts them)."""
     if best["BLOCK_SIZE_M"] > 32:
         return []
-    own = configs.split_config(best)[1]["BLOCK_SIZE_N"]
-    return [configs.with_down(best, BLOCK_SIZE_N=n) for n in (64, 128, 256) if n != own]
+    down = configs.split_config(best)[1]
+    return [configs.with_down(best, BLOCK_SIZE_N=n) for n in (64, 128, 256)
+            if n != down["BLOCK_SIZE_N"]
+            and smem_bytes(dict(down, BLOCK_SIZE_N=n), weight_bytes, weight_tiles=1) <= smem_limit]
 
 
 def down_pipeline_variants(best: dict, weight_bytes: int, smem_limit: int) -> list[dict]:
@@ -792,7 +794,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                 def variants(cfg, m=m, d=d):
                     return (group_variants(cfg, m, num_experts, top_k)
                             + split_k_variants(cfg, m, num_experts, hidden, top_k, num_sms)
-                            + down_tile_variants(cfg) + down_pipeline_variants(cfg, DTYPES[d].itemsize, smem)
+                            + down_tile_variants(cfg, DTYPES[d].itemsize, smem)
+                            + down_pipeline_variants(cfg, DTYPES[d].itemsize, smem)
                             + fuse_variants(cfg, d) + pairs_variants(cfg, m, num_experts, top_k)
                             + sum_topk_variants(cfg, m, num_experts, top_k) + swap_variants(cfg)
                             + sum_last_variants(cfg, m, num_experts, top_k)
