@@ -1981,3 +1981,30 @@ def test_no_matplotlib_is_one_log_line_that_says_what_to_do(monkeypatch, tmp_pat
         assert bench.plot_results({"rows": []}, tmp_path / "plot.png") is None
     assert not raised and not (tmp_path / "plot.png").exists()
     assert "pip install matplotlib" in caplog.text and "--no-plot" in caplog.text
+
+
+def test_cli_tune_splits_the_intermediate_size_over_tp_and_refuses_an_uneven_split(tmp_path, monkeypatch):
+    from experts_int8 import tune as tune_module
+
+    asked = []
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **kw: asked.append((a, kw)))
+    r = _run("tune", "--shape", "8,64,96,2", "--tp", "2")
+    assert r.exit_code == 0 and asked[-1][0] == (8, 64, 48, 2), r.output
+    r = _run("tune", "--shape", "8,64,96,2", "--tp", "5")
+    assert r.exit_code == 2 and "the intermediate size 96 is not divisible by --tp 5" in r.output and len(asked) == 1
+    # A config.json whose model transformers cannot build: its shape, in the default form (nothing to say about it)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-moe", "num_local_experts": 4,
+                                                      "hidden_size": 32, "intermediate_size": 48,
+                                                      "num_experts_per_tok": 2}))
+    assert cli.experts_form(str(tmp_path)) is None
+    r = _run("tune", "--model-config", str(tmp_path), "--m", "1")
+    assert r.exit_code == 0 and "the model's experts" not in r.output, r.output
+    assert asked[-1][0] == (4, 32, 48, 2) and (asked[-1][1]["activation"], asked[-1][1]["gated"]) == ("silu", True)
+
+
+def test_cli_bench_passes_reps(monkeypatch):
+    ran = []
+    monkeypatch.setattr(bench, "run_benchmark", lambda settings, command: ran.append(settings))
+    for args, reps in ((["--reps", "7"], 7), (["--quick", "--reps", "3"], 3), ([], bench.Settings().reps)):
+        r = _run("bench", "--shapes", "8:64:64:2", "--m", "1", *args)
+        assert r.exit_code == 0 and ran[-1].reps == reps, r.output

@@ -1565,3 +1565,283 @@ def test_quantize_shards_are_named_sized_and_indexed_as_transformers_writes_them
         total += sum(sizes)
     assert index["metadata"]["total_size"] == total
     assert len(index["weight_map"]) == len(tensors(dst))
+
+
+# --- the helpers behind the commands: their refusals ---------------------------------------------
+
+def test_experts_tensor_layouts_refuse_unknown_names():
+    from experts_int8.checkpoint import from_fused_layout, to_fused_layout
+
+    w = torch.zeros(2, 4, 6)
+    for convert in (to_fused_layout, from_fused_layout):
+        with pytest.raises(ValueError, match="unknown experts layout 'interleaved'"):
+            convert("interleaved", "down_proj", w)
+        with pytest.raises(ValueError, match="unknown experts tensor 'up_proj'"):
+            convert("gpt_oss", "up_proj", w)
+
+
+def test_read_headers_skips_files_other_than_safetensors(tmp_path):
+    from experts_int8.checkpoint import read_headers
+
+    save_file({"a": torch.zeros(2, 3, dtype=torch.int8)}, tmp_path / "model.safetensors")
+    (tmp_path / "model.bin").write_text("not safetensors")
+    assert read_headers([tmp_path / "model.bin", tmp_path / "model.safetensors"]) == {"a": ("I8", (2, 3))}
+    assert read_headers(None) == {}
+
+
+def test_release_decoders_refuse_what_they_cannot_read():
+    from experts_int8.releases import float_decoders, release_encoding
+
+    with pytest.raises(ValueError, match="quantization_config is a JSON list"):
+        release_encoding({"quantization_config": ["fp8"]}, "src")
+    mxfp4 = {"quant_method": "mxfp4"}
+    with pytest.raises(ValueError, match="dtype 'int8' is not one of bfloat16, float16, float32"):
+        float_decoders(mxfp4, {}, {"dtype": "int8"})
+    with pytest.raises(ValueError, match=r"e.down_proj_blocks is U8 \[2, 4, 1, 8\], not MXFP4 blocks"):
+        float_decoders(mxfp4, {"e.down_proj_blocks": ("U8", (2, 4, 1, 8)), "e.down_proj_scales": ("U8", (2, 4, 1))},
+                       {})
+    with pytest.raises(ValueError, match="e.up_proj_scales belongs to no mxfp4 weight"):
+        float_decoders(mxfp4, {"e.up_proj_scales": ("U8", (2, 4, 1))}, {})
+    headers = {"e.down_proj_blocks": ("U8", (2, 4, 3, 16)), "e.down_proj_scales": ("U8", (2, 4, 3))}
+    assert set(float_decoders(mxfp4, headers, {"dtype": "float16"})) == {"e.down_proj"}
+    assert headers == {"e.down_proj": ("F16", (2, 96, 4))}
+
+
+def test_checkpoint_kind_offers_conversion_only_for_a_release_it_reads():
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match="'fp8'.*convert this release first"):
+        run_module.checkpoint_kind({"quantization_config": fp8})
+    with pytest.raises(ValueError, match="'gptq'; experts-int8 loads float checkpoints") as info:
+        run_module.checkpoint_kind({"quantization_config": {"quant_method": "gptq", "bits": 4}})
+    assert "convert this release" not in str(info.value)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_device_refused_without_cuda(tmp_path):
+    with pytest.raises(ValueError, match="--device cuda:1: CUDA is not available on this machine"):
+        run_module.check_device("cuda:1")
+
+
+def test_load_model_refuses_a_folder_without_weights(tmp_path):
+    tiny_config("mixtral").save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="has no \\*.safetensors weights"):
+        run_module.load_model(tmp_path)
+
+
+def test_read_tokens_reads_more_until_it_has_enough():
+    """A text of few tokens per character: the first read gives too few, so it reads twice as much, and again."""
+    import tempfile
+
+    from experts_int8.run import read_tokens
+
+    read = []
+
+    def tokenizer(text):  # one id per 32 characters
+        read.append(len(text))
+        return type("Encoding", (), {"input_ids": list(range(len(text) // 32))})()
+
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write("x" * 1_000_000)
+    try:
+        assert read_tokens(tokenizer, f.name, 1000) == list(range(1000))
+        assert read == [16_000, 32_000, 64_000]
+    finally:
+        os.remove(f.name)
+
+
+def test_model_dir_and_converter_helpers_refuse_bad_input(tmp_path):
+    from experts_int8.convert import _snr_db, format_bytes, pack_int8, read_model_dir
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(NotADirectoryError, match="file is a file; expected a model directory"):
+        read_model_dir(tmp_path / "file")
+    (tmp_path / "list").mkdir()
+    (tmp_path / "list" / "config.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="config.json holds a JSON list, not a model config's object"):
+        read_model_dir(tmp_path / "list")
+    with pytest.raises(ValueError, match=r"pack_int8 expects a 2-D int8 tensor, got torch.int8 \(2, 3, 4\)"):
+        pack_int8(torch.zeros(2, 3, 4, dtype=torch.int8))
+    with pytest.raises(ValueError, match="pack_int8 expects a 2-D int8 tensor, got torch.int32"):
+        pack_int8(torch.zeros(2, 4, dtype=torch.int32))
+    assert [format_bytes(n) for n in (999, 1500, 2.5e12, 3e15)] == ["999 B", "1.5 KB", "2.5 TB", "3000.0 TB"]
+    assert _snr_db(1.0, 0.0) == float("inf") and _snr_db(0.0, 1.0) == float("-inf") and _snr_db(10.0, 1.0) == 10.0
+
+
+def test_eval_of_a_dense_model_as_1_expert_layers(demo_run, tmp_path):
+    _, keep = demo_run
+    dense = tmp_path / "dense"
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=64, num_hidden_layers=2,  # (the tokenizer's)
+                      num_attention_heads=4, num_key_value_heads=2)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(keep / "bf16" / f, dense / f)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog " * 20)
+    result = invoke("eval", dense, "--text", text, "--device", "cpu", "--dtype", "fp32", "--window", "32",
+                    "--dense-as-experts")
+    assert result.exit_code == 0, result.output
+    assert "2 dense MLPs as 1-expert int8 layers" in result.output and "first window" not in result.output
+    assert re.search(r"perplexity\s+[\d.]+\s+[\d.]+", result.output), result.output
+
+
+def test_eval_refusals_before_loading(demo_run, tmp_path):
+    _, keep = demo_run
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 20)
+    result = invoke("eval", keep / "bf16", "--text", text, "--window", "16", "--stride", "16")
+    assert result.exit_code == 2 and "--stride" in result.output and "must be smaller than --window (16)" in \
+        result.output, result.output
+    no_tokenizer = tmp_path / "no_tokenizer"
+    shutil.copytree(keep / "bf16", no_tokenizer)
+    for f in run_module.TOKENIZER_FILES:
+        (no_tokenizer / f).unlink(missing_ok=True)
+    assert_one_line_error(invoke("eval", no_tokenizer, "--text", text), "has no tokenizer files")
+    short = tmp_path / "short.txt"
+    short.write_text("")
+    assert_one_line_error(invoke("eval", keep / "bf16", "--text", short, "--device", "cpu"),
+                          "short.txt gives fewer than 2 tokens")
+
+
+def test_generate_refuses_an_empty_prompt(demo_run):
+    _, keep = demo_run
+    assert_one_line_error(invoke("generate", keep / "int8", "--prompt", "", "--device", "cpu"),
+                          "the prompt is empty after tokenization")
+
+
+@pytest.mark.parametrize("exc", [BrokenPipeError, KeyboardInterrupt])
+def test_debug_shows_a_broken_pipe_and_a_ctrl_c_as_they_are(exc, tmp_path):
+    with mock.patch("experts_int8.convert.quantize_checkpoint", side_effect=exc()):
+        result = invoke("quantize", tmp_path / "src", tmp_path / "dst", "--device", "cpu", "--debug")
+    if exc is BrokenPipeError:
+        assert isinstance(result.exception, BrokenPipeError)
+    else:  # (click's own answer to a Ctrl-C it sees, not ours: "Interrupted.", status 130)
+        assert result.exit_code == 1 and "Aborted!" in result.output and "Interrupted." not in result.output
+
+
+def test_commands_run_outside_the_main_thread(tmp_path):
+    """A command called from a thread (a notebook's worker, a server) takes no signal handlers, and still fails
+    with its own one-line error."""
+    import threading
+
+    results = []
+    thread = threading.Thread(target=lambda: results.append(invoke("quantize", tmp_path / "missing", tmp_path / "o")))
+    thread.start()
+    thread.join()
+    assert_one_line_error(results[0], "missing: no such file or directory")
+
+
+def test_install_hint_names_what_installs_a_missing_module():
+    from experts_int8.cli import install_hint
+
+    assert "need Linux" in install_hint(ModuleNotFoundError("No module named 'triton'", name="triton"))
+    assert install_hint(ModuleNotFoundError("No module named 'accelerate.x'", name="accelerate.x")) == \
+        "; install it with: pip install 'experts-int8[hf]'"
+    assert install_hint(ModuleNotFoundError("No module named 'foo'", name="foo")) == ""
+    assert install_hint(ModuleNotFoundError("no name")) == install_hint(ValueError("x")) == ""
+
+
+def test_locked_folder_removes_the_folders_it_made_when_the_block_fails(tmp_path):
+    from experts_int8.files import locked_folder
+
+    with pytest.raises(RuntimeError, match="boom"), locked_folder(tmp_path / "a" / "b" / "c") as folder:
+        assert folder.is_dir()
+        raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(RuntimeError, match="boom"), locked_folder(tmp_path / "a" / "b" / "c") as folder:
+        (folder.parent / "other").write_text("")  # (another writer's file: kept, with the folders above it)
+        raise RuntimeError("boom")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["a", "a/b", "a/b/other"]
+    with locked_folder(tmp_path / "d") as folder:
+        (folder / "f").write_text("x")
+    assert (tmp_path / "d" / "f").read_text() == "x"
+
+
+def test_signals_held_leaves_a_threads_handlers_alone():
+    import threading
+
+    from experts_int8.files import signals_held
+
+    seen = []
+
+    def held():
+        with signals_held():
+            seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=held)
+    thread.start()
+    thread.join()
+    assert seen == [signal.default_int_handler]
+    with signals_held():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_output_folder_without_write_permission_is_refused(tmp_path, monkeypatch):
+    from experts_int8.files import check_writable_dir
+
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != tmp_path)  # (root writes anywhere)
+    with pytest.raises(ValueError, match=f"--out {tmp_path}/x/y: {tmp_path} is not writable; choose another"):
+        check_writable_dir(tmp_path / "x" / "y", "--out")
+    check_writable_dir(tmp_path.parent / "elsewhere", "--out")
+
+
+@pytest.mark.parametrize("headers, layout, hidden, match", [
+    ({"m.experts.0.w1.weight": ("BF16", (4, 8)), "m.experts.down_proj": ("BF16", (2, 8, 4))}, "fused", None,
+     "both per-expert and fused keys"),
+    ({"m.experts.gate_up_proj": ("BF16", (2, 8, 8)), "m.experts.up_proj": ("BF16", (2, 4, 8)),
+      "m.experts.down_proj": ("BF16", (2, 8, 4))}, "fused", None, "both gate_up_proj and up_proj"),
+    ({"m.experts.gate_up_proj": ("I8", (2, 8, 8)), "m.experts.down_proj": ("BF16", (2, 8, 4))}, "fused", None,
+     "m.experts.gate_up_proj is I8, not a float tensor"),
+    ({"m.experts.gate_up_proj": ("BF16", (16, 8)), "m.experts.down_proj": ("BF16", (2, 8, 4))}, "fused", None,
+     r"fused experts tensors of 3 dims, got \[16, 8\] and \[2, 8, 4\]"),
+    ({"m.experts.gate_up_proj": ("BF16", (2, 8, 8)), "m.experts.down_proj": ("BF16", (2, 4, 8)),
+      "m.experts.gate_up_proj_bias": ("BF16", (2, 8)), "m.experts.down_proj_bias": ("BF16", (2, 4))}, "gpt_oss",
+     None, r"expert biases of shapes \[2, 8\] and \[2, 4\] do not match"),
+    ({"m.experts.0.w1.weight": ("BF16", (4, 8)), "m.experts.2.w1.weight": ("BF16", (4, 8))}, "fused", None,
+     r"expert indices are not 0..1 \(found \[0, 2\]"),
+    ({"m.experts.0.w1.weight": ("BF16", (4, 8)), "m.experts.0.w3.weight": ("BF16", (4, 8)),
+      "m.experts.0.w2.weight": ("BF16", (8, 4)), "m.experts.1.w1.weight": ("BF16", (4, 8)),
+      "m.experts.1.w2.weight": ("BF16", (8, 4))}, "fused", None, "expert 1 has no up projection"),
+    ({"m.experts.0.w1.weight": ("BF16", (4, 8)), "m.experts.0.w3.weight": ("BF16", (4, 8)),
+      "m.experts.0.w2.weight": ("BF16", (8, 4)), "m.experts.1.w1.weight": ("BF16", (4, 8)),
+      "m.experts.1.w3.weight": ("BF16", (6, 8)), "m.experts.1.w2.weight": ("BF16", (8, 4))}, "fused", None,
+     r"up projections differ in shape across experts: \[\(4, 8\), \(6, 8\)\]"),
+    ({"m.experts.0.w1.weight": ("BF16", (4, 8)), "m.experts.0.w3.weight": ("BF16", (4, 8)),
+      "m.experts.0.w2.weight": ("BF16", (8, 6))}, "fused", None,
+     r"inconsistent expert shapes gate \[4, 8\], up \[4, 8\], down \[8, 6\]"),
+    ({"m.experts.0.w1.weight": ("BF16", (4, 8)), "m.experts.0.w3.weight": ("BF16", (4, 8)),
+      "m.experts.0.w2.weight": ("BF16", (8, 4))}, "fused", 16, "inconsistent expert shapes"),
+])
+def test_converter_refuses_experts_tensors_that_do_not_fit_together(headers, layout, hidden, match):
+    from experts_int8.convert import _check_group, plan_groups
+
+    (group,) = plan_groups(headers, layout).values()
+    with pytest.raises(ValueError, match=match):
+        _check_group(group, headers, hidden)
+    assert _check_group(*plan_groups(HEADERS_OK, "fused").values(), HEADERS_OK, 8) == (2, 8, 4)
+
+
+HEADERS_OK = {f"m.experts.{e}.{p}.weight": ("BF16", s) for e in range(2)
+              for p, s in (("w1", (4, 8)), ("w3", (4, 8)), ("w2", (8, 4)))}
+
+
+def test_quantize_refuses_dst_and_shards_that_clash(bf16_checkpoint, tmp_path):
+    from experts_int8.convert import quantize_checkpoint
+
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("mixtral"), src)
+    with pytest.raises(ValueError, match="DST must differ from SRC"):
+        quantize_checkpoint(src, tmp_path / "." / "src", progress=False)
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(FileExistsError, match="taken already exists \\(pass --overwrite to replace it\\)"):
+        quantize_checkpoint(src, tmp_path / "taken", progress=False)
+    shutil.copy(src / "model.safetensors", src / "model-a.safetensors")  # (two shards, no index: both are read)
+    os.replace(src / "model.safetensors", src / "model-b.safetensors")
+    with pytest.raises(ValueError, match=r"tensor \S+ appears in both model-a.safetensors and model-b.safetensors"):
+        quantize_checkpoint(src, tmp_path / "int8", progress=False)
+    for f in src.glob("*.safetensors"):
+        f.unlink()
+    (src / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"has no \*.safetensors weights \(found pytorch_model.bin; only safetensors"):
+        quantize_checkpoint(src, tmp_path / "int8", progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["src", "taken"]

@@ -208,3 +208,40 @@ def test_failed_conversion_leaves_model_untouched():
     assert not any(isinstance(m, Int8DenseMLP) for m in model.modules())
     with pytest.raises(ValueError, match="backend"):
         dense_mlps_as_int8_experts_(tiny_llama(), backend="cuda")
+
+
+def test_dense_conversion_refuses_what_it_cannot_convert():
+    class MLP(nn.Module):  # a gated MLP without an act_fn child
+        def __init__(self):
+            super().__init__()
+            self.gate_proj, self.up_proj = nn.Linear(8, 12, bias=False), nn.Linear(8, 12, bias=False)
+            self.down_proj = nn.Linear(12, 8, bias=False)
+
+    with pytest.raises(ValueError, match="activation must be one of"):
+        dense_mlps_as_int8_experts_(nn.Sequential(MLP()), activation="tanh")
+    with pytest.raises(ValueError, match="the model itself is a gated MLP"):
+        dense_mlps_as_int8_experts_(MLP(), activation="silu")
+    with pytest.raises(ValueError, match="0: no act_fn module"):
+        dense_mlps_as_int8_experts_(nn.Sequential(MLP()))
+    model = nn.Sequential(MLP())
+    model[0].up_proj = nn.Linear(8, 10, bias=False)  # shapes that do not fit together: not a gated MLP
+    with pytest.raises(ValueError, match="no dense gated MLP"):
+        dense_mlps_as_int8_experts_(model, activation="silu")
+    model = nn.Sequential(MLP())
+    assert dense_mlps_as_int8_experts_(model, activation="silu", backend="torch") == 1
+    assert isinstance(model[0], Int8DenseMLP) and model[0].experts.activation == "silu"
+
+
+def test_int8_dense_mlp_needs_one_expert():
+    experts = Int8Experts.from_float(torch.randn(2, 8, 4), torch.randn(2, 4, 4), backend="torch")
+    with pytest.raises(ValueError, match="1-expert Int8Experts, got 2 experts"):
+        Int8DenseMLP(experts)
+
+
+def test_compare_models_takes_one_sequence_as_a_batch_of_one():
+    a, b = FixedLM(torch.tensor([0.0, 1.0, 2.0])), FixedLM(torch.tensor([0.0, 1.0, 3.0]))
+    ids = [0, 2, 1, 2, 2]
+    assert compare_models(a, b, torch.tensor([ids]), window=4, stride=2) == compare_models(a, b, ids, window=4,
+                                                                                           stride=2)
+    with pytest.raises(ValueError, match=r"one sequence .* shape \(2, 5\)"):
+        compare_models(a, b, torch.tensor([ids, ids]), window=4, stride=2)

@@ -136,3 +136,8 @@ def test_dequantize_of_stacked_experts_equals_the_formula_expert_by_expert():
         out = dequantize_weights(q, s, dtype)
         assert out.dtype == dtype and out.shape == q.shape
         assert torch.equal(out, (q.float() * s.unsqueeze(-1)).to(dtype))
+
+
+def test_quantize_weights_takes_a_tensor_only():
+    with pytest.raises(TypeError, match="expects a torch.Tensor, got list"):
+        quantize_weights([[1.0, 2.0]])

@@ -1833,3 +1833,34 @@ def test_the_package_is_marked_typed():
     from importlib.resources import files
 
     assert files("experts_int8").joinpath("py.typed").is_file()
+
+
+def test_quantize_refuses_a_wrong_config_and_weights_it_cannot_read():
+    from experts_int8.integrations.transformers import find_experts
+
+    with pytest.raises(TypeError, match="config must be an ExpertsInt8Config, got dict"):
+        quantize_(tiny_model("mixtral"), {"quant_method": "experts_int8"})
+    with pytest.raises(TypeError, match="allow_no_experts must be a bool, got 'yes'"):
+        ExpertsInt8Config(allow_no_experts="yes")
+    model = tiny_model("mixtral")
+    name, experts = find_experts(model)[-1]
+    experts.down_proj = torch.nn.Parameter(experts.down_proj.detach().to(torch.int32), requires_grad=False)
+    with pytest.raises(TypeError, match=f"{name}.down_proj: expected float weights, got torch.int32"):
+        quantize_(model)
+    experts.down_proj = torch.nn.Parameter(torch.empty(experts.down_proj.shape, device="meta"))
+    with pytest.raises(ValueError, match=f"{name}.down_proj is on the meta device; load the weights first"):
+        quantize_(model)
+    assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model))  # (left unchanged)
+
+
+def test_device_for_reads_each_kind_of_device_map():
+    from experts_int8.integrations.transformers import _device_for
+
+    name = "model.layers.0.mlp.experts"
+    assert _device_for(None, name) is None
+    assert _device_for({"model.layers.1": "cpu"}, name) is None
+    assert _device_for({"model.layers.0": 1, "": "cpu"}, name) == torch.device("cuda", 1)
+    assert _device_for({"model": "disk"}, name) == torch.device("cpu")
+    assert _device_for("auto", name) == (torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu"))
+    assert _device_for("meta", name) == torch.device("meta")
+    assert _device_for("not-a-device", name) is None

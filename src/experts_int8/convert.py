@@ -148,7 +148,6 @@ def format_bytes(n: float) -> str:
         if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-    return f"{n:.1f} TB"
 
 
 def _weight_files(p: Path) -> tuple[list[Path], Optional[dict[str, str]]]:

@@ -25,10 +25,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def default_device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def check_device(device: str) -> torch.device:
     try:
         dev = torch.device(device)
@@ -323,5 +319,5 @@ class quiet_transformers:  # noqa: N801 - called as a function, as torch.set_gra
         self.restore()
 
 
-__all__ = ["DTYPES", "Generation", "checkpoint_kind", "default_device", "generate", "has_tokenizer", "load_model",
+__all__ = ["DTYPES", "Generation", "checkpoint_kind", "generate", "has_tokenizer", "load_model",
            "memory_bytes", "peak_memory"]
