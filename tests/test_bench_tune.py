@@ -2008,3 +2008,20 @@ def test_cli_bench_passes_reps(monkeypatch):
     for args, reps in ((["--reps", "7"], 7), (["--quick", "--reps", "3"], 3), ([], bench.Settings().reps)):
         r = _run("bench", "--shapes", "8:64:64:2", "--m", "1", *args)
         assert r.exit_code == 0 and ran[-1].reps == reps, r.output
+
+
+def test_bench_reads_reps_and_refuses_no_dtypes():
+    assert bench.settings_from_args(bench.build_parser().parse_args(["--reps", "9"])).reps == 9
+    assert bench.settings_from_args(bench.build_parser().parse_args(["--quick"])).reps == bench.Settings.quick().reps
+    assert bench.parse_dtypes(["int8, ,int8", "bf16"]) == ["int8", "bf16"]
+    with pytest.raises(ValueError, match="no dtypes given"):
+        bench.parse_dtypes([" , "])
+
+
+def test_reference_activation_refuses_what_ungated_experts_cannot_take():
+    h = torch.randn(3, 4)
+    assert torch.equal(reference.activate(h, "relu2", gated=False), torch.relu(h).square())
+    with pytest.raises(ValueError, match="'swiglu_oai' needs gate and up rows; these experts have no gate"):
+        reference.activate(h, "swiglu_oai", gated=False)
+    with pytest.raises(ValueError, match="activation must be one of .*, got 'tanh'"):
+        reference.activate(h, "tanh", gated=False)

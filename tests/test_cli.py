@@ -1767,13 +1767,17 @@ def test_signals_held_leaves_a_threads_handlers_alone():
         with signals_held():
             seen.append(signal.getsignal(signal.SIGINT))
 
-    thread = threading.Thread(target=held)
-    thread.start()
-    thread.join()
-    assert seen == [signal.default_int_handler]
-    with signals_held():
-        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (whatever an earlier test left)
+    try:
+        thread = threading.Thread(target=held)
+        thread.start()
+        thread.join()
+        assert seen == [signal.default_int_handler]
+        with signals_held():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def test_an_output_folder_without_write_permission_is_refused(tmp_path, monkeypatch):
