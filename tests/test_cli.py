@@ -1068,12 +1068,17 @@ def test_quantize_cleanup_runs_to_its_end_through_a_second_ctrl_c(bf16_checkpoin
             time.sleep(0.1)  # (where Python would run its handler)
         return real_rmtree(path, *args, **kwargs)
 
-    with mock.patch.object(convert, "save_file", interrupted), \
-            mock.patch.object(convert.shutil, "rmtree", pressed_again):
-        result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--no-progress")
+    # (a shell's background job, `pytest ... &`, starts with SIGINT ignored: Python's own handler, as at a terminal)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with mock.patch.object(convert, "save_file", interrupted), \
+                mock.patch.object(convert.shutil, "rmtree", pressed_again):
+            result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--no-progress")
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back)
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert pressed and result.exit_code == 128 + signal.SIGINT, result.output
     assert os.listdir(tmp_path) == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back)
 
 
 def test_generate_and_eval_with_real_repositories_settings(demo_run, tmp_path):
@@ -1767,7 +1772,7 @@ def test_signals_held_leaves_a_threads_handlers_alone():
         with signals_held():
             seen.append(signal.getsignal(signal.SIGINT))
 
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (whatever an earlier test left)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (ignored in a shell's background job)
     try:
         thread = threading.Thread(target=held)
         thread.start()
