@@ -1854,3 +1854,26 @@ def test_quantize_refuses_dst_and_shards_that_clash(bf16_checkpoint, tmp_path):
     with pytest.raises(ValueError, match=r"has no \*.safetensors weights \(found pytorch_model.bin; only safetensors"):
         quantize_checkpoint(src, tmp_path / "int8", progress=False)
     assert sorted(os.listdir(tmp_path)) == ["src", "taken"]
+
+
+def test_quantize_refuses_a_dst_that_holds_the_current_folder(bf16_checkpoint, tmp_path, monkeypatch):
+    (tmp_path / "int8" / "sub").mkdir(parents=True)
+    (tmp_path / "int8" / "config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path / "int8" / "sub")
+    assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--overwrite"),
+                          "holds the current folder, which a rename cannot replace")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["int8", "int8/config.json",
+                                                                                "int8/sub"]
+
+
+def test_load_errors_other_than_transformers_report_pass_through(tmp_path):
+    """from_pretrained turns transformers' mismatch report into one line; any other RuntimeError is not its to
+    rename."""
+    class Auto:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            raise RuntimeError("CUDA error: out of memory")
+
+    with mock.patch.object(run_module, "auto_model_class", return_value=Auto):
+        with pytest.raises(RuntimeError, match="^CUDA error: out of memory$"):
+            run_module.from_pretrained({}, tmp_path)
