@@ -992,7 +992,7 @@ def test_quantize_keeps_a_dst_that_appears_while_it_runs_and_puts_back_one_it_fa
 
     with mock.patch.object(convert.os, "replace", second_rename_fails):
         assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite"),
-                              "Input/output error")
+                              f"replacing DST {dst} failed (Input/output error); the old checkpoint was put back")
     assert sorted(os.listdir(dst)) == before and sorted(os.listdir(tmp_path)) == ["int8"]
 
     shutil.rmtree(dst)  # under --overwrite, what appears meanwhile is checked as what was there at the start
@@ -1024,6 +1024,67 @@ def test_quantize_overwrite_whose_dst_another_run_takes_away_meanwhile_leaves_no
         result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
     assert result.exit_code == 0, result.output
     assert sorted(os.listdir(tmp_path)) == ["int8"] and (dst / "model.safetensors").is_file()
+
+
+def _snapshot(folder: Path) -> dict:
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
+
+
+def _failing(real, when, err):
+    """``real`` (os.rename / os.replace), raising the OS's own OSError (both paths named) where ``when(a, b)``."""
+    def call(a, b, *args, **kwargs):
+        if when(Path(a), Path(b)):
+            raise OSError(err, os.strerror(err), str(a), None, str(b))
+        return real(a, b, *args, **kwargs)
+    return call
+
+
+def test_quantize_whose_final_rename_fails_leaves_nothing_and_names_dst(bf16_checkpoint, tmp_path):
+    """The rename of the finished output onto a new DST failing (a read-only remount, an I/O error): no .partial
+    folder nor DST is left, and the one-line error names DST, not the removed temporary folder."""
+    from experts_int8 import convert
+
+    dst = tmp_path / "new" / "int8"
+    rename = _failing(os.rename, lambda a, b: b == dst, errno.EROFS)
+    with mock.patch.object(convert.os, "rename", rename):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress")
+    assert_one_line_error(result, str(dst), "Read-only file system")
+    assert ".partial" not in result.output
+    assert os.listdir(tmp_path) == []
+
+
+def test_quantize_overwrite_that_cannot_move_the_old_dst_aside_leaves_it_as_it_was(bf16_checkpoint, tmp_path):
+    """--overwrite whose first rename of the swap (DST aside into a hidden .old folder) fails: DST is left as it was,
+    no .old or .partial folder beside it, and the error names DST."""
+    from experts_int8 import convert
+
+    dst = tmp_path / "int8"
+    assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+    before = _snapshot(dst)
+    replace = _failing(os.replace, lambda a, b: a == dst and b.parent.name.endswith(".old"), errno.EBUSY)
+    with mock.patch.object(convert.os, "replace", replace):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert_one_line_error(result, str(dst), "Device or resource busy", "left as it is")
+    assert ".old" not in result.output and ".partial" not in result.output
+    assert os.listdir(tmp_path) == ["int8"] and _snapshot(dst) == before
+
+
+def test_quantize_overwrite_whose_swap_and_put_back_both_fail_says_where_the_old_checkpoint_is(bf16_checkpoint,
+                                                                                               tmp_path):
+    """--overwrite whose new checkpoint cannot take DST's place, nor the old one go back: the error says where the
+    old checkpoint is, and it is there whole; the new output is removed."""
+    from experts_int8 import convert
+
+    dst = tmp_path / "int8"
+    assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+    before = _snapshot(dst)
+    replace = _failing(os.replace, lambda a, b: b == dst, errno.EIO)  # (the new one in, then the old one back)
+    with mock.patch.object(convert.os, "replace", replace):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert_one_line_error(result, "and so did putting it back: the old checkpoint is in")
+    [old] = os.listdir(tmp_path)
+    assert old.startswith(".int8.") and old.endswith(".old") and str(tmp_path / old / "x") in result.output
+    assert _snapshot(tmp_path / old / "x") == before
 
 
 def test_quantize_overwrite_interrupted_while_deleting_the_old_checkpoint_leaves_no_old_folder(bf16_checkpoint,

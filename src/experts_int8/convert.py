@@ -829,8 +829,9 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
             os.rename(tmp, dst)  # (replaces only an empty folder that appeared meanwhile)
             return
         except OSError as exc:
-            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-                raise
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):  # (the OS's message named our temporary folder)
+                raise OSError(f"moving the converted checkpoint to DST {dst} failed "
+                              f"({exc.strerror or exc})") from exc
     if not overwrite:
         raise FileExistsError(f"{dst} appeared while converting (another run?); it was left as it is: pass "
                               f"--overwrite to replace it, or choose another DST")
@@ -842,8 +843,11 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
         old.rmdir()
         os.rename(tmp, dst)
         return
-    except BaseException:  # (an empty .old folder was left beside DST)
+    except BaseException as exc:  # (an empty .old folder was left beside DST)
         old.rmdir()
+        if isinstance(exc, OSError):
+            raise OSError(f"DST {dst} could not be moved aside to be replaced ({exc.strerror or exc}); it was "
+                          f"left as it is") from exc
         raise
     try:
         os.replace(tmp, dst)
@@ -854,6 +858,9 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
             raise OSError(f"replacing {dst} failed ({exc}), and so did putting it back: the old checkpoint is in "
                           f"{old / 'x'}") from exc
         old.rmdir()
+        if isinstance(exc, OSError):
+            raise OSError(f"replacing DST {dst} failed ({exc.strerror or exc}); the old checkpoint was put "
+                          f"back") from exc
         raise
     try:
         shutil.rmtree(old, ignore_errors=True)
