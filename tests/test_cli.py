@@ -95,6 +95,20 @@ def test_demo_prints_the_table_with_high_snr(demo_run):
     assert (keep / "int8" / "config.json").is_file() and (keep / "bf16" / "tokenizer.json").is_file()
 
 
+def test_demo_keep_refuses_a_folder_that_is_not_empty_or_a_file_and_leaves_it_alone(tmp_path):
+    """--keep writes bf16/ and int8/ into its folder: one holding the user's files, or a file, is refused before
+    anything is built, and left as it was."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    (tmp_path / "file.txt").write_text("x")
+    assert_one_line_error(invoke("demo", "--device", "cpu", "--no-progress", "--keep", tmp_path / "mine"),
+                          f"--keep {tmp_path / 'mine'}: exists and is not an empty directory")
+    result = invoke("demo", "--device", "cpu", "--no-progress", "--keep", tmp_path / "file.txt")
+    assert result.exit_code == 2 and "is a file" in result.output, result.output  # (click's usage error)
+    assert sorted(os.listdir(tmp_path)) == ["file.txt", "mine"] and os.listdir(tmp_path / "mine") == ["notes.txt"]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine" and (tmp_path / "file.txt").read_text() == "x"
+
+
 @pytest.mark.parametrize("scale", [1.0, 0.5])
 def test_demo_report_claims_decisive_routing_only_for_scaled_up_routers(scale):
     """``--router-scale 1`` shows the raw, near-uniform routers: the report must not call them decisive."""
