@@ -129,6 +129,23 @@ def test_routing_quality_refuses_models_that_differ():
         routing_quality(tiny_model("mixtral"), quantize_(tiny_model("deepseek_v2")), _inputs().cpu())
 
 
+def test_routing_quality_refuses_an_experts_module_run_unlike_its_float_one_or_none_run():
+    """Same layers, but a MoE block of one model that skips its experts: the counts differ, named by module; and
+    where neither model runs any experts there is nothing to measure."""
+    model = tiny_model("mixtral")
+    int8_model = quantize_(copy.deepcopy(model))
+    skip = lambda hidden_states: hidden_states  # noqa: E731 - a MoE block that never calls its experts
+    int8_model.model.layers[1].mlp.forward = skip
+    with pytest.raises(ValueError, match=r"the models differ: model\.layers\.1\.mlp\.experts ran 1 times in the "
+                                         r"float model, 0 in the int8 model"):
+        routing_quality(model, int8_model, _inputs().cpu())
+    for m in (model, int8_model):
+        for layer in m.model.layers:
+            layer.mlp.forward = skip
+    with pytest.raises(ValueError, match="no MoE layer ran on these inputs"):
+        routing_quality(model, int8_model, _inputs().cpu())
+
+
 def test_routing_quality_runs_the_models_in_eval_mode():
     """PhiMoE's router samples its top-k in training mode: models left in it gave other numbers each call."""
     model = tiny_model("phimoe").train()
