@@ -33,6 +33,7 @@ from experts_int8.evaluate import routing_quality  # noqa: E402
 from experts_int8.checkpoint import from_fused_layout  # noqa: E402
 from experts_int8.integrations.transformers import (  # noqa: E402
     ARCHITECTURES,
+    TensorMismatchError,
     _arch,
     _layout_of,
     find_experts,
@@ -175,6 +176,49 @@ def test_routing_quality_of_experts_the_inputs_do_not_reach(caplog):
     assert len(quality["moe_layer_snr_db_reference_routing"]) == 1, quality  # (its MoE layer's text experts)
     assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
     assert 30.0 <= quality["logits_snr_db_reference_routing"] < float("inf"), quality
+
+
+def test_verify_int8_model_refuses_unloaded_mismatched_or_corrupt_experts_tensors():
+    """Each tensor of an int8 experts module is checked: still on the meta device, another dtype, a NaN, infinite
+    or zero scale, a non-finite bias; the error names the module's tensor."""
+    model = quantize_(tiny_model("gpt_oss"))
+    name, m = find_experts(model)[0]
+    assert verify_int8_model(model) == 2
+    good = {t: getattr(m, t).clone() for t in ("down_proj", "down_proj_scale", "down_proj_bias")}
+    m.down_proj_scale = torch.empty(good["down_proj_scale"].shape, device="meta")
+    with pytest.raises(ValueError, match=f"{name}.down_proj_scale was not loaded"):
+        verify_int8_model(model)
+    m.down_proj_scale = good["down_proj_scale"].clone()
+    m.down_proj = torch.nn.Parameter(good["down_proj"].float(), requires_grad=False)
+    with pytest.raises(TensorMismatchError, match=f"{name}.down_proj: expected torch.int8"):
+        verify_int8_model(model)
+    m.down_proj = torch.nn.Parameter(good["down_proj"], requires_grad=False)
+    for bad in (float("nan"), float("inf"), 0.0):
+        m.down_proj_scale[0, 0] = bad
+        with pytest.raises(ValueError, match=f"{name}.down_proj_scale holds non-finite or non-positive scales"):
+            verify_int8_model(model)
+        m.down_proj_scale.copy_(good["down_proj_scale"])
+    m.down_proj_bias[1, 2] = float("inf")
+    with pytest.raises(ValueError, match=f"{name}.down_proj_bias: expected finite float"):
+        verify_int8_model(model)
+    m.down_proj_bias.copy_(good["down_proj_bias"])
+    assert verify_int8_model(model) == 2
+
+
+def test_quantize_refuses_experts_the_kernel_would_compute_otherwise_and_leaves_the_model_float():
+    """GPT-OSS experts with another clamped SwiGLU or without their biases, and experts with a norm after each
+    expert (has_post_expert_norm): refused by name, before any module is converted."""
+    cases = [("gpt_oss", lambda e: setattr(e, "alpha", 1.5), "this model uses alpha=1.5, limit=7.0"),
+             ("gpt_oss", lambda e: setattr(e, "limit", 9.0), "this model uses alpha=1.702, limit=9.0"),
+             ("gpt_oss", lambda e: setattr(e, "down_proj_bias", None), "expected GPT-OSS experts gate_up_proj"),
+             ("mixtral", lambda e: setattr(e, "has_post_expert_norm", True), "has_post_expert_norm=True")]
+    for arch, change, message in cases:
+        model = tiny_model(arch)
+        name, experts = find_experts(model)[1]
+        change(experts)
+        with pytest.raises(ValueError, match=re.escape(f"{name}: ") + ".*" + re.escape(message)):
+            quantize_(model)
+        assert not any(isinstance(m, Int8Experts) for _, m in find_experts(model)), arch
 
 
 @pytest.mark.parametrize("arch", ARCH_NAMES)
