@@ -205,6 +205,20 @@ def test_verify_int8_model_refuses_unloaded_mismatched_or_corrupt_experts_tensor
     assert verify_int8_model(model) == 2
 
 
+def test_verify_int8_model_refuses_float_experts_unless_left_float_by_the_config():
+    model = tiny_model("mixtral")
+    with pytest.raises(ValueError, match=r"routed experts model\.layers\.0\.mlp\.experts \(MixtralExperts\) were "
+                                         r"left in torch\.float32; expected int8"):
+        verify_int8_model(model)
+    names = [name for name, _ in find_experts(model)]
+    assert verify_int8_model(model, ExpertsInt8Config(modules_to_not_convert=names)) == 0
+
+
+def test_quantize_refuses_a_module_that_is_no_transformers_model():
+    with pytest.raises(TypeError, match="expected a transformers PreTrainedModel \\(with .config\\), got Sequential"):
+        quantize_(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+
+
 def test_quantize_refuses_experts_the_kernel_would_compute_otherwise_and_leaves_the_model_float():
     """GPT-OSS experts with another clamped SwiGLU or without their biases, and experts with a norm after each
     expert (has_post_expert_norm): refused by name, before any module is converted."""
