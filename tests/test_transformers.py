@@ -692,6 +692,12 @@ def test_dequantize_refuses_what_it_cannot_rebuild():
     model.set_submodule(name, hand_made)
     with pytest.raises(ValueError, match=f"{name} was not made by experts_int8's transformers integration"):
         model.dequantize()
+    model = quantize_(tiny_model("olmoe", dtype=torch.bfloat16))
+    name, m = find_experts(model)[0]
+    m.down_proj = torch.nn.Parameter(m.down_proj[:, :, :-8].contiguous(), requires_grad=False)  # (a resized expert)
+    with pytest.raises(ValueError, match=re.escape(f"{name}: its int8 tensors") + ".*do not fill its float module"):
+        model.dequantize()
+    assert all(isinstance(e, Int8Experts) for _, e in find_experts(model))
 
 
 def test_dequantize_refused_for_a_later_module_changes_nothing(tmp_path):
