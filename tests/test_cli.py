@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 transformers = pytest.importorskip("transformers")
 from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
-from experts_int8 import ExpertsInt8Config  # noqa: E402
+from experts_int8 import ExpertsInt8Config, quantize_  # noqa: E402
 from experts_int8 import run as run_module  # noqa: E402
 from experts_int8.cli import main  # noqa: E402
 
@@ -1939,6 +1939,35 @@ def test_quantize_refuses_a_dst_that_holds_the_current_folder(bf16_checkpoint, t
                           "holds the current folder, which a rename cannot replace")
     assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["int8", "int8/config.json",
                                                                                 "int8/sub"]
+
+
+def test_a_checkpoint_tensor_of_another_shape_is_refused_in_one_line(tmp_path):
+    """transformers refuses a tensor whose shape does not fit the config (its report logged, then "see the above
+    report"); the int8 check refuses one in an experts module (transformers 5.17 loaded it, TensorMismatchError).
+    Both become one line naming the checkpoint."""
+    from experts_int8.integrations.transformers import TensorMismatchError
+
+    path = tmp_path / "int8"
+    quantize_(tiny_model("mixtral", dtype=torch.bfloat16)).save_pretrained(path)
+    weights = load_file(path / "model.safetensors")
+    key = "model.layers.0.self_attn.q_proj.weight"
+    weights[key] = weights[key][:-4].clone()
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    message = re.escape(f"{path}: its tensors were refused (") + ".*" + re.escape("): some weights' shapes or dtypes "
+                                                                                  "do not fit the model")
+    with pytest.raises(ValueError, match=message):
+        run_module.from_pretrained(config, path)
+
+    class Auto:
+        @staticmethod
+        def from_pretrained(*args, **kwargs):
+            raise TensorMismatchError("model.layers.0.mlp.experts.down_proj: expected torch.int8 (5, 64, 48), got "
+                                      "torch.int8 (5, 64, 44)")
+
+    with mock.patch.object(run_module, "auto_model_class", return_value=Auto):
+        with pytest.raises(ValueError, match=re.escape(f"{path}: its tensors were refused (model.layers.0.mlp.")):
+            run_module.from_pretrained(config, path)
 
 
 def test_load_errors_other_than_transformers_report_pass_through(tmp_path):
