@@ -674,6 +674,18 @@ def test_peft_all_linear_on_int8_experts_says_what_to_do():
     assert all(p.grad is not None for n, p in model.named_parameters() if "lora_A" in n)
 
 
+def test_loading_a_float_checkpoint_without_some_experts_weights_is_refused(tmp_path):
+    """transformers gives weights a checkpoint lacks random values and only logs it: missing experts tensors would
+    be int8 placeholders never filled. The load fails, naming them."""
+    tiny_model("mixtral", dtype=torch.bfloat16).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not ("layers.1." in k and ".experts." in k)},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=re.escape("the checkpoint provided no weights for 2 experts tensors, e.g. "
+                                                   "['model.layers.1.mlp.experts.down_proj',")):
+        AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=ExpertsInt8Config())
+
+
 def test_dequantize_refuses_what_it_cannot_rebuild():
     model = quantize_(tiny_model("olmoe", dtype=torch.bfloat16))
     name, m = find_experts(model)[0]
