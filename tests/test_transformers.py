@@ -1040,6 +1040,8 @@ def test_experts_outside_the_standard_are_refused_and_left_alone(damage, match):
         gate_up.dtype), True),
     # a clamp (DeepSeek-V4's kind), only where values pass 7: still refused
     (lambda self, gate_up: self.act_fn(gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1], False),
+    # one that reads a tensor of its own (the probe cannot run it): refused too
+    (lambda self, gate_up: self.act_fn(gate_up.chunk(2, -1)[0]) * gate_up.chunk(2, -1)[1] * self.gate_scale, False),
 ])
 def test_a_gating_of_its_own_is_accepted_where_it_computes_the_kernels(gating, accepted):
     model = tiny_model("mellum")
