@@ -205,6 +205,24 @@ def test_verify_int8_model_refuses_unloaded_mismatched_or_corrupt_experts_tensor
     assert verify_int8_model(model) == 2
 
 
+def test_verify_int8_model_checks_the_weights_accelerate_offloads():
+    """A module offloaded by accelerate holds its int8 weights on the meta device and reads them from its hook's
+    weights map at each forward: those are checked."""
+    accelerate_hooks = pytest.importorskip("accelerate.hooks")
+    model = quantize_(tiny_model("mixtral"))
+    name, m = find_experts(model)[0]
+    weights = {t: v.clone() for t, v in m.state_dict().items()}
+    accelerate_hooks.add_hook_to_module(m, accelerate_hooks.AlignDevicesHook(execution_device="cpu", offload=True,
+                                                                             weights_map=weights))
+    assert m.down_proj.device.type == "meta" and verify_int8_model(model) == 2
+    weights["down_proj"] = weights["down_proj"].to(torch.int16)
+    with pytest.raises(TensorMismatchError, match=f"{name}.down_proj: expected torch.int8 .* got torch.int16"):
+        verify_int8_model(model)
+    del weights["down_proj"]
+    with pytest.raises(ValueError, match=f"{name}.down_proj was not loaded"):
+        verify_int8_model(model)
+
+
 def test_verify_int8_model_refuses_float_experts_unless_left_float_by_the_config():
     model = tiny_model("mixtral")
     with pytest.raises(ValueError, match=r"routed experts model\.layers\.0\.mlp\.experts \(MixtralExperts\) were "
