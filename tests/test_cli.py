@@ -1101,6 +1101,48 @@ def test_quantize_overwrite_whose_swap_and_put_back_both_fail_says_where_the_old
     assert _snapshot(tmp_path / old / "x") == before
 
 
+def test_quantize_whose_dst_appears_just_before_the_final_rename_leaves_it_alone(bf16_checkpoint, tmp_path):
+    """Another run's DST made between the check that DST is free and the rename itself: the rename fails (not
+    empty), and that DST is left as it is, as one made earlier is."""
+    from experts_int8 import convert
+
+    dst, rename = tmp_path / "int8", os.rename
+
+    def another_run_first(a, b):
+        if Path(b) == dst:
+            dst.mkdir()
+            (dst / "theirs.txt").write_text("not yours")
+        return rename(a, b)
+
+    with mock.patch.object(convert.os, "rename", another_run_first):
+        assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress"),
+                              "appeared while converting", "--overwrite")
+    assert os.listdir(tmp_path) == ["int8"] and os.listdir(dst) == ["theirs.txt"]
+
+
+@pytest.mark.parametrize("which", ["aside", "in"])
+def test_quantize_overwrite_interrupted_during_the_swap_leaves_the_old_dst_in_place(bf16_checkpoint, tmp_path,
+                                                                                    which):
+    """Ctrl-C at either rename of the swap (the old DST aside, the new one in): the old DST is in place, whole,
+    with no .old or .partial folder beside it."""
+    from experts_int8 import convert
+
+    dst = tmp_path / "int8"
+    assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+    before, replace, pressed = _snapshot(dst), os.replace, []
+
+    def interrupted(a, b):
+        if not pressed and (Path(a) == dst if which == "aside" else Path(b) == dst):
+            pressed.append(a)
+            raise KeyboardInterrupt
+        return replace(a, b)
+
+    with mock.patch.object(convert.os, "replace", interrupted):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert pressed and result.exit_code == 128 + signal.SIGINT, result.output
+    assert os.listdir(tmp_path) == ["int8"] and _snapshot(dst) == before
+
+
 def test_quantize_overwrite_interrupted_while_deleting_the_old_checkpoint_leaves_no_old_folder(bf16_checkpoint,
                                                                                                tmp_path):
     """Ctrl-C or SIGTERM while the replaced checkpoint is deleted (seconds for a large one, once the new one is in
