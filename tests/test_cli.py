@@ -1095,7 +1095,9 @@ def test_quantize_overwrite_whose_swap_and_put_back_both_fail_says_where_the_old
     replace = _failing(os.replace, lambda a, b: b == dst, errno.EIO)  # (the new one in, then the old one back)
     with mock.patch.object(convert.os, "replace", replace):
         result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
-    assert_one_line_error(result, "and so did putting it back: the old checkpoint is in")
+    assert_one_line_error(result, f"replacing DST {dst} failed (Input/output error), and so did putting it back: the "
+                                  f"old checkpoint is in")
+    assert ".partial" not in result.output  # (the temporary folder, removed: not named)
     [old] = os.listdir(tmp_path)
     assert old.startswith(".int8.") and old.endswith(".old") and str(tmp_path / old / "x") in result.output
     assert _snapshot(tmp_path / old / "x") == before

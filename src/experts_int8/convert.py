@@ -854,9 +854,10 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
     except BaseException as exc:
         try:
             os.replace(old / "x", dst)  # the old checkpoint back where it was
-        except OSError:
-            raise OSError(f"replacing {dst} failed ({exc}), and so did putting it back: the old checkpoint is in "
-                          f"{old / 'x'}") from exc
+        except OSError:  # (exc's own message, an OSError's, named the temporary folder, removed by now)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
+            raise OSError(f"replacing DST {dst} failed ({why}), and so did putting it back: the old checkpoint is "
+                          f"in {old / 'x'}") from exc
         old.rmdir()
         if isinstance(exc, OSError):
             raise OSError(f"replacing DST {dst} failed ({exc.strerror or exc}); the old checkpoint was put "
