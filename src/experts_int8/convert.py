@@ -144,10 +144,11 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
+    return f"{n:.1f} TB"  # (the largest unit, however many: every path returns a str)
 
 
 def _weight_files(p: Path) -> tuple[list[Path], Optional[dict[str, str]]]:
