@@ -1,7 +1,8 @@
 """configs.pipeline_smem_bytes against the shared memory Triton allocates (``metadata.shared`` of the Triton GEMMs
 compiled for sm_90 without a GPU, fused_moe.sm90_compile): never less, and at most a few barriers' bytes more, so
-that the tuner prunes only what cannot launch. The table holds compiles by Triton 3.9 and 3.6 (the same bytes);
-the last test compiles a few of them again with the Triton installed."""
+that the tuner prunes only what cannot launch. MEASURED holds compiles by Triton 3.9 and 3.6 (the same bytes), of
+which the last test compiles a few again with the Triton installed; BOUNDED those of forms the estimate bounds
+from above by design (never less)."""
 
 import json
 import os
