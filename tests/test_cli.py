@@ -1122,6 +1122,38 @@ def test_quantize_whose_dst_appears_just_before_the_final_rename_leaves_it_alone
     assert os.listdir(tmp_path) == ["int8"] and os.listdir(dst) == ["theirs.txt"]
 
 
+@pytest.mark.parametrize("theirs", [False, True])
+def test_quantize_overwrite_whose_dst_another_run_takes_away_meanwhile(bf16_checkpoint, tmp_path, theirs):
+    """--overwrite whose DST another run removes just before the swap moves it aside: the new checkpoint goes in its
+    place; where that run has made a DST of its own by then, it is left alone and the error says so (not the OS's
+    message naming the temporary folder)."""
+    from experts_int8 import convert
+
+    dst, replace = tmp_path / "int8", os.replace
+    assert invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress").exit_code == 0
+
+    def taken_away_first(a, b):
+        if Path(a) == dst and Path(b).parent.name.endswith(".old"):
+            shutil.rmtree(dst)
+            try:
+                return replace(a, b)
+            finally:
+                if theirs:
+                    dst.mkdir()
+                    (dst / "theirs.txt").write_text("not yours")
+        return replace(a, b)
+
+    with mock.patch.object(convert.os, "replace", taken_away_first):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), dst, "--no-progress", "--overwrite")
+    assert os.listdir(tmp_path) == ["int8"]
+    if theirs:
+        assert_one_line_error(result, f"{dst} was replaced by another run", "left as it is")
+        assert ".partial" not in result.output and os.listdir(dst) == ["theirs.txt"]
+    else:
+        assert result.exit_code == 0, result.output
+        assert (dst / "model.safetensors").is_file() and (dst / "config.json").is_file()
+
+
 @pytest.mark.parametrize("which", ["aside", "in"])
 def test_quantize_overwrite_interrupted_during_the_swap_leaves_the_old_dst_in_place(bf16_checkpoint, tmp_path,
                                                                                     which):

@@ -822,17 +822,28 @@ def _check_replaceable(dst: Path) -> None:
                              f"only one; choose another DST")
 
 
+def _reason(exc: BaseException) -> str:
+    """Why ``exc`` happened, without an OSError's file names (ours name temporary folders removed by now)."""
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc) or type(exc).__name__
+
+
+def _rename_new(tmp: Path, dst: Path) -> bool:
+    """Rename ``tmp`` to an absent ``dst`` (or an empty folder that appeared meanwhile); False where ``dst`` holds
+    files by now."""
+    try:
+        os.rename(tmp, dst)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            return False
+        raise OSError(f"moving the converted checkpoint to DST {dst} failed ({_reason(exc)})") from exc
+
+
 def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
     """Rename the finished ``tmp`` to ``dst``; with ``overwrite`` an existing ``dst`` is swapped out and removed,
     or put back if the swap fails. A ``dst`` that appeared while converting is not replaced without it."""
-    if not dst.exists():
-        try:
-            os.rename(tmp, dst)  # (replaces only an empty folder that appeared meanwhile)
-            return
-        except OSError as exc:
-            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):  # (the OS's message named our temporary folder)
-                raise OSError(f"moving the converted checkpoint to DST {dst} failed "
-                              f"({exc.strerror or exc})") from exc
+    if not dst.exists() and _rename_new(tmp, dst):
+        return
     if not overwrite:
         raise FileExistsError(f"{dst} appeared while converting (another run?); it was left as it is: pass "
                               f"--overwrite to replace it, or choose another DST")
@@ -842,27 +853,27 @@ def _move_into_place(tmp: Path, dst: Path, overwrite: bool) -> None:
         os.replace(dst, old / "x")
     except FileNotFoundError:  # another run took it away meanwhile: nothing to put back, ours goes in its place
         old.rmdir()
-        os.rename(tmp, dst)
+        if not _rename_new(tmp, dst):
+            raise FileExistsError(f"{dst} was replaced by another run while this one replaced it; it was left as "
+                                  f"it is") from None
         return
     except BaseException as exc:  # (an empty .old folder was left beside DST)
         old.rmdir()
         if isinstance(exc, OSError):
-            raise OSError(f"DST {dst} could not be moved aside to be replaced ({exc.strerror or exc}); it was "
-                          f"left as it is") from exc
+            raise OSError(f"DST {dst} could not be moved aside to be replaced ({_reason(exc)}); it was left as "
+                          f"it is") from exc
         raise
     try:
         os.replace(tmp, dst)
     except BaseException as exc:
         try:
             os.replace(old / "x", dst)  # the old checkpoint back where it was
-        except OSError:  # (exc's own message, an OSError's, named the temporary folder, removed by now)
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc) or type(exc).__name__
-            raise OSError(f"replacing DST {dst} failed ({why}), and so did putting it back: the old checkpoint is "
-                          f"in {old / 'x'}") from exc
+        except OSError:
+            raise OSError(f"replacing DST {dst} failed ({_reason(exc)}), and so did putting it back: the old "
+                          f"checkpoint is in {old / 'x'}") from exc
         old.rmdir()
         if isinstance(exc, OSError):
-            raise OSError(f"replacing DST {dst} failed ({exc.strerror or exc}); the old checkpoint was put "
-                          f"back") from exc
+            raise OSError(f"replacing DST {dst} failed ({_reason(exc)}); the old checkpoint was put back") from exc
         raise
     try:
         shutil.rmtree(old, ignore_errors=True)
