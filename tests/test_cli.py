@@ -1455,18 +1455,25 @@ def test_model_without_experts_gives_one_line(tmp_path):
     assert_one_line_error(invoke("generate", dense, "--prompt", "a"), "no tokenizer")
 
 
-def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
-    """A dense model in generate or eval, a truncated or foreign safetensors shard, an unparsable tokenizer:
-    one line that names the folder or file and what to do, not the library's inner message."""
+def _dense_llama(demo_run, tmp_path: Path, layers: int) -> tuple[Path, Path]:
+    """A dense Llama checkpoint with the demo's tokenizer, and a text file for eval."""
     _, keep = demo_run
     dense = tmp_path / "dense"
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=64, num_hidden_layers=1,  # (the tokenizer's)
-                      num_attention_heads=4, num_key_value_heads=2)
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=64,  # (the tokenizer's vocabulary)
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(keep / "bf16" / f, dense / f)
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog " * 20)
+    return dense, text
+
+
+def test_dense_model_and_broken_files_are_named(demo_run, tmp_path):
+    """A dense model in generate or eval, a truncated or foreign safetensors shard, an unparsable tokenizer:
+    one line that names the folder or file and what to do, not the library's inner message."""
+    dense, text = _dense_llama(demo_run, tmp_path, layers=1)
+    keep = demo_run[1]
     result = invoke("generate", dense, "--prompt", "a", "--device", "cpu")  # (after its "loading ..." line)
     errors = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert result.exit_code == 1 and "Traceback" not in result.output and len(errors) == 1, result.output
@@ -1824,15 +1831,7 @@ def test_model_dir_and_converter_helpers_refuse_bad_input(tmp_path):
 
 
 def test_eval_of_a_dense_model_as_1_expert_layers(demo_run, tmp_path):
-    _, keep = demo_run
-    dense = tmp_path / "dense"
-    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=64, num_hidden_layers=2,  # (the tokenizer's)
-                      num_attention_heads=4, num_key_value_heads=2)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(dense)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(keep / "bf16" / f, dense / f)
-    text = tmp_path / "text.txt"
-    text.write_text("the quick brown fox jumps over the lazy dog " * 20)
+    dense, text = _dense_llama(demo_run, tmp_path, layers=2)
     result = invoke("eval", dense, "--text", text, "--device", "cpu", "--dtype", "fp32", "--window", "32",
                     "--dense-as-experts")
     assert result.exit_code == 0, result.output
