@@ -1200,7 +1200,16 @@ def test_quantize_overwrite_interrupted_while_deleting_the_old_checkpoint_leaves
     assert sorted(os.listdir(tmp_path)) == ["int8"] and (dst / "model.safetensors").is_file()
 
 
-def test_quantize_cleanup_runs_to_its_end_through_a_second_ctrl_c(bf16_checkpoint, tmp_path):
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler, as at a terminal, put back afterwards (a shell's background job, `pytest ... &`,
+    starts with SIGINT ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_quantize_cleanup_runs_to_its_end_through_a_second_ctrl_c(bf16_checkpoint, tmp_path, python_sigint):
     """An impatient second Ctrl-C while a failed run's output was removed left the rest of it in a hidden .partial
     folder beside DST, never to be removed."""
     from experts_int8 import convert
@@ -1219,15 +1228,10 @@ def test_quantize_cleanup_runs_to_its_end_through_a_second_ctrl_c(bf16_checkpoin
             time.sleep(0.1)  # (where Python would run its handler)
         return real_rmtree(path, *args, **kwargs)
 
-    # (a shell's background job, `pytest ... &`, starts with SIGINT ignored: Python's own handler, as at a terminal)
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        with mock.patch.object(convert, "save_file", interrupted), \
-                mock.patch.object(convert.shutil, "rmtree", pressed_again):
-            result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--no-progress")
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back)
-    finally:
-        signal.signal(signal.SIGINT, before)
+    with mock.patch.object(convert, "save_file", interrupted), \
+            mock.patch.object(convert.shutil, "rmtree", pressed_again):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--no-progress")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # (put back)
     assert pressed and result.exit_code == 128 + signal.SIGINT, result.output
     assert os.listdir(tmp_path) == []
 
@@ -1911,7 +1915,7 @@ def test_locked_folder_removes_the_folders_it_made_when_the_block_fails(tmp_path
     assert (tmp_path / "d" / "f").read_text() == "x"
 
 
-def test_signals_held_leaves_a_threads_handlers_alone():
+def test_signals_held_leaves_a_threads_handlers_alone(python_sigint):
     import threading
 
     from experts_int8.files import signals_held
@@ -1922,17 +1926,13 @@ def test_signals_held_leaves_a_threads_handlers_alone():
         with signals_held():
             seen.append(signal.getsignal(signal.SIGINT))
 
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (ignored in a shell's background job)
-    try:
-        thread = threading.Thread(target=held)
-        thread.start()
-        thread.join()
-        assert seen == [signal.default_int_handler]
-        with signals_held():
-            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    finally:
-        signal.signal(signal.SIGINT, before)
+    thread = threading.Thread(target=held)
+    thread.start()
+    thread.join()
+    assert seen == [signal.default_int_handler]
+    with signals_held():
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_an_output_folder_without_write_permission_is_refused(tmp_path, monkeypatch):
