@@ -1831,6 +1831,8 @@ def test_model_dir_and_converter_helpers_refuse_bad_input(tmp_path):
     with pytest.raises(ValueError, match="pack_int8 expects a 2-D int8 tensor, got torch.int32"):
         pack_int8(torch.zeros(2, 4, dtype=torch.int32))
     assert [format_bytes(n) for n in (999, 1500, 2.5e12, 3e15)] == ["999 B", "1.5 KB", "2.5 TB", "3000.0 TB"]
+    # A value that rounds up to 1000 of a unit is printed in the next one.
+    assert [format_bytes(n) for n in (999.6, 999949, 999960)] == ["1.0 KB", "999.9 KB", "1.0 MB"]
     assert _snr_db(1.0, 0.0) == float("inf") and _snr_db(0.0, 1.0) == float("-inf") and _snr_db(10.0, 1.0) == 10.0
 
 

@@ -144,9 +144,9 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    for unit, digits in (("B", 0), ("KB", 1), ("MB", 1), ("GB", 1)):
+        if abs(round(n, digits)) < 1000:  # as printed: 999960 B is "1.0 MB", not "1000.0 KB"
+            return f"{n:.{digits}f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"  # (the largest unit, however many: every path returns a str)
 
