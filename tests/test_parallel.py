@@ -573,6 +573,63 @@ def test_a_refusal_of_one_rank_reaches_the_others(tmp_path):
                                        "split_while_loading: the device map offloads model.layers.1.mlp.experts")
 
 
+def _ranks_fail_differently(rank: int, device: torch.device, out_dir: str) -> dict:
+    """Failures inside split_while_loading that are not our refusals: each rank's own, at another point."""
+    from transformers import AutoModelForCausalLM, PreTrainedModel
+
+    from experts_int8.parallel import split_while_loading
+
+    def load(case: str, path: str, **kwargs) -> None:
+        try:
+            with split_while_loading("tp"):
+                AutoModelForCausalLM.from_pretrained(path, **kwargs)
+                if case == "after" and rank == 1:
+                    raise RuntimeError("the caller's own code failed after the load")
+            said[case] = None
+        except Exception as e:  # noqa: BLE001 -- the test records each rank's error
+            said[case] = f"{type(e).__name__}: {e}"
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("out of memory while reading the non-expert weights")
+
+    said, int8 = {}, os.path.join(out_dir, "int8")
+    # Rank 1 refuses its device map; rank 0 runs out of memory while transformers reads the other weights.
+    kept = PreTrainedModel._load_pretrained_model
+    if rank == 0:
+        PreTrainedModel._load_pretrained_model = staticmethod(out_of_memory)
+    try:
+        gpu_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": "cpu", "model.norm": 0,
+                   "model.rotary_emb": 0, "lm_head": 0}
+        load("mid_load", int8, device_map=(None, gpu_map)[rank])
+    finally:
+        PreTrainedModel._load_pretrained_model = kept
+    # Rank 1 fails before any load starts (a folder with no model); rank 0 loads and waits in the exchange of shapes.
+    empty = os.path.join(out_dir, f"empty{rank}")
+    os.makedirs(empty)
+    load("before", (int8, empty)[rank])
+    # Both load; rank 1's own code fails afterwards, when no rank waits for it.
+    load("after", int8)
+    return said
+
+
+def test_ranks_failing_differently_inside_split_while_loading_all_raise_at_once(tmp_path):
+    """A rank that failed outside our refusals (out of memory while transformers read the other weights, a folder
+    with no model) raised alone: the others waited in the exchange of shapes until the process group timed out
+    (300 s here), or met there a refusal left from an earlier load and raised it in the wrong load. Each now
+    raises at once: a rank with its own error, a rank that waited with that rank's reason."""
+    quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
+    start = time.monotonic()
+    first, second = _run_ranks(_ranks_fail_differently, 2, tmp_path)
+    assert time.monotonic() - start < 120
+    assert first["mid_load"] == "OutOfMemoryError: out of memory while reading the non-expert weights", first
+    assert second["mid_load"].startswith("ValueError: split_while_loading: the device map offloads"), second
+    assert "empty1" in second["before"] and "config.json" in second["before"], second  # (transformers' words)
+    assert first["before"] == ("ValueError: split_while_loading: rank 1 refused, so no rank splits anything: "
+                               + second["before"].split(": ", 1)[1]), first
+    assert first["after"] is None
+    assert second["after"] == "RuntimeError: the caller's own code failed after the load"
+
+
 def test_hooks_on_an_experts_module_move_to_its_split():
     """A user's hooks on an experts module keep running on the module split in its place (one rank: the split's
     output is the whole layer's), and the handle they hold still removes them."""

@@ -261,6 +261,9 @@ def _exchange(payload, split: Split, group: Optional[dist.ProcessGroup],
     """Every rank's ``payload``, in rank order. (NCCL exchanges objects through the current CUDA device:
     ``device``, this rank's, where given.)"""
     everyone = [None] * split.world_size
+    loading = _LOADING.get()
+    if loading is not None:  # (every rank takes part in this exchange: what fails after it, fails alone)
+        loading.owes_exchange = False
     device = torch.device(device) if device is not None else None
     with torch.cuda.device(device) if device is not None and device.type == "cuda" else nullcontext():
         dist.all_gather_object(everyone, payload, group=group)
@@ -312,6 +315,9 @@ class Loading:
     group: Optional[dist.ProcessGroup]
     device: Optional[torch.device | str]
     parts: int = 0
+    # Whether the other ranks may be waiting for this one in a load's exchange of shapes: from the context's start
+    # and each load's, until this rank has taken part in an exchange.
+    owes_exchange: bool = True
 
 
 _LOADING: ContextVar[Optional[Loading]] = ContextVar("experts_int8_split_while_loading", default=None)
@@ -325,19 +331,27 @@ def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = N
     onto ``device`` (default: where transformers places the module) and wrapped in :class:`ParallelExperts`.
     No rank ever holds the whole experts. A float checkpoint raises here, and so does a context that split
     nothing: quantize the checkpoint once (``experts-int8 quantize``), or load it whole and call
-    :func:`parallelize_experts`."""
+    :func:`parallelize_experts`.
+
+    A rank that fails inside the context before its load's exchange of shapes (its own device map refused, a
+    missing file, out of memory) tells the other ranks there as it leaves, so that they raise with its reason
+    instead of waiting for it until the process group times out."""
     from .integrations import transformers as _  # noqa: F401  -- registers quant_method "experts_int8"
 
     loading = Loading(_split_over(group, mode, "split_while_loading"), group, device)
     token = _LOADING.set(loading)
     try:
         yield
+        if loading.parts == 0:  # (a float checkpoint without ExpertsInt8Config loads whole, past our quantizer)
+            raise ValueError("split_while_loading split no experts: what loaded inside it was not an experts_int8 "
+                             "(int8) checkpoint of a MoE model, so every rank holds it whole. Quantize the checkpoint "
+                             "once (experts-int8 quantize), or load it whole and call parallelize_experts")
+    except Exception as e:
+        if loading.owes_exchange:
+            refuse_on_every_rank(e, loading.split, loading.group, loading.device)
+        raise
     finally:
         _LOADING.reset(token)
-    if loading.parts == 0:  # (a float checkpoint without ExpertsInt8Config loads whole, past our quantizer)
-        raise ValueError("split_while_loading split no experts: what loaded inside it was not an experts_int8 (int8) "
-                         "checkpoint of a MoE model, so every rank holds it whole. Quantize the checkpoint once "
-                         "(experts-int8 quantize), or load it whole and call parallelize_experts")
 
 
 def loading_split() -> Optional[Loading]:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -68,7 +67,7 @@ from ..checkpoint import (EXPERT_COUNT_KEYS, FLOAT_DTYPES, SAFETENSORS_DTYPES, C
                           from_fused_layout, read_headers, to_fused_layout)
 from ..layer import (Int8Experts, accelerate_hooks, carry_hooks, detect_activation, int8_experts_forward,
                      offloaded_by_accelerate, w13_name)
-from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split, refuse_on_every_rank
+from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..routing import select_experts, sparsemixer
@@ -641,20 +640,6 @@ def _drop_expert_converters(model: nn.Module) -> None:
 _STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # device_map values accelerate resolves
 
 
-@contextmanager
-def _failures_reach_every_rank():
-    """Under split_while_loading, a failure of this rank's load before its experts' parts are read (its own device
-    map refused, say) reaches the other ranks, which would otherwise wait for it in fill_pending_shards' exchange
-    of shapes until the process group timed out: there they raise too."""
-    try:
-        yield
-    except Exception as e:
-        loading = loading_split()
-        if loading is None:
-            raise
-        refuse_on_every_rank(e, loading.split, loading.group, loading.device)
-
-
 def _refuse_disk(device_map, experts) -> None:
     """Refuse a device map that offloads any of the routed ``experts`` (module names) to disk, before the weights
     are read (accelerate would write the int8 tensors cast to the float placeholders' dtype)."""
@@ -837,14 +822,12 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return param.element_size()
 
     def validate_environment(self, *args, **kwargs):
-        with _failures_reach_every_rank():
-            self._validate_environment(**kwargs)
-
-    def _validate_environment(self, **kwargs):
+        loading = loading_split()
+        if loading is not None:  # a load starts: its exchange of shapes lies ahead (split_while_loading's exit)
+            loading.owes_exchange = True
         self._device_map = kwargs.get("device_map", self._device_map)
         _refuse_disk(self._device_map, getattr(self, "_experts", ()))  # ("auto" resolved: called again with the map)
         _refuse_split_offload(self._device_map, getattr(self, "_experts", ()))
-        loading = loading_split()
         if (loading is not None and loading.device is None and loading.split.world_size > 1
                 and self._device_map in _STRATEGIES and torch.cuda.device_count() > 1):
             # every rank would place its model over the same GPUs (its parts of the experts included)
@@ -858,10 +841,6 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return device_map
 
     def _process_model_before_weight_loading(self, model, device_map=None, checkpoint_files=None, **kwargs):
-        with _failures_reach_every_rank():
-            return self._prepare(model, device_map, checkpoint_files)
-
-    def _prepare(self, model, device_map, checkpoint_files):
         if device_map is not None:
             self._device_map = device_map
         headers = read_headers(checkpoint_files) if self.pre_quantized and checkpoint_files else None
@@ -948,11 +927,10 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         return []
 
     def _process_model_after_weight_loading(self, model, **kwargs):
-        with _failures_reach_every_rank():
-            if self._errors:
-                raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
-            if self._loading is not None and not self._files:
-                raise ValueError("split_while_loading: transformers gave no checkpoint files to read the experts from")
+        if self._errors:
+            raise ValueError("experts_int8 could not quantize the checkpoint:\n  " + "\n  ".join(self._errors))
+        if self._loading is not None and not self._files:
+            raise ValueError("split_while_loading: transformers gave no checkpoint files to read the experts from")
         if self._loading is not None:
             loading = self._loading
             self.split = loading.split
