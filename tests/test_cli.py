@@ -2018,6 +2018,18 @@ def test_quantize_refuses_a_dst_that_holds_the_current_folder(bf16_checkpoint, t
                                                                                 "int8/sub"]
 
 
+def test_quantize_refuses_a_dst_that_is_a_mount_point(bf16_checkpoint, tmp_path, monkeypatch):
+    """A rename cannot replace a mount point (EBUSY, after all the work); refused before any. (No mount here: the
+    check is told that DST is one.)"""
+    (tmp_path / "int8").mkdir()
+    (tmp_path / "int8" / "config.json").write_text("{}")
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == tmp_path / "int8" or real(p))
+    assert_one_line_error(invoke("quantize", bf16_checkpoint("mixtral"), tmp_path / "int8", "--overwrite"),
+                          "is a mount point, which a rename cannot replace; write into a folder in it")
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == ["int8", "int8/config.json"]
+
+
 def test_a_checkpoint_tensor_of_another_shape_is_refused_in_one_line(tmp_path):
     """transformers refuses a tensor whose shape does not fit the config (its report logged, then "see the above
     report"); the int8 check refuses one in an experts module (transformers 5.17 loaded it, TensorMismatchError).
