@@ -276,7 +276,6 @@ def _checkpoints(tmp_path) -> None:
 def _loads_split(rank: int, device: torch.device, out_dir: str) -> dict:
     """``load_model(parallel=mode)`` of each architecture's int8 checkpoint (read split) and float one (loaded
     whole, then split), against the one-process model; each rank's experts bytes."""
-    from experts_int8.run import load_model
 
     dtype = torch.float32  # fp32 on GPUs too: see _models_match
     results = {}
@@ -630,6 +629,77 @@ def test_ranks_failing_differently_inside_split_while_loading_all_raise_at_once(
     assert second["after"] == "RuntimeError: the caller's own code failed after the load"
 
 
+def _one_rank_fails_after_the_exchange_of_shapes(rank: int, device: torch.device, out_dir: str) -> dict:
+    """Failures of rank 1 alone after the ranks agreed on the shapes: each rank's error, and which experts modules
+    each model holds."""
+    from transformers import AutoModelForCausalLM
+
+    from experts_int8.parallel import Split
+
+    said = {}
+
+    def attempt(case: str, run) -> None:
+        try:
+            run()
+            said[case] = None
+        except Exception as e:  # noqa: BLE001 -- the test records each rank's error
+            said[case] = f"{type(e).__name__}: {e}"
+
+    # Rank 1 runs out of memory making its part of the second experts module (after the first one's)
+    model = quantize_(tiny_model("mixtral", seed=0))
+    take, calls = Split.take, []
+
+    def out_of_memory(self, *args, **kwargs):
+        calls.append(1)
+        if rank == 1 and len(calls) > len(Int8Experts.tensor_names(model.model.layers[0].mlp.experts)):
+            raise torch.OutOfMemoryError("out of memory making the second part")
+        return take(self, *args, **kwargs)
+
+    Split.take = out_of_memory
+    try:
+        attempt("parallelize", lambda: parallelize_experts(model, "tp"))
+    finally:
+        Split.take = take
+    said["kept"] = [type(m).__name__ for n, m in model.named_modules() if n.endswith("mlp.experts")]
+
+    def load(path: str, **kwargs):
+        with split_while_loading("tp", **kwargs):
+            AutoModelForCausalLM.from_pretrained(path)
+
+    # One checkpoint whose scales are corrupt in rank 1's slice only (rank 0's parts check out); a device rank 1 lacks
+    attempt("corrupt", lambda: load(os.path.join(out_dir, "corrupt")))
+    attempt("device", lambda: load(os.path.join(out_dir, "int8"), device=(None, "cuda:99")[rank]))
+    return said
+
+
+def test_a_failure_of_one_rank_after_the_exchange_of_shapes_reaches_the_others(tmp_path):
+    """A rank that failed alone after the exchange of shapes (making or reading its parts, checking them) raised
+    alone: the others went on, split, and waited for it in their first forward's all-reduce until the process group
+    timed out (or, for a device the rank lacked, which failed before the exchange, waited in it); that rank kept a
+    model split halfway. Every rank now raises at once, the waiting ones with its reason, and no rank splits
+    anything."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_model("mixtral", seed=0)
+    quantize_(model).save_pretrained(tmp_path / "int8")
+    quantize_(tiny_model("mixtral", seed=0)).save_pretrained(tmp_path / "corrupt")
+    (weights,) = (tmp_path / "corrupt").glob("*.safetensors")
+    tensors = load_file(weights)
+    scale = next(k for k in tensors if ".layers.1." in k and k.endswith("gate_up_proj_scale"))
+    tensors[scale][0, tensors[scale].shape[1] // 2 - 1] = float("nan")  # the last gate row: rank 1's of 2 (tp)
+    save_file(tensors, weights, metadata={"format": "pt"})
+    start = time.monotonic()
+    first, second = _run_ranks(_one_rank_fails_after_the_exchange_of_shapes, 2, tmp_path)
+    assert time.monotonic() - start < 120
+    assert second["parallelize"] == "OutOfMemoryError: out of memory making the second part", second
+    assert "holds non-finite or non-positive scales" in second["corrupt"], second
+    for case, what in (("parallelize", "parallelize_experts"), ("corrupt", "split_while_loading"),
+                       ("device", "split_while_loading")):
+        assert first[case] == (f"ValueError: {what}: rank 1 refused, so no rank splits anything: "
+                               + second[case].split(": ", 1)[1]), (case, first)
+    assert first["kept"] == second["kept"] == ["Int8Experts"] * 2  # whole on both ranks
+
+
 def test_hooks_on_an_experts_module_move_to_its_split():
     """A user's hooks on an experts module keep running on the module split in its place (one rank: the split's
     output is the whole layer's), and the handle they hold still removes them."""
@@ -733,7 +803,6 @@ def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_gr
 
 
 def test_load_model_refuses_a_split_before_loading_anything(tmp_path):
-    from experts_int8.run import load_model
 
     with pytest.raises(RuntimeError, match="load_model needs torch.distributed initialized"):
         load_model(tmp_path / "not even read", parallel="tp")

@@ -262,12 +262,39 @@ def _exchange(payload, split: Split, group: Optional[dist.ProcessGroup],
     ``device``, this rank's, where given.)"""
     everyone = [None] * split.world_size
     loading = _LOADING.get()
-    if loading is not None:  # (every rank takes part in this exchange: what fails after it, fails alone)
+    if loading is not None:  # (every rank takes part in this exchange)
         loading.owes_exchange = False
-    device = torch.device(device) if device is not None else None
-    with torch.cuda.device(device) if device is not None and device.type == "cuda" else nullcontext():
+    with _on_cuda_device(device):
         dist.all_gather_object(everyone, payload, group=group)
     return everyone
+
+
+def _on_cuda_device(device):
+    """``torch.cuda.device(device)`` where this process has that CUDA device, else no change. A device this rank cannot
+    use (an index past its GPUs, a CPU build of torch) raised here, before the exchange, and the other ranks waited in
+    it until the process group timed out; it now fails where this rank's part is moved there, after the exchange, and
+    that failure reaches them in the exchange that ends the split (:func:`_raise_refusals`)."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):  # (None, or no device at all: it fails where it is used)
+        return nullcontext()
+    usable = device.type == "cuda" and device.index is not None and device.index < torch.cuda.device_count()
+    return torch.cuda.device(device) if usable else nullcontext()
+
+
+def _raise_refusals(everyone: list, what: str) -> None:
+    """Raise the first refusal among the ranks' payloads ``(refusal or None, ...)`` of one exchange."""
+    for rank, (refused, _) in enumerate(everyone):
+        if refused is not None:
+            raise ValueError(f"{what}: rank {rank} refused, so no rank splits anything: {refused}")
+
+
+def _all_ranks_done(split: Split, group: Optional[dist.ProcessGroup], device, what: str) -> None:
+    """The exchange that ends a split, after every rank has made its parts (a rank that failed making them joins it
+    with its error, :func:`refuse_on_every_rank`): without it, a rank whose own part failed (out of memory, a tensor
+    missing from its files, its slice of the scales corrupt) raised alone, and the others went on with their parts
+    to wait for it in their first forward's all-reduce until the process group timed out."""
+    _raise_refusals(_exchange((None, None), split, group, device), what)
 
 
 def refuse_on_every_rank(error: Exception, split: Split, group: Optional[dist.ProcessGroup],
@@ -277,6 +304,18 @@ def refuse_on_every_rank(error: Exception, split: Split, group: Optional[dist.Pr
     there for this rank until the process group times out."""
     _exchange((str(error), None), split, group, device)
     raise error
+
+
+@contextmanager
+def refusing_on_every_rank(split: Split, group: Optional[dist.ProcessGroup],
+                           device: Optional[torch.device | str] = None):
+    """Around work a rank does before its next exchange of shapes (a whole load before :func:`parallelize_experts`):
+    an exception inside goes to the other ranks (:func:`refuse_on_every_rank`), which would otherwise wait for this
+    rank in that exchange until the process group timed out."""
+    try:
+        yield
+    except Exception as e:
+        refuse_on_every_rank(e, split, group, device)
 
 
 def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[dist.ProcessGroup], what: str,
@@ -290,9 +329,7 @@ def _check_ranks_agree(model: nn.Module, modules, split: Split, group: Optional[
     mine = (split.mode, split.world_size, (type(model).__name__, *dims),
             [(name, tuple(m.get_parameter(w13_name(m)).shape), tuple(m.down_proj.shape)) for name, m in modules])
     everyone = _exchange((None, mine), split, group, device)
-    for rank, (refused, _) in enumerate(everyone):
-        if refused is not None:
-            raise ValueError(f"{what}: rank {rank} refused, so no rank splits anything: {refused}")
+    _raise_refusals(everyone, what)
     for rank, (_, theirs) in enumerate(everyone):
         if theirs != mine:
             labels = ("mode", "world size", "model (class, vocab, hidden size, layers)")
@@ -315,9 +352,12 @@ class Loading:
     group: Optional[dist.ProcessGroup]
     device: Optional[torch.device | str]
     parts: int = 0
-    # Whether the other ranks may be waiting for this one in a load's exchange of shapes: from the context's start
-    # and each load's, until this rank has taken part in an exchange.
+    # Whether the other ranks may be waiting for this one in an exchange: from the context's start and each load's
+    # until this rank has taken part in the load's exchange of shapes, and again from then (its parts are read) until
+    # the load's end has exchanged once more (finish_load).
     owes_exchange: bool = True
+    # Where the load's exchanges run, between its exchange of shapes and its end (None: no exchange owed at the end)
+    exchange_on: Optional[torch.device | str] = None
 
 
 _LOADING: ContextVar[Optional[Loading]] = ContextVar("experts_int8_split_while_loading", default=None)
@@ -348,7 +388,7 @@ def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = N
                              "once (experts-int8 quantize), or load it whole and call parallelize_experts")
     except Exception as e:
         if loading.owes_exchange:
-            refuse_on_every_rank(e, loading.split, loading.group, loading.device)
+            refuse_on_every_rank(e, loading.split, loading.group, loading.exchange_on or loading.device)
         raise
     finally:
         _LOADING.reset(token)
@@ -369,16 +409,20 @@ class PendingShard(nn.Module):
         object.__setattr__(self, "like", like)  # not a submodule: its meta tensors are not the model's
 
 
-def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[dist.ProcessGroup],
-                        device_for) -> int:
-    """Replace every :class:`PendingShard` of ``model`` by this rank's part of its module, read from the
-    safetensors ``files`` (keys: the module's name + tensor name) onto ``device_for(name)``, in a
-    :class:`ParallelExperts`. Returns how many."""
+def fill_pending_shards(model: nn.Module, files, loading: Loading, device_for) -> int:
+    """Replace every :class:`PendingShard` of ``model`` by this rank's part of its module (``loading``'s split),
+    read from the safetensors ``files`` (keys: the module's name + tensor name) onto ``device_for(name)``, in a
+    :class:`ParallelExperts`. Returns how many; if any, the load ends with :func:`finish_load`."""
     pending = [(name, m) for name, m in model.named_modules() if isinstance(m, PendingShard)]
     if not pending:
         return 0
+    split, group, exchange_on = loading.split, loading.group, device_for(pending[0][0])
     _check_ranks_agree(model, [(name, slot.like) for name, slot in pending], split, group, "split_while_loading",
-                       device_for(pending[0][0]))
+                       exchange_on)
+    # Every rank agreed and reads its parts now: what fails from here to the load's end (a tensor missing from this
+    # rank's files, out of memory, its slice of the scales corrupt) is this rank's alone. split_while_loading's exit
+    # sends it to the other ranks, which wait for it in finish_load.
+    loading.owes_exchange, loading.exchange_on = True, exchange_on
     with ExitStack() as stack:
         handles = [stack.enter_context(safe_open(str(f), framework="pt")) for f in files
                    if str(f).endswith(".safetensors")]
@@ -395,6 +439,16 @@ def fill_pending_shards(model: nn.Module, files, split: Split, group: Optional[d
     return len(pending)
 
 
+def finish_load(loading: Loading) -> None:
+    """The end of a load whose experts :func:`fill_pending_shards` split (after the quantizer's checks of the
+    parts): every rank's outcome, so that a rank that failed alone since the exchange of shapes makes the others
+    raise too (:func:`_all_ranks_done`). Nothing where the load split nothing."""
+    if loading.exchange_on is None:
+        return
+    exchange_on, loading.exchange_on = loading.exchange_on, None
+    _all_ranks_done(loading.split, loading.group, exchange_on, "split_while_loading")
+
+
 def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist.ProcessGroup] = None,
                         device: Optional[torch.device | str] = None) -> nn.Module:
     """Replace every :class:`Int8Experts` in ``model`` by this rank's part of it (``mode`` ``"tp"`` or
@@ -404,22 +458,28 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     rank with the same model (same weights), after ``dist.init_process_group``. The result is for inference:
     save a checkpoint before splitting (each rank holds only its part)."""
     split = _split_over(group, mode, "parallelize_experts")  # checks mode and group before any work
-
-    def part(module: Int8Experts) -> ParallelExperts:
-        wrapped = ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
-        carry_hooks(module, wrapped)  # (a user's hooks see the whole layer's output, as before the split)
-        return wrapped
-
-    lone = isinstance(model, Int8Experts)
     try:  # (a refusal of this rank alone goes to the others in the shapes' exchange: they raise too, none waits)
         targets = _targets(model)
-    except ValueError as e:
+    except Exception as e:
         refuse_on_every_rank(e, split, group, device)
-    _check_ranks_agree(model, targets, split, group, "parallelize_experts", device or targets[0][1].down_proj.device)
-    if lone:  # a lone experts module: its part, wrapped
-        return part(model)
-    for name, module in targets:
-        model.set_submodule(name, part(module))
+    exchange_on = device or targets[0][1].down_proj.device
+    _check_ranks_agree(model, targets, split, group, "parallelize_experts", exchange_on)
+    # Every part made before any takes its module's place (the whole modules stay alive until the end either way): a
+    # failure of this rank alone (out of memory, a device it lacks) leaves its model whole and reaches the other ranks
+    # in the exchange that ends the split, where they leave theirs whole too, instead of a model split on some ranks
+    # and half split on this one.
+    try:
+        parts = [ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
+                 for _, module in targets]
+    except Exception as e:
+        refuse_on_every_rank(e, split, group, exchange_on)
+    _all_ranks_done(split, group, exchange_on, "parallelize_experts")
+    for (name, module), wrapped in zip(targets, parts):
+        carry_hooks(module, wrapped)  # (a user's hooks see the whole layer's output, as before the split)
+        if name:  # ("": a lone experts module, returned below)
+            model.set_submodule(name, wrapped)
+    if isinstance(model, Int8Experts):  # a lone experts module: its part, wrapped
+        return parts[0]
     if getattr(model, "hf_quantizer", None) is not None:  # save_pretrained asks it before writing anything
         model.hf_quantizer.split = split
     return model
@@ -443,5 +503,6 @@ def _targets(model: nn.Module) -> list[tuple[str, Int8Experts]]:
     return targets
 
 
-__all__ = ["MODES", "Loading", "ParallelExperts", "PendingShard", "Split", "fill_pending_shards", "loading_split",
-           "parallelize_experts", "refuse_on_every_rank", "shard_experts", "split_while_loading"]
+__all__ = ["MODES", "Loading", "ParallelExperts", "PendingShard", "Split", "fill_pending_shards", "finish_load",
+           "loading_split", "parallelize_experts", "refuse_on_every_rank", "refusing_on_every_rank", "shard_experts",
+           "split_while_loading"]

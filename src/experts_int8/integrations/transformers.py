@@ -67,7 +67,7 @@ from ..checkpoint import (EXPERT_COUNT_KEYS, FLOAT_DTYPES, SAFETENSORS_DTYPES, C
                           from_fused_layout, read_headers, to_fused_layout)
 from ..layer import (Int8Experts, accelerate_hooks, carry_hooks, detect_activation, int8_experts_forward,
                      offloaded_by_accelerate, w13_name)
-from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, loading_split
+from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, finish_load, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
 from ..routing import select_experts, sparsemixer
@@ -824,7 +824,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
     def validate_environment(self, *args, **kwargs):
         loading = loading_split()
         if loading is not None:  # a load starts: its exchange of shapes lies ahead (split_while_loading's exit)
-            loading.owes_exchange = True
+            loading.owes_exchange, loading.exchange_on = True, None
         self._device_map = kwargs.get("device_map", self._device_map)
         _refuse_disk(self._device_map, getattr(self, "_experts", ()))  # ("auto" resolved: called again with the map)
         _refuse_split_offload(self._device_map, getattr(self, "_experts", ()))
@@ -935,7 +935,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             loading = self._loading
             self.split = loading.split
             loading.parts += fill_pending_shards(
-                model, self._files, loading.split, loading.group,
+                model, self._files, loading,
                 lambda name: loading.device or _device_for(self._device_map, name) or torch.device("cpu"))
         if not self.pre_quantized:
             missing = sorted(self._targets - self._quantized)
@@ -945,6 +945,8 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
         _restore_float_dtypes(model, self._float_dtypes)
         verify_int8_model(model, self.quantization_config)
         _drop_expert_converters(model)
+        if self._loading is not None:  # (after the checks: each rank checks its own parts, read from its own slice)
+            finish_load(self._loading)
         return model
 
     def dequantize(self, model, dtype=None):
