@@ -276,6 +276,7 @@ def _checkpoints(tmp_path) -> None:
 def _loads_split(rank: int, device: torch.device, out_dir: str) -> dict:
     """``load_model(parallel=mode)`` of each architecture's int8 checkpoint (read split) and float one (loaded
     whole, then split), against the one-process model; each rank's experts bytes."""
+    from experts_int8.run import load_model
 
     dtype = torch.float32  # fp32 on GPUs too: see _models_match
     results = {}
@@ -630,11 +631,12 @@ def test_ranks_failing_differently_inside_split_while_loading_all_raise_at_once(
 
 
 def _one_rank_fails_after_the_exchange_of_shapes(rank: int, device: torch.device, out_dir: str) -> dict:
-    """Failures of rank 1 alone after the ranks agreed on the shapes: each rank's error, and which experts modules
-    each model holds."""
+    """Failures of rank 1 alone after the ranks agreed on the shapes, and before a load split (its copy of the files
+    missing): each rank's error, and how many experts modules each model holds whole and split."""
     from transformers import AutoModelForCausalLM
 
     from experts_int8.parallel import Split
+    from experts_int8.run import load_model
 
     said = {}
 
@@ -669,18 +671,22 @@ def _one_rank_fails_after_the_exchange_of_shapes(rank: int, device: torch.device
     # One checkpoint whose scales are corrupt in rank 1's slice only (rank 0's parts check out); a device rank 1 lacks
     attempt("corrupt", lambda: load(os.path.join(out_dir, "corrupt")))
     attempt("device", lambda: load(os.path.join(out_dir, "int8"), device=(None, "cuda:99")[rank]))
+    # load_model of a float checkpoint (loaded whole, then split) whose files rank 1 lacks
+    attempt("load_model", lambda: load_model(os.path.join(out_dir, ("float", "missing")[rank]), device="cpu",
+                                             dtype=torch.float32, parallel="tp"))
     return said
 
 
 def test_a_failure_of_one_rank_after_the_exchange_of_shapes_reaches_the_others(tmp_path):
-    """A rank that failed alone after the exchange of shapes (making or reading its parts, checking them) raised
-    alone: the others went on, split, and waited for it in their first forward's all-reduce until the process group
-    timed out (or, for a device the rank lacked, which failed before the exchange, waited in it); that rank kept a
-    model split halfway. Every rank now raises at once, the waiting ones with its reason, and no rank splits
-    anything."""
+    """A rank that failed alone after the exchange of shapes (making or reading its parts, checking them), or before a
+    whole load that parallelize_experts then split, raised alone: the others went on, split (or into the exchange,
+    for the whole load and for a device the rank lacked, which failed before it), and waited for it in their first
+    forward's all-reduce until the process group timed out; that rank kept a model split halfway. Every rank now
+    raises at once, the waiting ones with its reason, and no rank splits anything."""
     from safetensors.torch import load_file, save_file
 
     model = tiny_model("mixtral", seed=0)
+    model.save_pretrained(tmp_path / "float")
     quantize_(model).save_pretrained(tmp_path / "int8")
     quantize_(tiny_model("mixtral", seed=0)).save_pretrained(tmp_path / "corrupt")
     (weights,) = (tmp_path / "corrupt").glob("*.safetensors")
@@ -693,6 +699,9 @@ def test_a_failure_of_one_rank_after_the_exchange_of_shapes_reaches_the_others(t
     assert time.monotonic() - start < 120
     assert second["parallelize"] == "OutOfMemoryError: out of memory making the second part", second
     assert "holds non-finite or non-positive scales" in second["corrupt"], second
+    assert "missing" in second["load_model"] and "no such file" in second["load_model"], second
+    assert first["load_model"].startswith("ValueError: parallelize_experts: rank 1 refused, so no rank splits "
+                                          "anything: "), first
     for case, what in (("parallelize", "parallelize_experts"), ("corrupt", "split_while_loading"),
                        ("device", "split_while_loading")):
         assert first[case] == (f"ValueError: {what}: rank 1 refused, so no rank splits anything: "
@@ -803,6 +812,7 @@ def test_a_split_model_prints_and_refuses_a_second_quantize_without_a_process_gr
 
 
 def test_load_model_refuses_a_split_before_loading_anything(tmp_path):
+    from experts_int8.run import load_model
 
     with pytest.raises(RuntimeError, match="load_model needs torch.distributed initialized"):
         load_model(tmp_path / "not even read", parallel="tp")

@@ -8,6 +8,7 @@ or ``experts-int8 quantize``) loads its int8 experts directly.
 
 from __future__ import annotations
 
+import functools
 import resource
 import time
 from contextlib import nullcontext
@@ -89,15 +90,20 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
     ``group``'s ranks (:mod:`experts_int8.parallel`). An int8 checkpoint is read split, each rank only its
     part of the experts; a float one loads whole on the CPU, is quantized, and then split."""
     from .integrations.transformers import ExpertsInt8Config, NoExpertsError, verify_int8_model
-    from .parallel import _split_over, parallelize_experts, split_while_loading
+    from .parallel import _split_over, parallelize_experts, refusing_on_every_rank, split_while_loading
 
+    before_split = nullcontext
     if parallel is not None:  # the mode and the process group, before a load that can take minutes
-        _split_over(group, parallel, "load_model")
-    _, config, files = read_model_dir(path)
-    kind = checkpoint_kind(config, files)
-    if not files:
-        raise ValueError(f"{path} has no *.safetensors weights")
-    dev = check_device(str(device))
+        split = _split_over(group, parallel, "load_model")
+        # what fails on this rank alone before its exchange of shapes (its copy of the files missing, a float
+        # checkpoint's load) reaches the other ranks there (an int8 load: split_while_loading does so)
+        before_split = functools.partial(refusing_on_every_rank, split, group, device)
+    with before_split():
+        _, config, files = read_model_dir(path)
+        kind = checkpoint_kind(config, files)
+        if not files:
+            raise ValueError(f"{path} has no *.safetensors weights")
+        dev = check_device(str(device))
     kwargs = {"dtype": dtype}
     if kind == "float":
         kwargs["quantization_config"] = ExpertsInt8Config()
@@ -110,8 +116,9 @@ def load_model(path, *, device="cpu", dtype: torch.dtype = torch.bfloat16, paral
             kwargs["device_map"], move_after = str(dev), False
         except ImportError:
             pass
-    split = split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8" else nullcontext()
-    with split:
+    loading = (split_while_loading(parallel, group, dev) if parallel is not None and kind == "int8"
+               else before_split())
+    with loading:
         try:
             model = from_pretrained(config, path, **kwargs)
         except NoExpertsError:
