@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from experts_int8 import fused_experts, quantize_weights
+from experts_int8 import Int8Experts, fused_experts, quantize_weights
 
 E, H, I, M, K = 4, 32, 16, 3, 2
 
@@ -91,6 +91,14 @@ def test_rejected(make, exc, match, backend):
     args.setdefault("backend", backend)
     with pytest.raises(exc, match=match):
         fused_experts(**args)
+
+
+@pytest.mark.parametrize("name, ours", [("swigluoai", "swiglu_oai"), ("SiLU", "silu"), ("gelu_pytorch_tanh", "gelu_tanh")])
+def test_an_activation_spelled_as_elsewhere_names_ours(name, ours):
+    with pytest.raises(ValueError, match=f"got '{name}' \\(experts_int8 calls it '{ours}'\\)"):
+        fused_experts(**good(), activation=name, backend="torch")
+    with pytest.raises(ValueError, match=f"experts_int8 calls it '{ours}'"):
+        Int8Experts(E, H, I, activation=name)
 
 
 def test_good_args_pass():

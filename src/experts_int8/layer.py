@@ -37,7 +37,7 @@ from torch.nn.utils import parametrize
 
 from .ops import BACKENDS, fused_experts
 from .quant import check_weights, quantize_weights
-from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, is_gated
+from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, is_gated, unknown_activation
 
 def detect_activation(act_fn) -> str:
     """Which of :data:`experts_int8.reference.ACTIVATIONS` ``act_fn`` computes, found by evaluating it.
@@ -144,7 +144,7 @@ class Int8Experts(nn.Module):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+            raise ValueError(unknown_activation(activation))
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if not gated and activation in GATED_ONLY:

@@ -39,7 +39,7 @@ try:
     from .kernels import gluon_moe, gluon_wsrr
 except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON/WSRR entries run the Triton kernels
     gluon_moe = gluon_wsrr = None
-from .reference import ACTIVATIONS, GATED_ONLY, is_gated
+from .reference import ACTIVATIONS, GATED_ONLY, is_gated, unknown_activation
 from .routing import select_experts, shape_str
 
 BACKENDS = ("auto", "triton", "torch")
@@ -69,7 +69,7 @@ def _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activatio
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+        raise ValueError(unknown_activation(activation))
     _validate_experts(x, w13, w2, w13_scale, w2_scale, w13_bias, w2_bias, activation, apply_router_weight_on_input)
     total = _validate_routing(x, topk_weights, topk_ids, expert_map, global_num_experts, w13.shape[0])
     tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids,

@@ -25,6 +25,19 @@ SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
 
 
+# Other projects' names for the same activations (vLLM's fused MoE, transformers' ``hidden_act``): named in the
+# error, not accepted, so that one spelling reaches the kernel and its tables
+_OTHER_NAMES = {"swigluoai": "swiglu_oai", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
+def unknown_activation(activation) -> str:
+    """The message for an ``activation`` not in ACTIVATIONS, naming ours where it is another spelling of one."""
+    name = activation.lower() if isinstance(activation, str) else None
+    ours = name if name in ACTIVATIONS else _OTHER_NAMES.get(name)
+    hint = f" (experts_int8 calls it {ours!r})" if ours else ""
+    return f"activation must be one of {ACTIVATIONS}, got {activation!r}{hint}"
+
+
 def _act(g: torch.Tensor, activation: str) -> torch.Tensor:
     if activation == "silu":
         return F.silu(g)
@@ -36,7 +49,7 @@ def _act(g: torch.Tensor, activation: str) -> torch.Tensor:
         return F.relu(g).square()
     if activation in GATED_ONLY:
         raise ValueError(f"activation {activation!r} needs gate and up rows; these experts have no gate")
-    raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    raise ValueError(unknown_activation(activation))
 
 
 def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
