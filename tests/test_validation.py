@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import DEVICE
 
-from experts_int8 import Int8Experts, fused_experts, quantize_weights
+from experts_int8 import Int8Experts, fused_experts, fused_moe, quantize_weights, select_experts
 
 E, H, I, M, K = 4, 32, 16, 3, 2
 
@@ -91,6 +91,29 @@ def test_rejected(make, exc, match, backend):
     args.setdefault("backend", backend)
     with pytest.raises(exc, match=match):
         fused_experts(**args)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda a: fused_experts(**{**a, "w1_scale": a.pop("w13_scale")}), r"'w1_scale' is w13_scale here"),
+    (lambda a: fused_experts(**a, inplace=True), r"'inplace' is not supported"),
+    (lambda a: fused_experts(**a, typo=1), r"fused_experts\(\) got unexpected keyword arguments \['typo'\]$"),
+    (lambda a: fused_moe(a["x"], torch.randn(M, E), a["w13"], a["w2"], K, w13_scale=a["w13_scale"],
+                         w2_scale=a["w2_scale"], use_int8_w8a16=True), r"'use_int8_w8a16' is implied"),
+    (lambda a: fused_moe(a["x"], torch.randn(M, E), a["w13"], a["w2"], K, w13_scale=a["w13_scale"],
+                         w2_scale=a["w2_scale"], scoring_func="sigmoid"), r"'scoring_func' is scoring here"),
+    (lambda a: select_experts(torch.randn(M, E), K, e_score_correction_bias=torch.zeros(E)),
+     r"select_experts\(\) .*'e_score_correction_bias' is correction_bias here"),
+])
+def test_other_projects_argument_names_say_ours(call, match):
+    """A call written for vLLM's or SGLang's fused MoE is refused with what each of its arguments is here."""
+    with pytest.raises(TypeError, match=match):
+        call(good())
+
+
+def test_fused_moe_in_vllms_argument_order_says_ours():
+    a = good()
+    with pytest.raises(ValueError, match=r"router_logits \[M, E\] comes second"):
+        fused_moe(a["x"], a["w13"], a["w2"], torch.randn(M, E), K, w13_scale=a["w13_scale"], w2_scale=a["w2_scale"])
 
 
 @pytest.mark.parametrize("name, ours", [("swigluoai", "swiglu_oai"), ("SiLU", "silu"), ("gelu_pytorch_tanh", "gelu_tanh")])

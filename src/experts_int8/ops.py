@@ -40,7 +40,7 @@ try:
 except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON/WSRR entries run the Triton kernels
     gluon_moe = gluon_wsrr = None
 from .reference import ACTIVATIONS, GATED_ONLY, is_gated, unknown_activation
-from .routing import select_experts, shape_str
+from .routing import OTHER_ARGS, refuse_unknown_args, select_experts, shape_str
 
 BACKENDS = ("auto", "triton", "torch")
 MIN_CAPABILITY = (8, 0)  # bf16 tensor-core dots (Ampere and newer)
@@ -522,6 +522,7 @@ def fused_experts(
     backend: str = "auto",
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
+    **kwargs,
 ) -> torch.Tensor:
     """MoE over already-selected experts: ``sum_j w_j * expert_{id_j}(x)``. Returns ``[M, H]`` in x's dtype.
 
@@ -537,6 +538,7 @@ def fused_experts(
     (Triton on CUDA GPUs of compute capability 8.0 or newer, torch elsewhere, with a warning on an
     older GPU).
     """
+    refuse_unknown_args("fused_experts", kwargs)
     _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend, w13_bias, w2_bias, apply_router_weight_on_input)
     use_triton = backend == "triton" or x.device.type == "meta" or (  # (meta: shapes only, from the op's fake)
@@ -579,6 +581,12 @@ def fused_moe(
     **kwargs,
 ) -> torch.Tensor:
     """:func:`select_experts` then :func:`fused_experts` (``kwargs`` are fused_experts' options)."""
+    refuse_unknown_args("fused_moe", {name: value for name, value in kwargs.items() if name in OTHER_ARGS})
+    if isinstance(router_logits, torch.Tensor) and router_logits.dim() == 3 and isinstance(w2, torch.Tensor) \
+            and w2.dim() == 2:
+        raise ValueError("fused_moe takes (x, router_logits, w13, w2, top_k): router_logits [M, E] comes second, "
+                         f"got a {router_logits.dim()}-D tensor there and a 2-D one as w2 (vLLM's fused_moe takes the "
+                         "weights first)")
     if isinstance(router_logits, torch.Tensor) and isinstance(x, torch.Tensor) and router_logits.dim() == 2 \
             and router_logits.shape[0] != x.shape[0]:
         raise ValueError(f"router_logits has {router_logits.shape[0]} rows but x has {x.shape[0]} tokens")

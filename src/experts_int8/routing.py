@@ -60,6 +60,41 @@ def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, corre
                          f"{shape_str(correction_bias)}")
 
 
+# Argument names of other projects' fused MoE calls (vLLM's and SGLang's fused_moe, fused_experts and
+# select_experts): a call written for them is refused with what each argument is here
+OTHER_ARGS = {
+    "hidden_states": "is x here",
+    "gating_output": "is router_logits here",
+    "topk": "is top_k here",
+    "w1": "is w13 here ([E, 2I, H]: gate rows, then up rows)",
+    "w1_scale": "is w13_scale here",
+    "w1_bias": "is w13_bias here",
+    "scoring_func": "is scoring here",
+    "e_score_correction_bias": "is correction_bias here",
+    "use_grouped_topk": "is implied: pass num_expert_group and topk_group",
+    "use_int8_w8a16": "is implied: int8 weights with w13_scale and w2_scale run W8A16, float weights unquantized",
+    "per_channel_quant": "is implied: the scales are per output row",
+    "inplace": "is not supported: the output is a new tensor",
+    "block_shape": "is not supported: the scales are per output row, not per block",
+    "w1_zp": "is not supported: the int8 weights are symmetric (no zero points)",
+    "w2_zp": "is not supported: the int8 weights are symmetric (no zero points)",
+    "a1_scale": "is not supported: activations stay in bf16/fp16/fp32 (W8A16)",
+    "a2_scale": "is not supported: activations stay in bf16/fp16/fp32 (W8A16)",
+    "use_fp8_w8a8": "is not supported: experts_int8 runs int8 weights with 16-bit activations (W8A16) only",
+    "use_int8_w8a8": "is not supported: experts_int8 runs int8 weights with 16-bit activations (W8A16) only",
+    "use_int4_w4a16": "is not supported: experts_int8 runs int8 weights with 16-bit activations (W8A16) only",
+}
+
+
+def refuse_unknown_args(fn: str, kwargs: dict) -> None:
+    """TypeError for keyword arguments ``fn`` does not take, saying what those of :data:`OTHER_ARGS` are here."""
+    if not kwargs:
+        return
+    hints = [f"{name!r} {OTHER_ARGS[name]}" for name in kwargs if name in OTHER_ARGS]
+    raise TypeError(f"{fn}() got unexpected keyword arguments {sorted(kwargs)}" + (
+        f" ({'; '.join(hints)})" if hints else ""))
+
+
 def select_experts(
     router_logits: torch.Tensor,
     top_k: int,
@@ -72,6 +107,7 @@ def select_experts(
     routed_scaling_factor: float = 1.0,
     custom_routing_function: Optional[Callable] = None,
     score_in_logits_dtype: bool = False,
+    **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick ``top_k`` experts per token. Returns ``(topk_weights fp32 [M, k], topk_ids int32 [M, k])``.
 
@@ -81,6 +117,7 @@ def select_experts(
     ``custom_routing_function(router_logits, top_k, renormalize) -> (weights, ids)`` replaces the
     built-in selection; its outputs are cast and the scaling factor still applies.
     """
+    refuse_unknown_args("select_experts", kwargs)
     _validate(router_logits, top_k, scoring, num_expert_group, topk_group, correction_bias, routed_scaling_factor)
     if custom_routing_function is not None:
         if num_expert_group is not None or correction_bias is not None or scoring != "softmax" or score_in_logits_dtype:
