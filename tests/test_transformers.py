@@ -237,6 +237,15 @@ def test_quantize_refuses_a_module_that_is_no_transformers_model():
         quantize_(torch.nn.Sequential(torch.nn.Linear(2, 2)))
 
 
+def test_quantize_with_torchaos_filter_fn_names_modules_to_not_convert():
+    model = tiny_model("mixtral")
+    with pytest.raises(TypeError, match=r"no filter_fn: .*ExpertsInt8Config\(modules_to_not_convert=\[\.\.\.\]\)"):
+        quantize_(model, ExpertsInt8Config(), filter_fn=lambda module, name: True)
+    with pytest.raises(TypeError, match=r"unexpected keyword arguments \['device'\]"):
+        quantize_(model, device="cpu")
+    assert not any(isinstance(m, Int8Experts) for m in model.modules())  # (left float)
+
+
 def test_quantize_refuses_experts_the_kernel_would_compute_otherwise_and_leaves_the_model_float():
     """GPT-OSS experts with another clamped SwiGLU or without their biases, and experts with a norm after each
     expert (has_post_expert_norm): refused by name, before any module is converted."""

@@ -1173,7 +1173,7 @@ def _transformers_model(model: nn.Module) -> nn.Module:
     return held[0]
 
 
-def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> nn.Module:
+def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None, **kwargs) -> nn.Module:
     """Replace the routed experts of ``model`` with :class:`Int8Experts`, in place; returns ``model``.
 
     Each experts module is quantized on its own device and its float tensors are released right
@@ -1183,6 +1183,12 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None) -> n
     ``model`` may be a wrapper around the transformers model (peft's ``PeftModel``): the model it holds
     is quantized and marked int8, so that its save_pretrained and dequantize() know it.
     """
+    if "filter_fn" in kwargs:  # (torchao's quantize_ picks the modules with one)
+        raise TypeError("quantize_() takes no filter_fn: only routed experts modules are quantized, and "
+                        "ExpertsInt8Config(modules_to_not_convert=[...]) names those to keep float (module names, "
+                        "fragments such as 'layers.1' or regular expressions)")
+    if kwargs:
+        raise TypeError(f"quantize_() got unexpected keyword arguments {sorted(kwargs)}")
     config = config if config is not None else ExpertsInt8Config()
     if not isinstance(config, ExpertsInt8Config):
         raise TypeError(f"config must be an ExpertsInt8Config, got {type(config).__name__}")
