@@ -116,6 +116,13 @@ def test_fused_moe_in_vllms_argument_order_says_ours():
         fused_moe(a["x"], a["w13"], a["w2"], torch.randn(M, E), K, w13_scale=a["w13_scale"], w2_scale=a["w2_scale"])
 
 
+def test_fused_moe_on_batched_x_says_x_must_be_2d():
+    a = good()
+    with pytest.raises(ValueError, match=r"x must be 2-D, got shape \(1, 3, 32\)"):
+        fused_moe(a["x"][None], torch.randn(M, E), a["w13"], a["w2"], K, w13_scale=a["w13_scale"],
+                  w2_scale=a["w2_scale"])
+
+
 @pytest.mark.parametrize("name, ours", [("swigluoai", "swiglu_oai"), ("SiLU", "silu"), ("gelu_pytorch_tanh", "gelu_tanh")])
 def test_an_activation_spelled_as_elsewhere_names_ours(name, ours):
     with pytest.raises(ValueError, match=f"got '{name}' \\(experts_int8 calls it '{ours}'\\)"):

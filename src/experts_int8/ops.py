@@ -587,7 +587,8 @@ def fused_moe(
         raise ValueError("fused_moe takes (x, router_logits, w13, w2, top_k): router_logits [M, E] comes second, "
                          f"got a {router_logits.dim()}-D tensor there and a 2-D one as w2 (vLLM's fused_moe takes the "
                          "weights first)")
-    if isinstance(router_logits, torch.Tensor) and isinstance(x, torch.Tensor) and router_logits.dim() == 2 \
+    _require_tensor("x", x, 2)  # (before the rows are compared: x [B, S, H] has B "tokens")
+    if isinstance(router_logits, torch.Tensor) and router_logits.dim() == 2 \
             and router_logits.shape[0] != x.shape[0]:
         raise ValueError(f"router_logits has {router_logits.shape[0]} rows but x has {x.shape[0]} tokens")
     expert_map = kwargs.get("expert_map")
