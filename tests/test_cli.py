@@ -2070,3 +2070,93 @@ def test_load_errors_other_than_transformers_report_pass_through(tmp_path):
     with mock.patch.object(run_module, "auto_model_class", return_value=Auto):
         with pytest.raises(RuntimeError, match="^CUDA error: out of memory$"):
             run_module.from_pretrained({}, tmp_path)
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "fused"])
+def test_quantize_keeps_the_experts_modules_to_not_convert_names_float(bf16_checkpoint, tmp_path, layout):
+    """--modules-to-not-convert: the same checkpoint save_pretrained writes for a model loaded with
+    ExpertsInt8Config(modules_to_not_convert=...), matched against the model's names (Mixtral's block_sparse_moe is
+    mlp there), and the same model once reloaded: those experts float, the others int8."""
+    from experts_int8.layer import Int8Experts
+
+    src = bf16_checkpoint("mixtral") if layout == "per-expert" else _fused_checkpoint(tmp_path)
+    dst = tmp_path / "int8"
+    result = invoke("quantize", src, dst, "--device", "cpu", "--no-progress", "--modules-to-not-convert",
+                    "model.layers.1.mlp.experts")
+    assert result.exit_code == 0, result.output
+    assert "kept float (--modules-to-not-convert): 1 experts modules: model.layers.1.mlp.experts" in result.output
+    assert json.loads((dst / "config.json").read_text())["quantization_config"]["modules_to_not_convert"] == [
+        "model.layers.1.mlp.experts"]
+    assert invoke("quantize", src, tmp_path / "fragment", "--device", "cpu", "--no-progress",
+                  "--modules-to-not-convert", "layers.1").exit_code == 0
+
+    config = ExpertsInt8Config(modules_to_not_convert=["layers.1"])
+    fly = AutoModelForCausalLM.from_pretrained(src, quantization_config=config, dtype=torch.bfloat16)
+    fly.save_pretrained(tmp_path / "saved")
+    saved, source = tensors(tmp_path / "saved"), tensors(src)
+    for out in (dst, tmp_path / "fragment"):
+        ours = tensors(out)
+        assert set(ours) == set(saved)
+        for key in ours:
+            assert ours[key].dtype == saved[key].dtype and torch.equal(ours[key], saved[key]), key
+    block = "block_sparse_moe" if layout == "per-expert" else "mlp"  # (the fused source: the in-memory names)
+    assert ours[f"model.layers.1.{block}.experts.down_proj"].dtype == torch.bfloat16
+    assert ours[f"model.layers.0.{block}.experts.down_proj"].dtype == torch.int8
+    if layout == "fused":  # copied as the source holds them
+        for t in ("gate_up_proj", "down_proj"):
+            assert torch.equal(ours[f"model.layers.1.mlp.experts.{t}"], source[f"model.layers.1.mlp.experts.{t}"])
+
+    for out in (dst, tmp_path / "fragment"):
+        reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.bfloat16)
+        assert isinstance(reloaded.model.layers[0].mlp.experts, Int8Experts)
+        assert not isinstance(reloaded.model.layers[1].mlp.experts, Int8Experts)
+        assert reloaded.model.layers[1].mlp.experts.down_proj.dtype == torch.bfloat16
+        ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            assert torch.equal(reloaded(ids).logits, fly(ids).logits)
+
+
+@pytest.mark.parametrize("layout", ["per-expert", "fused"])
+def test_quantize_export_ignores_the_experts_modules_to_not_convert_names(bf16_checkpoint, tmp_path, layout):
+    src = bf16_checkpoint("mixtral") if layout == "per-expert" else _fused_checkpoint(tmp_path)
+    dst = tmp_path / "ct"
+    with pytest.warns(UserWarning, match="partly float"):
+        result = invoke("quantize", src, dst, "--format", "compressed-tensors", "--device", "cpu", "--no-progress",
+                        "--modules-to-not-convert", "layers.1")
+    assert result.exit_code == 0, result.output
+    ignore = json.loads((dst / "config.json").read_text())["quantization_config"]["ignore"]
+    block = "block_sparse_moe" if layout == "per-expert" else "mlp"  # (the fused source: the in-memory names)
+    kept = [f"model.layers.1.{block}.experts.{x}.{p}" for x in range(5) for p in ("w1", "w2", "w3")]
+    assert set(kept) <= set(ignore)
+    assert not any(".layers.0." in name and ".experts." in name for name in ignore)
+    ours, source = tensors(dst), tensors(src)
+    for x in range(5):
+        w1, w3, w2 = (ours[f"model.layers.1.{block}.experts.{x}.{p}.weight"] for p in ("w1", "w3", "w2"))
+        if layout == "per-expert":  # the source's float tensors, as they are
+            for p, w in (("w1", w1), ("w3", w3), ("w2", w2)):
+                assert torch.equal(w, source[f"model.layers.1.{block}.experts.{x}.{p}.weight"])
+        else:
+            assert torch.equal(torch.cat([w1, w3]), source["model.layers.1.mlp.experts.gate_up_proj"][x])
+            assert torch.equal(w2, source["model.layers.1.mlp.experts.down_proj"][x])
+        assert f"model.layers.0.{block}.experts.{x}.w1.weight_packed" in ours
+
+
+@pytest.mark.parametrize("patterns,says", [
+    ("layers.1(", "not a valid pattern"),
+    ("layers.9", "['layers.9'] names no routed experts module"),
+    ("block_sparse_moe", "like model.layers.0.mlp.experts"),  # (the checkpoint's name, not the model's)
+    ("layers.0,layers.1", "names every routed experts module"),
+    ("experts", "nothing to quantize"),
+    (",", "no pattern given"),
+])
+def test_quantize_refuses_modules_to_not_convert_that_would_go_wrong(bf16_checkpoint, tmp_path, patterns, says):
+    out = tmp_path / "out"
+    os.makedirs(out)
+    for fmt in ("native", "compressed-tensors"):
+        result = invoke("quantize", bf16_checkpoint("mixtral"), out / "int8", "--device", "cpu", "--no-progress",
+                        "--format", fmt, "--modules-to-not-convert", patterns)
+        if says == "no pattern given":  # (click's own usage error)
+            assert result.exit_code == 2 and says in result.output, result.output
+        else:
+            assert_one_line_error(result, says)
+        assert os.listdir(out) == []

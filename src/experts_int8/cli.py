@@ -161,6 +161,17 @@ def parse_shape_option(text: str) -> tuple[int, int, int, int]:
     return e, h, i, k
 
 
+def parse_patterns(values) -> list[str]:
+    """``--modules-to-not-convert``'s values (each comma-separated; a comma inside a regex's ``{m,n}`` is kept) ->
+    the patterns, blanks dropped."""
+    import re
+
+    patterns = [p.strip() for v in values for p in re.split(r",(?![^{]*\})", v) if p.strip()]
+    if not patterns:
+        raise click.BadParameter("no pattern given", param_hint="--modules-to-not-convert")
+    return patterns
+
+
 def shape_from_model_config(path: str) -> tuple[int, int, int, int]:
     """(E, H, I, k) from a Hugging Face ``config.json`` (or the folder holding it) of an MoE model."""
     from .convert import text_config
@@ -416,6 +427,7 @@ Examples:
   experts-int8 quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-int8 --device cuda --max-shard-size 2GB
   experts-int8 quantize ./Mixtral-8x7B ./Mixtral-8x7B-w8a16 --format compressed-tensors   # vllm serve DST
   experts-int8 quantize ./DeepSeek-V3 ./DeepSeek-V3-int8          # an FP8 release, read as its float weights
+  experts-int8 quantize ./Mixtral-8x7B ./Mixtral-8x7B-int8 --modules-to-not-convert layers.0,layers.31
 \b
 Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
   experts-int8 generate DST --prompt "Hello"
@@ -431,8 +443,13 @@ Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
 @click.option("--overwrite", is_flag=True,
               help="Replace DST if it is a checkpoint folder (with a config.json) or empty, once the new one is "
                    "complete.")
+@click.option("--modules-to-not-convert", "not_convert", multiple=True, metavar="LIST",
+              help="Comma-separated experts modules to keep float, as ExpertsInt8Config(modules_to_not_convert=...) "
+                   "reads them: module names as transformers names them, fragments such as layers.1 (layer 1, not "
+                   "11), or regular expressions (a comma inside {m,n} stays in its pattern). Repeatable. Recorded in "
+                   "config.json (compressed-tensors: their Linears listed in ignore).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progress):
+def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, not_convert, no_progress):
     """Convert a Hugging Face MoE checkpoint directory SRC into an int8 experts checkpoint DST.
 
     Streams the safetensors shards tensor by tensor (memory ~ one output shard): routed experts
@@ -449,11 +466,14 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, no_progre
     from .convert import format_bytes, parse_size, quantize_checkpoint
     from .run import check_device
 
+    patterns = parse_patterns(not_convert) if not_convert else None
     parse_size(max_shard_size)
     dev = check_device(device or _default_device())
     r = quantize_checkpoint(src, dst, format=fmt, device=dev, max_shard_size=max_shard_size, overwrite=overwrite,
-                            progress=not no_progress)
+                            progress=not no_progress, modules_to_not_convert=patterns)
     click.echo(f"quantized {src} -> {dst} in {r.seconds:.1f} s ({r.num_tensors} tensors, format {fmt})")
+    if r.kept:
+        click.echo(f"kept float (--modules-to-not-convert): {len(r.kept)} experts modules: {', '.join(r.kept)}")
     click.echo(f"size on disk: {format_bytes(r.bytes_before)} -> {format_bytes(r.bytes_after)} "
                f"({r.bytes_after / r.bytes_before:.2f}x)")
     click.echo("quantization SNR of the dequantized experts vs the original weights (dB):")

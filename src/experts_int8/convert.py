@@ -73,7 +73,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from .checkpoint import EXPERT_COUNT_KEYS, FLOAT_DTYPES, to_fused_layout
+from .checkpoint import EXPERT_COUNT_KEYS, FLOAT_DTYPES, CheckpointKeys, from_fused_layout, to_fused_layout
 from .files import check_writable_dir, missing_folders, remove_empty, signals_held
 from .releases import float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
@@ -124,6 +124,7 @@ class ConversionReport:
     bytes_after: int
     num_tensors: int
     snr_db: dict  # "<prefix>.gate_up_proj" -> dB (dequantized vs original)
+    kept: list = field(default_factory=list)  # the experts modules modules_to_not_convert kept float (model names)
 
     def snr_summary(self) -> tuple[float, float]:
         values = list(self.snr_db.values())
@@ -417,14 +418,23 @@ def _tensor_index(files) -> tuple[dict[str, tuple[str, tuple]], dict[str, Path],
 
 
 def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_shard_size="5GB",
-                        overwrite: bool = False, progress: bool = True) -> ConversionReport:
+                        overwrite: bool = False, progress: bool = True,
+                        modules_to_not_convert: Optional[list[str]] = None) -> ConversionReport:
     """Convert the checkpoint directory ``src`` into an int8 experts checkpoint at ``dst`` (see module doc).
 
     ``format``: ``"native"`` (what ``save_pretrained`` of an ``ExpertsInt8Config`` model writes) or
     ``"compressed-tensors"`` (pack-quantized W8A16 for vLLM; see :func:`export_compressed_tensors`).
+
+    ``modules_to_not_convert``: as ``ExpertsInt8Config``'s (module names, fragments at module boundaries such as
+    ``"layers.1"``, or regular expressions), matched against the experts modules' names in the model transformers
+    builds: those experts are written float, as ``save_pretrained`` of a model loaded with that config writes them
+    (fused ``gate_up_proj`` / ``down_proj`` in the model's layout, recorded in ``quantization_config``), or for
+    ``"compressed-tensors"`` as per-expert float Linears listed in ``ignore``. An entry that names no experts
+    module, or entries that name all of them, are refused before any work.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r} (choose one of {', '.join(FORMATS)})")
+    patterns = _not_convert_patterns(modules_to_not_convert)  # (an invalid pattern: refused before anything else)
     for name, path in (("SRC", src), ("DST", dst)):
         if str(path) == "":  # (an empty path is the current folder to the OS: the errors named a blank)
             raise ValueError(f"{name} is an empty path: give a folder")
@@ -491,8 +501,12 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     if wrong:  # (converted, the DST would not load: its model is built with the config's count)
         raise ValueError(f"{wrong[0]} holds {wrong[1]} experts, but config.json says {min(counts)}: the config and "
                          f"the weights do not belong together; download the checkpoint again")
+    kept = _kept_groups(src, src_dir, config, groups, patterns) if patterns else {}
+    quantized = {p: g for p, g in groups.items() if p not in kept}
     if format == "native":
-        quant_config, emit = dict(QUANT_CONFIG), _quantize_group
+        quant_config, emit, names = dict(QUANT_CONFIG), _quantize_group, None
+        if patterns:
+            quant_config["modules_to_not_convert"] = list(patterns)
     else:
         names = _loader_expert_names(config)
         if names is None and any(not g.per_expert for g in groups.values()):
@@ -500,9 +514,23 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                              f"architecture's experts fused only: a compressed-tensors export (one Linear per "
                              f"expert projection) would load with its experts missing. Write the native int8 "
                              f"format instead (--format native)")
-        quant_config = compressed_tensors_config(_ignored_modules(headers, groups,
-                                                                  _model_linear_names(src_dir, config)))
+        # (the kept experts' per-expert source keys are 2-D weights outside the quantized groups: listed as such)
+        ignore = _ignored_modules(headers, quantized, _model_linear_names(src_dir, config))
+        ignore = sorted(set(ignore) | {m for p in kept if groups[p].fused for m in _export_modules(
+            groups[p].prefix, shapes[p][0], groups[p].w13 == "gate_up_proj", names)})
+        quant_config = compressed_tensors_config(ignore)
+        if kept:  # (transformers 5.25 merges every layer's experts from packed keys alone: checked, it fails)
+            warnings.warn("transformers' compressed-tensors loader cannot read an export whose experts are partly "
+                          "float (modules_to_not_convert): serve it with vLLM, which reads the ignore list, or write "
+                          "the native format for transformers", stacklevel=2)
         emit = lambda *a: _compressed_tensors_group(*a, fused_names=names)  # noqa: E731
+    if kept:
+        emit_quantized = emit
+
+        def emit(g, shape, get, device, snr):
+            if g.prefix not in kept:
+                return emit_quantized(g, shape, get, device, snr)
+            return _float_group(g, shape, get, format, names)
     in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
 
     parent = dst_dir.resolve().parent
@@ -555,7 +583,91 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     bytes_before = sum(f.stat().st_size for f in files)
     bytes_after = sum(f.stat().st_size for f in dst_dir.glob("*.safetensors"))
     return ConversionReport(str(src), str(dst), time.perf_counter() - start, bytes_before, bytes_after,
-                            len(headers), snr)
+                            len(headers), snr, sorted(kept.values()))
+
+
+def _not_convert_patterns(modules_to_not_convert) -> Optional[tuple[str, ...]]:
+    """``modules_to_not_convert`` checked by ExpertsInt8Config's own rules (a list of str, each a valid pattern);
+    None for none."""
+    if modules_to_not_convert is None:
+        return None
+    from .integrations.transformers import _patterns
+
+    return _patterns(modules_to_not_convert) or None
+
+
+def _kept_groups(src, src_dir: Path, config: dict, groups: dict, patterns) -> dict[str, str]:
+    """``{prefix: experts module name}`` of the ``groups`` that ``patterns`` keep float, matched as loading
+    ``DST`` matches its ``modules_to_not_convert``: against the names of the model transformers builds (Mixtral's
+    ``block_sparse_moe`` is ``mlp`` there), found by layer index and last names as loading finds the checkpoint's
+    keys of a module; the checkpoint's own prefix where transformers cannot build the model."""
+    from .integrations.transformers import ExpertsInt8Config, _names, experts_module_names
+
+    config_obj = ExpertsInt8Config(modules_to_not_convert=list(patterns))
+    try:
+        model_names = experts_module_names(src_dir, config)
+    except Exception:  # noqa: BLE001 - a model transformers cannot build (remote code) loads nowhere but by its keys
+        model_names = []
+    keys = CheckpointKeys(f"{p}.down_proj" for p in groups)
+    name_of = {p: p for p in groups}
+    for name in model_names:
+        key = keys.find(f"{name}.down_proj")
+        if key is not None:
+            name_of[key[: -len(".down_proj")]] = name
+    names = [name_of[p] for p in groups]
+    # Refused, where ExpertsInt8Config only warns: a load may meet a config written for another model, but this is
+    # one conversion the user runs for this checkpoint, and an entry that names nothing is almost surely a typo
+    # (or a checkpoint name transformers renames, block_sparse_moe for mlp), which would otherwise cost a whole
+    # conversion to an output that quantized the experts meant to stay float.
+    unused = [m for m in patterns if not any(_names(m, name) for name in names)]
+    if unused:
+        raise ValueError(f"modules_to_not_convert {unused} names no routed experts module of {src} (they are named "
+                         f"like {names[0]}, as transformers builds the model); give module names, fragments at "
+                         f"module boundaries such as 'layers.1', or regular expressions of them")
+    kept = {p: name_of[p] for p in groups if config_obj.skips(name_of[p])}
+    if len(kept) == len(groups):  # (the converter has no allow_no_experts: a model without experts is refused too)
+        raise ValueError(f"modules_to_not_convert {list(patterns)} names every routed experts module of {src} "
+                         f"({len(groups)}): nothing to quantize")
+    return kept
+
+
+def _export_modules(prefix: str, e: int, gated: bool, fused_names) -> list[str]:
+    """The per-expert Linear modules the compressed-tensors export writes for fused experts at ``prefix``."""
+    return [f"{prefix}.{x}.{fused_names[n]}" for x in range(e) for n in ((0, 1, 2) if gated else (1, 2))]
+
+
+def _float_group(g: ExpertsGroup, shape, get, format: str, fused_names):
+    """Yield one experts block kept float (``modules_to_not_convert``), its values as the source holds them.
+
+    Native: as ``save_pretrained`` writes the experts a model loaded with ``ExpertsInt8Config`` kept float (and as
+    loading DST reads them: the experts' merges are dropped on an int8 load): the fused tensors under the block's
+    names in the model's layout (fused sources as they are; per-expert ones merged, a whole layer's float experts
+    in memory at once). compressed-tensors: one float Linear per expert projection (per-expert sources as they
+    are; fused ones under the names the export gives its quantized Linears)."""
+    e, _, i = shape
+    gated = g.w13 == "gate_up_proj"
+    roles = ("gate", "up") if gated else ("up",)
+    if format == "native":
+        if g.fused:
+            for t, key in g.fused.items():  # (a whole tensor transformers renames: under its fused name)
+                yield f"{g.prefix}.{t}", get(key)
+            return
+        w13 = torch.stack([torch.cat([get(g.per_expert[(r, x)]) for r in roles], dim=0) for x in range(e)])
+        yield f"{g.prefix}.{g.w13}", from_fused_layout(g.layout, g.w13, w13).contiguous()
+        del w13
+        w2 = torch.stack([get(g.per_expert[("down", x)]) for x in range(e)])
+        yield f"{g.prefix}.down_proj", from_fused_layout(g.layout, "down_proj", w2).contiguous()
+        return
+    if g.per_expert:
+        for key in g.source_keys():
+            yield key, get(key)
+        return
+    f13, f2 = (to_fused_layout(g.layout, t, get(g.fused[t])) for t in (g.w13, "down_proj"))
+    modules = iter(_export_modules(g.prefix, e, gated, fused_names))
+    for x in range(e):
+        parts = ((f13[x, :i],) if gated else ()) + (f13[x, -i:], f2[x])
+        for w in parts:
+            yield f"{next(modules)}.weight", w.contiguous().clone()
 
 
 _LOAD_AND_SAVE = ("load the model with quantization_config=ExpertsInt8Config() (quantized while loading) and "

@@ -254,6 +254,12 @@ def _meta_model(model_dir, config: dict) -> nn.Module:
         return auto_model_class(config).from_config(hf_config)
 
 
+def experts_module_names(model_dir, config: dict) -> list[str]:
+    """The names of the routed experts modules of the model transformers builds for ``model_dir`` (on the meta
+    device): the names ``modules_to_not_convert`` is matched against when the model loads."""
+    return [name for name, _ in find_experts(_meta_model(model_dir, config))]
+
+
 def dense_linear_names(model_dir, config: dict) -> list[str]:
     """The names, in the model transformers builds for ``model_dir`` (on the meta device), of the modules outside its
     routed experts that a compressed-tensors ``"Linear"`` target matches (a class named Linear in their MRO).
