@@ -447,7 +447,7 @@ Then: AutoModelForCausalLM.from_pretrained(DST) after `import experts_int8`, or
               help="Comma-separated experts modules to keep float, as ExpertsInt8Config(modules_to_not_convert=...) "
                    "reads them: module names as transformers names them, fragments such as layers.1 (layer 1, not "
                    "11), or regular expressions (a comma inside {m,n} stays in its pattern). Repeatable. Recorded in "
-                   "config.json (compressed-tensors: their Linears listed in ignore).")
+                   "config.json; native format only.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, not_convert, no_progress):
     """Convert a Hugging Face MoE checkpoint directory SRC into an int8 experts checkpoint DST.

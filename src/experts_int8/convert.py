@@ -425,16 +425,21 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     ``format``: ``"native"`` (what ``save_pretrained`` of an ``ExpertsInt8Config`` model writes) or
     ``"compressed-tensors"`` (pack-quantized W8A16 for vLLM; see :func:`export_compressed_tensors`).
 
-    ``modules_to_not_convert``: as ``ExpertsInt8Config``'s (module names, fragments at module boundaries such as
-    ``"layers.1"``, or regular expressions), matched against the experts modules' names in the model transformers
-    builds: those experts are written float, as ``save_pretrained`` of a model loaded with that config writes them
-    (fused ``gate_up_proj`` / ``down_proj`` in the model's layout, recorded in ``quantization_config``), or for
-    ``"compressed-tensors"`` as per-expert float Linears listed in ``ignore``. An entry that names no experts
-    module, or entries that name all of them, are refused before any work.
+    ``modules_to_not_convert`` (native format only): as ``ExpertsInt8Config``'s (module names, fragments at module
+    boundaries such as ``"layers.1"``, or regular expressions), matched against the experts modules' names in the
+    model transformers builds: those experts are written float, as ``save_pretrained`` of a model loaded with that
+    config writes them (fused ``gate_up_proj`` / ``down_proj`` in the model's layout, recorded in
+    ``quantization_config``). An entry that names no experts module, or entries that name all of them, are refused
+    before any work.
     """
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r} (choose one of {', '.join(FORMATS)})")
     patterns = _not_convert_patterns(modules_to_not_convert)  # (an invalid pattern: refused before anything else)
+    if patterns and format != "native":
+        # (transformers' compressed-tensors loader merges every layer's experts from packed keys and fails on float
+        # ones; whether vLLM reads experts from the ignore list is unchecked)
+        raise ValueError("modules_to_not_convert writes the native format only: a compressed-tensors export with "
+                         "float experts would not load in transformers; write --format native")
     for name, path in (("SRC", src), ("DST", dst)):
         if str(path) == "":  # (an empty path is the current folder to the OS: the errors named a blank)
             raise ValueError(f"{name} is an empty path: give a folder")
@@ -502,11 +507,11 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         raise ValueError(f"{wrong[0]} holds {wrong[1]} experts, but config.json says {min(counts)}: the config and "
                          f"the weights do not belong together; download the checkpoint again")
     kept = _kept_groups(src, src_dir, config, groups, patterns) if patterns else {}
-    quantized = {p: g for p, g in groups.items() if p not in kept}
     if format == "native":
-        quant_config, emit, names = dict(QUANT_CONFIG), _quantize_group, None
-        if patterns:
-            quant_config["modules_to_not_convert"] = list(patterns)
+        quant_config = dict(QUANT_CONFIG, modules_to_not_convert=list(patterns) if patterns else None)
+
+        def emit(g, shape, get, device, snr):  # (the experts modules_to_not_convert names: written float)
+            return _float_group(g, shape, get) if g.prefix in kept else _quantize_group(g, shape, get, device, snr)
     else:
         names = _loader_expert_names(config)
         if names is None and any(not g.per_expert for g in groups.values()):
@@ -514,23 +519,9 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                              f"architecture's experts fused only: a compressed-tensors export (one Linear per "
                              f"expert projection) would load with its experts missing. Write the native int8 "
                              f"format instead (--format native)")
-        # (the kept experts' per-expert source keys are 2-D weights outside the quantized groups: listed as such)
-        ignore = _ignored_modules(headers, quantized, _model_linear_names(src_dir, config))
-        ignore = sorted(set(ignore) | {m for p in kept if groups[p].fused for m in _export_modules(
-            groups[p].prefix, shapes[p][0], groups[p].w13 == "gate_up_proj", names)})
-        quant_config = compressed_tensors_config(ignore)
-        if kept:  # (transformers 5.25 merges every layer's experts from packed keys alone: checked, it fails)
-            warnings.warn("transformers' compressed-tensors loader cannot read an export whose experts are partly "
-                          "float (modules_to_not_convert): serve it with vLLM, which reads the ignore list, or write "
-                          "the native format for transformers", stacklevel=2)
+        quant_config = compressed_tensors_config(_ignored_modules(headers, groups,
+                                                                  _model_linear_names(src_dir, config)))
         emit = lambda *a: _compressed_tensors_group(*a, fused_names=names)  # noqa: E731
-    if kept:
-        emit_quantized = emit
-
-        def emit(g, shape, get, device, snr):
-            if g.prefix not in kept:
-                return emit_quantized(g, shape, get, device, snr)
-            return _float_group(g, shape, get, format, names)
     in_group = {k: p for p, g in groups.items() for k in g.source_keys()}
 
     parent = dst_dir.resolve().parent
@@ -631,43 +622,22 @@ def _kept_groups(src, src_dir: Path, config: dict, groups: dict, patterns) -> di
     return kept
 
 
-def _export_modules(prefix: str, e: int, gated: bool, fused_names) -> list[str]:
-    """The per-expert Linear modules the compressed-tensors export writes for fused experts at ``prefix``."""
-    return [f"{prefix}.{x}.{fused_names[n]}" for x in range(e) for n in ((0, 1, 2) if gated else (1, 2))]
-
-
-def _float_group(g: ExpertsGroup, shape, get, format: str, fused_names):
-    """Yield one experts block kept float (``modules_to_not_convert``), its values as the source holds them.
-
-    Native: as ``save_pretrained`` writes the experts a model loaded with ``ExpertsInt8Config`` kept float (and as
-    loading DST reads them: the experts' merges are dropped on an int8 load): the fused tensors under the block's
-    names in the model's layout (fused sources as they are; per-expert ones merged, a whole layer's float experts
-    in memory at once). compressed-tensors: one float Linear per expert projection (per-expert sources as they
-    are; fused ones under the names the export gives its quantized Linears)."""
-    e, _, i = shape
-    gated = g.w13 == "gate_up_proj"
-    roles = ("gate", "up") if gated else ("up",)
-    if format == "native":
-        if g.fused:
-            for t, key in g.fused.items():  # (a whole tensor transformers renames: under its fused name)
-                yield f"{g.prefix}.{t}", get(key)
-            return
-        w13 = torch.stack([torch.cat([get(g.per_expert[(r, x)]) for r in roles], dim=0) for x in range(e)])
-        yield f"{g.prefix}.{g.w13}", from_fused_layout(g.layout, g.w13, w13).contiguous()
-        del w13
-        w2 = torch.stack([get(g.per_expert[("down", x)]) for x in range(e)])
-        yield f"{g.prefix}.down_proj", from_fused_layout(g.layout, "down_proj", w2).contiguous()
+def _float_group(g: ExpertsGroup, shape, get):
+    """Yield one experts block kept float (``modules_to_not_convert``), its values as the source holds them, as
+    ``save_pretrained`` writes the experts a model loaded with ``ExpertsInt8Config`` kept float (and as loading DST
+    reads them: the experts' merges are dropped on an int8 load): the fused tensors under the block's names in the
+    model's layout (fused sources as they are; per-expert ones merged, a whole layer's float experts in memory at
+    once)."""
+    if g.fused:
+        for t, key in g.fused.items():  # (a whole tensor transformers renames: under its fused name)
+            yield f"{g.prefix}.{t}", get(key)
         return
-    if g.per_expert:
-        for key in g.source_keys():
-            yield key, get(key)
-        return
-    f13, f2 = (to_fused_layout(g.layout, t, get(g.fused[t])) for t in (g.w13, "down_proj"))
-    modules = iter(_export_modules(g.prefix, e, gated, fused_names))
-    for x in range(e):
-        parts = ((f13[x, :i],) if gated else ()) + (f13[x, -i:], f2[x])
-        for w in parts:
-            yield f"{next(modules)}.weight", w.contiguous().clone()
+    roles = ("gate", "up") if g.w13 == "gate_up_proj" else ("up",)
+    w13 = torch.stack([torch.cat([get(g.per_expert[(r, x)]) for r in roles], dim=0) for x in range(shape[0])])
+    yield f"{g.prefix}.{g.w13}", from_fused_layout(g.layout, g.w13, w13).contiguous()
+    del w13
+    w2 = torch.stack([get(g.per_expert[("down", x)]) for x in range(shape[0])])
+    yield f"{g.prefix}.down_proj", from_fused_layout(g.layout, "down_proj", w2).contiguous()
 
 
 _LOAD_AND_SAVE = ("load the model with quantization_config=ExpertsInt8Config() (quantized while loading) and "
