@@ -373,9 +373,10 @@ def split_while_loading(mode: str = "tp", group: Optional[dist.ProcessGroup] = N
     nothing: quantize the checkpoint once (``experts-int8 quantize``), or load it whole and call
     :func:`parallelize_experts`.
 
-    A rank that fails inside the context before its load's exchange of shapes (its own device map refused, a
-    missing file, out of memory) tells the other ranks there as it leaves, so that they raise with its reason
-    instead of waiting for it until the process group times out."""
+    A load exchanges twice between the ranks: the shapes, before the parts are read, and the outcome, at its end
+    (:func:`finish_load`). A rank that fails inside the context while the others would wait for it in one of them
+    (its own device map refused, a missing file or tensor, out of memory) tells them there as it leaves, so that
+    they raise with its reason instead of waiting until the process group times out."""
     from .integrations import transformers as _  # noqa: F401  -- registers quant_method "experts_int8"
 
     loading = Loading(_split_over(group, mode, "split_while_loading"), group, device)
