@@ -609,6 +609,18 @@ def _ranks_fail_differently(rank: int, device: torch.device, out_dir: str) -> di
     load("before", (int8, empty)[rank])
     # Both load; rank 1's own code fails afterwards, when no rank waits for it.
     load("after", int8)
+    # The same after a second load in the context that splits nothing (every experts module kept float)
+    try:
+        with split_while_loading("tp"):
+            AutoModelForCausalLM.from_pretrained(int8)
+            AutoModelForCausalLM.from_pretrained(os.path.join(out_dir, "float_experts"))
+            if rank == 1:
+                raise RuntimeError("the caller's own code failed after the loads")
+        said["after_nothing_split"] = None
+    except Exception as e:  # noqa: BLE001 -- the test records each rank's error
+        said["after_nothing_split"] = f"{type(e).__name__}: {e}"
+    # Rank 0 loads a checkpoint to split, rank 1 one with nothing to split: both refused at the exchange of shapes
+    load("mixed", (int8, os.path.join(out_dir, "float_experts"))[rank])
     return said
 
 
@@ -618,6 +630,8 @@ def test_ranks_failing_differently_inside_split_while_loading_all_raise_at_once(
     (300 s here), or met there a refusal left from an earlier load and raised it in the wrong load. Each now
     raises at once: a rank with its own error, a rank that waited with that rank's reason."""
     quantize_(tiny_model("mixtral")).save_pretrained(tmp_path / "int8")
+    kept = ExpertsInt8Config(modules_to_not_convert=["experts"], allow_no_experts=True)
+    quantize_(tiny_model("mixtral"), kept).save_pretrained(tmp_path / "float_experts")
     start = time.monotonic()
     first, second = _run_ranks(_ranks_fail_differently, 2, tmp_path)
     assert time.monotonic() - start < 120
@@ -628,6 +642,10 @@ def test_ranks_failing_differently_inside_split_while_loading_all_raise_at_once(
                                + second["before"].split(": ", 1)[1]), first
     assert first["after"] is None
     assert second["after"] == "RuntimeError: the caller's own code failed after the load"
+    assert first["after_nothing_split"] is None
+    assert second["after_nothing_split"] == "RuntimeError: the caller's own code failed after the loads"
+    for said in (first, second):
+        assert said["mixed"].startswith("ValueError: split_while_loading: ranks ") and "disagree" in said["mixed"], said
 
 
 def _one_rank_fails_after_the_exchange_of_shapes(rank: int, device: torch.device, out_dir: str) -> dict:

@@ -299,9 +299,9 @@ def _all_ranks_done(split: Split, group: Optional[dist.ProcessGroup], device, wh
 
 def refuse_on_every_rank(error: Exception, split: Split, group: Optional[dist.ProcessGroup],
                          device: Optional[torch.device | str] = None) -> NoReturn:
-    """Raise ``error``, a refusal of this rank alone (its own device map, an offloaded module), after telling the
-    other ranks in the exchange :func:`_check_ranks_agree` waits in, so that they raise too instead of waiting
-    there for this rank until the process group times out."""
+    """Raise ``error``, a refusal or failure of this rank alone (its own device map, an offloaded module, out of
+    memory), after telling the other ranks in the exchange they wait in (:func:`_check_ranks_agree`'s or
+    :func:`_all_ranks_done`'s), so that they raise too instead of waiting there until the process group times out."""
     _exchange((str(error), None), split, group, device)
     raise error
 
@@ -415,11 +415,14 @@ def fill_pending_shards(model: nn.Module, files, loading: Loading, device_for) -
     read from the safetensors ``files`` (keys: the module's name + tensor name) onto ``device_for(name)``, in a
     :class:`ParallelExperts`. Returns how many; if any, the load ends with :func:`finish_load`."""
     pending = [(name, m) for name, m in model.named_modules() if isinstance(m, PendingShard)]
-    if not pending:
-        return 0
-    split, group, exchange_on = loading.split, loading.group, device_for(pending[0][0])
+    split, group = loading.split, loading.group
+    exchange_on = device_for(pending[0][0]) if pending else loading.device
+    # (also where nothing is to split, every experts module kept float: each load that reaches the quantizer
+    # exchanges its shapes once on every rank, so that a rank splitting something meets the others' empty list)
     _check_ranks_agree(model, [(name, slot.like) for name, slot in pending], split, group, "split_while_loading",
                        exchange_on)
+    if not pending:
+        return 0
     # Every rank agreed and reads its parts now: what fails from here to the load's end (a tensor missing from this
     # rank's files, out of memory, its slice of the scales corrupt) is this rank's alone. split_while_loading's exit
     # sends it to the other ranks, which wait for it in finish_load.

@@ -61,12 +61,9 @@ def _validate(router_logits, top_k, scoring, num_expert_group, topk_group, corre
 
 
 # Argument names of other projects' fused MoE calls (vLLM's and SGLang's fused_moe, fused_experts and
-# select_experts): a call written for them is refused with what each argument is here
+# select_experts): a call written for them is refused with what each argument is here. (Their names for our
+# required positional arguments, hidden_states, gating_output, w1 and topk, fail in Python's own binding first.)
 OTHER_ARGS = {
-    "hidden_states": "is x here",
-    "gating_output": "is router_logits here",
-    "topk": "is top_k here",
-    "w1": "is w13 here ([E, 2I, H]: gate rows, then up rows)",
     "w1_scale": "is w13_scale here",
     "w1_bias": "is w13_bias here",
     "scoring_func": "is scoring here",
