@@ -462,21 +462,18 @@ def parallelize_experts(model: nn.Module, mode: str = "tp", group: Optional[dist
     rank with the same model (same weights), after ``dist.init_process_group``. The result is for inference:
     save a checkpoint before splitting (each rank holds only its part)."""
     split = _split_over(group, mode, "parallelize_experts")  # checks mode and group before any work
-    try:  # (a refusal of this rank alone goes to the others in the shapes' exchange: they raise too, none waits)
+    # (a refusal of this rank alone goes to the others in the shapes' exchange: they raise too, none waits)
+    with refusing_on_every_rank(split, group, device):
         targets = _targets(model)
-    except Exception as e:
-        refuse_on_every_rank(e, split, group, device)
     exchange_on = device or targets[0][1].down_proj.device
     _check_ranks_agree(model, targets, split, group, "parallelize_experts", exchange_on)
     # Every part made before any takes its module's place (the whole modules stay alive until the end either way): a
     # failure of this rank alone (out of memory, a device it lacks) leaves its model whole and reaches the other ranks
     # in the exchange that ends the split, where they leave theirs whole too, instead of a model split on some ranks
     # and half split on this one.
-    try:
+    with refusing_on_every_rank(split, group, exchange_on):
         parts = [ParallelExperts(shard_experts(module, mode, split.rank, split.world_size, device), mode, group)
                  for _, module in targets]
-    except Exception as e:
-        refuse_on_every_rank(e, split, group, exchange_on)
     _all_ranks_done(split, group, exchange_on, "parallelize_experts")
     for (name, module), wrapped in zip(targets, parts):
         carry_hooks(module, wrapped)  # (a user's hooks see the whole layer's output, as before the split)
