@@ -172,9 +172,64 @@ _UNLISTED = {
                                     num_experts=4, num_experts_per_tok=2)),
 }
 
+# Model types whose fused experts clamp their SwiGLU in a `_apply_gate` of their own (limits small enough that the
+# tiny weights cross them). step3p7 and glm5_next have no causal LM for their text configs: settings of the text
+# config inside the wrapper, loaded with AutoModelForImageTextToText; MiniMax-M3's text config has one.
+# (DeepSeek-V4's layer 0 is hash-routed: its `tid2eid` stays zero, so every token goes to expert 0 twice.)
+_CLAMPED = {
+    "deepseek_v4": ("DeepseekV4Config", dict(num_key_value_heads=1, head_dim=16, partial_rotary_factor=0.5,
+                                             moe_intermediate_size=32, num_hidden_layers=2,
+                                             mlp_layer_types=["hash_moe", "moe"], n_routed_experts=8,
+                                             n_shared_experts=1, num_experts_per_tok=2, routed_scaling_factor=1.5,
+                                             q_lora_rank=24, o_groups=2, o_lora_rank=16, sliding_window=8,
+                                             layer_types=["compressed_sparse_attention",
+                                                          "heavily_compressed_attention"],
+                                             compress_rates={"compressed_sparse_attention": 4,
+                                                             "heavily_compressed_attention": 8},
+                                             index_n_heads=2, index_head_dim=16, index_topk=2, hc_mult=2,
+                                             hc_sinkhorn_iters=4, swiglu_limit=1.0)),
+    "hy_v4": ("HYV4Config", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                 mlp_layer_types=["dense", "sparse"], n_routed_experts=8, n_shared_experts=1,
+                                 num_experts_per_tok=2, n_group=1, topk_group=1, routed_scaling_factor=2.5,
+                                 q_lora_rank=24, index_topk=4, index_head_dim=16, index_n_heads=2, hc_mult=2,
+                                 swiglu_limit=1.0, **_MLA_HEADS)),
+    "step3p7": ("Step3p7Config", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                                      share_expert_dim=48, num_hidden_layers=2, mlp_layer_types=["dense", "sparse"],
+                                      n_routed_experts=8, num_experts_per_tok=2, moe_router_scaling_factor=2.0,
+                                      layer_types=["full_attention", "sliding_attention"], sliding_window=8,
+                                      num_sliding_attention_heads=2, swiglu_limits=[0.0, 0.5],
+                                      swiglu_limits_shared=[0.0, 1.0])),
+    "glm5_next": ("Glm5NextConfig", dict(intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+                                         mlp_layer_types=["dense", "sparse"],
+                                         layer_types=["linear_attention", "indexed_attention"], n_routed_experts=8,
+                                         n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1,
+                                         routed_scaling_factor=2.5, q_lora_rank=24, kv_lora_rank=16,
+                                         qk_rope_head_dim=0, qk_nope_head_dim=16, v_head_dim=16,
+                                         num_key_value_heads=COMMON["num_attention_heads"], index_topk=8,
+                                         index_kpool=4, index_head_dim=16, index_n_heads=2, linear_head_dim=16,
+                                         linear_num_heads=4, hc_mult=2, hc_sinkhorn_iters=4, swiglu_limit=1.0)),
+    "minimax_m3_vl_text": ("MiniMaxM3VLTextConfig", dict(head_dim=16, rotary_dim=8, intermediate_size=32,
+                                                         dense_intermediate_size=96, shared_intermediate_size=48,
+                                                         num_hidden_layers=2, mlp_layer_types=["dense", "sparse"],
+                                                         layer_types=["full_attention", "minimax_m3_sparse"],
+                                                         num_local_experts=8, num_experts_per_tok=2,
+                                                         routed_scaling_factor=2.0, index_n_heads=2,
+                                                         index_head_dim=16, index_block_size=4, index_topk_blocks=2,
+                                                         swiglu_limit=1.0)),
+    "bailing_hybrid": ("BailingHybridConfig", dict(head_dim=16, intermediate_size=96, moe_intermediate_size=32,
+                                                   num_hidden_layers=2, first_k_dense_replace=1, layer_group_size=2,
+                                                   num_experts=8, num_shared_experts=1, num_experts_per_token=2,
+                                                   n_group=4, topk_group=2, routed_scaling_factor=2.5,
+                                                   q_lora_rank=None, swiglu_limits=[0, 0.5],
+                                                   swiglu_limits_shared=[0, 1.0], **_MLA_HEADS)),
+}
+_CLAMPED_WRAPPED = ("step3p7", "glm5_next")
+_WRAPPED = (*_VISION_LANGUAGE, *_CLAMPED_WRAPPED)  # text settings inside a vision-language config
+
 ARCH_NAMES = tuple(_CONFIGS)
 SELECTION_BIASES = ("e_score_correction_bias", "expert_bias")  # (LFM2's is expert_bias)
 VISION_LANGUAGE_NAMES = tuple(_VISION_LANGUAGE)
+CLAMPED_NAMES = tuple(_CLAMPED)
 
 
 def tiny_config(arch: str, **overrides):
@@ -182,12 +237,12 @@ def tiny_config(arch: str, **overrides):
     import pytest
     import transformers
 
-    name, settings = {**_CONFIGS, **_VISION_LANGUAGE, **_UNLISTED}[arch]
+    name, settings = {**_CONFIGS, **_VISION_LANGUAGE, **_UNLISTED, **_CLAMPED}[arch]
     settings = {**settings, **overrides}
     config_class = getattr(transformers, name, None)
     if config_class is None:
         pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    if arch in _VISION_LANGUAGE:
+    if arch in _WRAPPED:
         # Sub-configs as objects (5.17's AriaConfig keeps a dict without a model_type as it is), or a dict
         # that names its type (Mistral3Config's text model is Mistral by default)
         default = config_class()
@@ -203,7 +258,7 @@ def auto_class(arch: str):
     """The transformers Auto class that loads ``arch``'s checkpoints."""
     import transformers
 
-    return transformers.AutoModelForImageTextToText if arch in _VISION_LANGUAGE else transformers.AutoModelForCausalLM
+    return transformers.AutoModelForImageTextToText if arch in _WRAPPED else transformers.AutoModelForCausalLM
 
 
 def tiny_model(arch: str, dtype=torch.float32, seed: int = 0, config=None, **overrides):
