@@ -725,6 +725,82 @@ def test_swiglu_oai_clamps_engage():
                                             7 * sig(torch.tensor(7 * 1.702)) * (7 + 1)]))
 
 
+# The clamped SwiGLUs: before the activation (DeepSeek-V4), after it (Step-3.7), another activation, and
+# swiglu_oai at another limit and slope (MiniMax-M3). Limits below the gate values' spread, so the clamps engage.
+CLAMPS = {"before": dict(activation="silu", swiglu_limit=0.6),
+          "after": dict(activation="silu", swiglu_limit=0.4, limit_after_act=True),
+          "gelu_tanh": dict(activation="gelu_tanh", swiglu_limit=0.8),
+          "oai": dict(activation="swiglu_oai", swiglu_limit=1.0, swiglu_alpha=1.2)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("clamp", sorted(CLAMPS))
+def test_clamped_swiglu(backend, dtype, clamp):
+    torch.manual_seed(5)
+    out, ref = check(9, 5, 48, 40, 2, dtype, backend, **CLAMPS[clamp])
+    unclamped = dict(CLAMPS[clamp], swiglu_limit=None, limit_after_act=False)
+    if clamp == "oai":  # (its defaults: GPT-OSS's limit 7 and slope 1.702)
+        unclamped.pop("swiglu_alpha")
+    torch.manual_seed(5)
+    _, loose = check(9, 5, 48, 40, 2, dtype, "torch", **unclamped)
+    assert rel_err(out, loose) > 0.05  # the clamp changed the result: a kernel without it would fail the oracle
+
+
+def test_clamped_swiglu_reference_formulas():
+    from experts_int8.reference import act_and_mul, clamp_of
+
+    g = torch.tensor([[-3.0, 0.2, 2.0, 3.0, -3.0, 0.5]])  # gate = first 3, up = last 3
+    gate, up = g[0, :3], g[0, 3:]
+    silu = torch.nn.functional.silu
+    assert torch.equal(act_and_mul(g, "silu", clamp_of("silu", 1.0))[0], silu(gate.clamp(max=1.0)) * up.clamp(-1, 1))
+    assert torch.equal(act_and_mul(g, "silu", clamp_of("silu", 0.1, limit_after_act=True))[0],
+                       silu(gate).clamp(max=0.1) * up.clamp(-0.1, 0.1))
+    g2 = gate.clamp(max=1.5)
+    assert torch.allclose(act_and_mul(g, "swiglu_oai", clamp_of("swiglu_oai", 1.5, 1.1))[0],
+                          g2 * torch.sigmoid(1.1 * g2) * (up.clamp(-1.5, 1.5) + 1))
+    assert clamp_of("swiglu_oai") == clamp_of("swiglu_oai", 7.0, 1.702)  # GPT-OSS's, as before these options
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(swiglu_alpha=1.0), "swiglu_alpha is swiglu_oai's sigmoid slope"),
+    (dict(limit_after_act=True), "limit_after_act needs swiglu_limit"),
+    (dict(activation="swiglu_oai", swiglu_limit=2.0, limit_after_act=True), "does not apply to swiglu_oai"),
+    (dict(swiglu_limit=0.0), "swiglu_limit must be a positive finite number"),
+    (dict(swiglu_limit=float("inf")), "swiglu_limit must be a positive finite number"),
+    (dict(swiglu_limit=True), "swiglu_limit must be a positive finite number"),
+    (dict(limit_after_act=1, swiglu_limit=1.0), "limit_after_act must be a bool"),
+])
+def test_clamped_swiglu_options_that_do_not_apply_are_refused(options, match):
+    experts = make_experts(2, 16, 8)
+    x = torch.randn(3, 16, device=DEVICE)
+    w, ids = select_experts(torch.randn(3, 2, device=DEVICE), 1)
+    with pytest.raises((ValueError, TypeError), match=match):
+        fused_experts(x, **experts, topk_weights=w, topk_ids=ids, **options)
+
+
+def test_a_clamp_needs_a_gate():
+    experts = make_experts(2, 16, 8, gated=False)
+    x = torch.randn(3, 16, device=DEVICE)
+    w, ids = select_experts(torch.randn(3, 2, device=DEVICE), 1)
+    with pytest.raises(ValueError, match="swiglu_limit clamps gate and up rows"):
+        fused_experts(x, **experts, topk_weights=w, topk_ids=ids, activation="relu2", swiglu_limit=1.0)
+
+
+def test_clamped_swiglu_gradients_match_autograd_through_the_reference():
+    torch.manual_seed(2)
+    experts = make_experts(3, 16, 8, quantized=False)
+    x = torch.randn(5, 16, device=DEVICE, requires_grad=True)
+    w, ids = select_experts(torch.randn(5, 3, device=DEVICE), 2)
+    out = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch", **CLAMPS["after"])
+    (grad,) = torch.autograd.grad(out.square().sum(), x)
+    x2 = x.detach().clone().requires_grad_()
+    ref = reference._fused_experts(x2, experts["w13"], experts["w2"], w, ids, None, None, "silu", False, None, None,
+                                   None, reference.clamp_of(**CLAMPS["after"]))
+    (expected,) = torch.autograd.grad(ref.square().sum(), x2)
+    assert torch.allclose(grad, expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_biases_with_kernel_variants(dtype):
     from experts_int8.kernels.configs import override_config
@@ -737,6 +813,7 @@ def test_biases_with_kernel_variants(dtype):
                      PAIRS=1, down=dict(SUM_TOPK=1))):
         with override_config(cfg):
             check(2, 6, 67, 45, 2, dtype, "triton", activation="swiglu_oai", **_biases(6, 67, 45, dtype=dtype))
+            check(2, 6, 67, 45, 2, dtype, "triton", **CLAMPS["after"])
 
 
 def test_bias_errors():

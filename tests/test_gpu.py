@@ -417,6 +417,36 @@ def test_gluon_kernels_every_activation(activation, dtype, m):
     assert_close_rows(out, ref, triton_out)
 
 
+# The clamped SwiGLUs (test_fused_experts.CLAMPS' forms) with limits the gate values pass
+CLAMPS = {"before": dict(activation="silu", swiglu_limit=0.6),
+          "after": dict(activation="silu", swiglu_limit=0.4, limit_after_act=True),
+          "oai": dict(activation="swiglu_oai", swiglu_limit=1.0, swiglu_alpha=1.2)}
+
+
+@pytest.mark.parametrize("clamp", sorted(CLAMPS))
+@pytest.mark.parametrize("m", [1, 16, 300])
+def test_clamped_swiglu_bf16(clamp, m):
+    """The Triton kernels with the table's or the heuristic's entries (decode modes at M=1 and 16)."""
+    ex = layer(h=528, i=400)
+    x = torch.randn(m, 528, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    out = fused_experts(x, **ex, topk_weights=w, topk_ids=ids, **CLAMPS[clamp])
+    ref = oracle(x, ex, w, ids, **CLAMPS[clamp])
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    loose = oracle(x, ex, w, ids, activation=CLAMPS[clamp]["activation"])
+    assert ((loose - ref).norm() / ref.norm()).item() > 0.05  # the clamps engage
+
+
+@pytest.mark.parametrize("clamp", sorted(CLAMPS))
+@pytest.mark.parametrize("m", [1, 300])
+def test_gluon_kernels_clamped_swiglu(clamp, m):
+    ex = layer(h=528, i=400)
+    x = torch.randn(m, 528, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(m, 8, device="cuda"), 2)
+    out, triton_out = run_gluon(GLUON_CONFIGS["w4_s3"], x, ex, topk_weights=w, topk_ids=ids, **CLAMPS[clamp])
+    assert_close_rows(out, oracle(x, ex, w, ids, **CLAMPS[clamp]), triton_out)
+
+
 @pytest.mark.parametrize("variant", sorted(GLUON_CONFIGS))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("h, i", [(528, 400), (256, 48)])  # I=48: fewer K tiles than the ring's depth
@@ -589,6 +619,16 @@ def test_wsrr_kernels_every_activation_with_biases(rows, activation, biased, h, 
     (H / 64 = 9 or 5, I / 64 = 7 or 3) and, on the 256-row tile, a last down program half past H; against
     the float64 oracle and row by row against the Gluon kernels."""
     check_wsrr_form(layer(h=h, i=i), 700, rows, activation, biased)
+
+
+@pytest.mark.parametrize("rows", [256, 128])
+@pytest.mark.parametrize("clamp", sorted(CLAMPS))
+def test_wsrr_kernels_clamped_swiglu(rows, clamp):
+    ex = layer(h=576, i=448)
+    x = torch.randn(700, 576, device="cuda", dtype=torch.bfloat16)
+    w, ids = select_experts(torch.randn(700, 8, device="cuda"), 2)
+    out, gluon_out = run_wsrr(x, ex, rows, topk_weights=w, topk_ids=ids, **CLAMPS[clamp])
+    assert_close_rows(out, oracle(x, ex, w, ids, **CLAMPS[clamp]), gluon_out)
 
 
 @pytest.mark.parametrize("rows", [256, 128])

@@ -46,8 +46,8 @@ from experts_int8.parallel import ParallelExperts, shard_experts  # noqa: E402
 from experts_int8.quant import dequantize_weights, quantize_weights  # noqa: E402
 
 from models import (  # noqa: E402
-    ARCH_NAMES, COMMON, VIDEO_NAMES, VISION_LANGUAGE_NAMES, auto_class, image_inputs, tiny_config, tiny_image_config,
-    tiny_model,
+    ARCH_NAMES, CLAMPED_NAMES, COMMON, VIDEO_NAMES, VISION_LANGUAGE_NAMES, auto_class, image_inputs, tiny_config,
+    tiny_image_config, tiny_model,
 )
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -1082,6 +1082,70 @@ def test_a_gating_of_its_own_is_accepted_where_it_computes_the_kernels(gating, a
     assert verify_int8_model(int8_model) == 2
     quality = routing_quality(model, int8_model, _inputs().cpu())
     assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+
+
+# What the kernel computes for the experts of the model types that clamp their SwiGLU in a gate of their own
+# (tests/models.py's tiny limits, small enough that the tiny weights cross them)
+_CLAMPED_FORMS = {
+    "deepseek_v4": dict(activation="silu", swiglu_limit=1.0),
+    "hy_v4": dict(activation="silu", swiglu_limit=1.0),
+    "glm5_next": dict(activation="silu", swiglu_limit=1.0),
+    "step3p7": dict(activation="silu", swiglu_limit=0.5, limit_after_act=True),
+    "bailing_hybrid": dict(activation="silu", swiglu_limit=0.5, limit_after_act=True),
+    "minimax_m3_vl_text": dict(activation="swiglu_oai", swiglu_limit=1.0, swiglu_alpha=1.702),
+}
+
+
+@pytest.mark.parametrize("arch", CLAMPED_NAMES)
+def test_clamped_swiglu_experts_quantize_with_their_own_clamp(arch, tmp_path):
+    """DeepSeek-V4, HY-V4, GLM-5-Next (gate clamped before SiLU), Step-3.7, Ling-hybrid (after it) and MiniMax-M3
+    (GPT-OSS's form at its own limit): quantized with the clamp their gate computes, read from the module and
+    checked by evaluating it, both ways in (quantize_, and while loading) and back from a save."""
+    model = tiny_model(arch)
+    int8_model = quantize_(copy.deepcopy(model))
+    modules = [m for _, m in find_experts(int8_model)]
+    assert modules and all(isinstance(m, Int8Experts) for m in modules)
+    assert [{"activation": m.activation, **m.swiglu_options} for m in modules] == [_CLAMPED_FORMS[arch]] * len(modules)
+    inputs = _inputs().cpu()
+    quality = routing_quality(model, int8_model, inputs)
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+    with torch.no_grad():
+        logits = int8_model(inputs).logits
+    model.save_pretrained(tmp_path / "float")
+    loaded = auto_class(arch).from_pretrained(tmp_path / "float", quantization_config=ExpertsInt8Config(),
+                                              dtype=torch.float32)
+    loaded.save_pretrained(tmp_path / "int8")
+    reloaded = auto_class(arch).from_pretrained(tmp_path / "int8", dtype=torch.float32)
+    with torch.no_grad():
+        assert torch.allclose(loaded(inputs).logits, logits, rtol=1e-5, atol=1e-5)
+        assert torch.allclose(reloaded(inputs).logits, logits, rtol=1e-5, atol=1e-5)
+    # the clamps matter on these weights: the same int8 experts without them fall far short
+    for m in modules:
+        m.swiglu_limit, m.swiglu_alpha, m.limit_after_act = None, None, False
+    loose = routing_quality(model, int8_model, inputs)
+    assert max(loose["moe_layer_snr_db_reference_routing"]) < 25.0, loose
+
+
+def test_a_clamp_at_another_limit_than_the_module_holds_is_refused():
+    model = tiny_model("mellum")
+    for _, experts in find_experts(model):
+        experts.limit = 2.0  # the gate below clamps at 7
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
+            gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1].clamp(-7.0, 7.0)})
+    with pytest.raises(ValueError, match="computes its own gating"):
+        quantize_(model)
+    for _, experts in find_experts(model):
+        experts.limit = 7.0
+    assert verify_int8_model(quantize_(model)) == 2
+
+
+def test_experts_interface_refuses_a_clamped_swiglu():
+    model = tiny_model("deepseek_v4")
+    model.set_experts_implementation("experts_int8")
+    with pytest.raises(ValueError, match=r"experts_implementation='experts_int8' on float weights: DeepseekV4Experts "
+                                         r"computes a clamped SwiGLU"):
+        with torch.no_grad():
+            model(_inputs(2).cpu())
 
 
 def test_transposed_experts_outside_the_table_are_quantized(monkeypatch):

@@ -37,7 +37,7 @@ from torch.nn.utils import parametrize
 
 from .ops import BACKENDS, fused_experts
 from .quant import check_weights, quantize_weights
-from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, is_gated, unknown_activation
+from .reference import ACTIVATIONS, GATED_ONLY, act_and_mul, clamp_of, is_gated, unknown_activation
 
 def detect_activation(act_fn) -> str:
     """Which of :data:`experts_int8.reference.ACTIVATIONS` ``act_fn`` computes, found by evaluating it.
@@ -137,7 +137,12 @@ class Int8Experts(nn.Module):
         global_num_experts: Optional[int] = None,
         device: Optional[torch.device | str] = None,
         backend: str = "auto",
+        swiglu_limit: Optional[float] = None,
+        swiglu_alpha: Optional[float] = None,
+        limit_after_act: bool = False,
     ):
+        """``swiglu_limit``, ``swiglu_alpha``, ``limit_after_act``: a clamped SwiGLU, as :func:`fused_experts`
+        takes them."""
         super().__init__()
         for name, value in (("num_experts", num_experts), ("hidden_size", hidden_size),
                             ("intermediate_size", intermediate_size)):
@@ -149,6 +154,10 @@ class Int8Experts(nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if not gated and activation in GATED_ONLY:
             raise ValueError(f"activation {activation!r} needs gate and up rows; experts without a gate cannot use it")
+        clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)  # (raises for an option that does not apply)
+        if not gated and swiglu_limit is not None:
+            raise ValueError("swiglu_limit clamps gate and up rows; experts without a gate have no gate")
+        self.swiglu_limit, self.swiglu_alpha, self.limit_after_act = swiglu_limit, swiglu_alpha, limit_after_act
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -289,9 +298,17 @@ class Int8Experts(nn.Module):
         names = (self.w13_name, f"{self.w13_name}_scale", "down_proj", "down_proj_scale")
         return names + ((f"{self.w13_name}_bias", "down_proj_bias") if self.has_bias else ())
 
+    @property
+    def swiglu_options(self) -> dict:
+        """The clamped SwiGLU's options given (the constructor's keywords; empty for a plain gating)."""
+        options = dict(swiglu_limit=self.swiglu_limit, swiglu_alpha=self.swiglu_alpha,
+                       limit_after_act=self.limit_after_act)
+        return {k: v for k, v in options.items() if v not in (None, False)}
+
     def extra_repr(self) -> str:
+        clamp = "".join(f", {k}={v}" for k, v in self.swiglu_options.items())
         return (f"num_experts={self.num_experts}, hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, activation={self.activation}, "
+                f"intermediate_size={self.intermediate_size}, activation={self.activation}{clamp}, "
                 f"bias={self.has_bias}{'' if self.has_gate else ', gate=False'}, int8 (W8A16)")
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor):
@@ -340,4 +357,6 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
         backend=getattr(module, "backend", "auto"),
         w13_bias=getattr(module, f"{name}_bias", None),
         w2_bias=getattr(module, "down_proj_bias", None),
+        # (a transformers module here gates plainly: the experts interface refuses the others)
+        **(module.swiglu_options if isinstance(module, Int8Experts) else {}),
     )

@@ -39,7 +39,7 @@ try:
     from .kernels import gluon_moe, gluon_wsrr
 except (ImportError, AttributeError):  # a Triton without (this) Gluon: GLUON/WSRR entries run the Triton kernels
     gluon_moe = gluon_wsrr = None
-from .reference import ACTIVATIONS, GATED_ONLY, is_gated, unknown_activation
+from .reference import ACTIVATIONS, GATED_ONLY, clamp_of, is_gated, unknown_activation
 from .routing import OTHER_ARGS, refuse_unknown_args, select_experts, shape_str
 
 BACKENDS = ("auto", "triton", "torch")
@@ -275,16 +275,17 @@ def _tma_where_it_fits(config: dict, w13: torch.Tensor, w2: torch.Tensor) -> dic
 
 
 def _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, aligned, top_k, activation, on_input, config,
-                      w13_bias, w2_bias):
+                      w13_bias, w2_bias, clamp):
     """Both GEMMs over the ``aligned`` blocks with ``config`` (no decode modes): its rows of ``h [M*k, I]``
     and ``y [M*k, H]``, on the Gluon kernels for a GLUON entry where they apply, else Triton's."""
     gate_up_config, down_config = split_config(config)
     if config.get("GLUON") and gluon_moe is not None and gluon_moe.supported(config, x, w13, w13_scale, w2):
         gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config,
-                                 w13_bias)
+                                 w13_bias, clamp)
         gluon_moe.invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
     else:
-        invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config, w13_bias)
+        invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config, w13_bias,
+                       clamp=clamp)
         invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
 
 
@@ -302,7 +303,11 @@ def _fused_experts_triton(
     expert_map: Optional[torch.Tensor],
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
+    swiglu_limit: Optional[float] = None,
+    swiglu_alpha: Optional[float] = None,
+    limit_after_act: bool = False,
 ) -> torch.Tensor:
+    clamp = clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)
     with on_device(x.device):  # Triton launches on the current device, not the tensors'
         m, top_k = topk_ids.shape
         num_experts, hidden, inter = w2.shape
@@ -327,7 +332,7 @@ def _fused_experts_triton(
         def run_tail(tail, h, y):
             if tail is not None:
                 _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, tail, top_k, activation,
-                                  apply_router_weight_on_input, tail_cfg, w13_bias, w2_bias)
+                                  apply_router_weight_on_input, tail_cfg, w13_bias, w2_bias, clamp)
 
         # WSRR entries: both GEMMs in the warp-specialized register form where it applies (else the entry's rest)
         rows = config.get("WSRR_ROWS", 256)
@@ -337,7 +342,7 @@ def _fused_experts_triton(
             main, tail = _aligned(topk_ids, rows, num_experts, expert_map, config, tail_cfg)
             h, y = x.new_empty((m * top_k, gluon_wsrr.h_columns(inter))), x.new_empty((m * top_k, hidden))
             gluon_wsrr.expert_outputs(x, w13, w13_scale, w2, w2_scale, weights, main, h, y, rows, stages, activation,
-                                      w13_bias, w2_bias)
+                                      w13_bias, w2_bias, clamp)
             run_tail(tail, h[:, :inter], y)
             return y if top_k == 1 else invoke_sum(y.unsqueeze(0), x.new_empty((m, hidden)), top_k)
         # Large batches: the GEMMs run on float weights (their block sizes are this entry's, sized for
@@ -365,10 +370,10 @@ def _fused_experts_triton(
         gluon = config.get("GLUON") and gluon_moe is not None and gluon_moe.supported(config, x, w13, w13_scale, w2)
         if gluon:
             gluon_moe.invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                                     top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias)
+                                     top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, clamp)
         else:
             invoke_gate_up(x, w13, w13_scale, h, weights, sorted_token_ids, block_expert_ids, num_post_padded,
-                           top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts)
+                           top_k, activation, apply_router_weight_on_input, gate_up_config, w13_bias, counts, clamp)
         if dequant:
             del w13  # its float copy is free for w2's
             w2, w2_scale = invoke_dequantize(w2, w2_scale, x.dtype), None
@@ -400,7 +405,7 @@ def _fused_experts_triton(
 
 @_fused_experts_triton.register_fake
 def _output_like(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
-                 expert_map, w13_bias=None, w2_bias=None):
+                 expert_map, w13_bias=None, w2_bias=None, swiglu_limit=None, swiglu_alpha=None, limit_after_act=False):
     return x.new_empty((x.shape[0], w2.shape[1]))
 
 
@@ -430,34 +435,41 @@ def _fused_experts_backward(
     expert_map: Optional[torch.Tensor],
     w13_bias: Optional[torch.Tensor],
     w2_bias: Optional[torch.Tensor],
+    swiglu_limit: Optional[float],
+    swiglu_alpha: Optional[float],
+    limit_after_act: bool,
     wanted: list[int],
 ) -> list[torch.Tensor]:
     """The gradients of fused_experts' inputs at positions ``wanted`` (of _DIFFERENTIABLE): the reference path's,
     recomputed one expert at a time (one expert's weights in fp32 at once). Correct, not fast. An op of its own, so
     that torch.compile sees one call (the reference path's per-expert loop depends on the routing's values)."""
     return _reference_backward(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                               apply_router_weight_on_input, expert_map, w13_bias, w2_bias, wanted, functional=True)
+                               apply_router_weight_on_input, expert_map, w13_bias, w2_bias, swiglu_limit, swiglu_alpha,
+                               limit_after_act, wanted, functional=True)
 
 
 def _reference_backward(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, on_input,
-                        expert_map, w13_bias, w2_bias, wanted, functional):
+                        expert_map, w13_bias, w2_bias, swiglu_limit, swiglu_alpha, limit_after_act, wanted, functional):
     """:func:`reference.fused_experts_backward` for the op's positional arguments and ``wanted`` positions."""
     return reference.fused_experts_backward(grad, [_NAMES[i] for i in wanted], x, w13, w2, topk_weights, topk_ids,
                                             w13_scale=w13_scale, w2_scale=w2_scale, activation=activation,
                                             apply_router_weight_on_input=on_input, expert_map=expert_map,
-                                            w13_bias=w13_bias, w2_bias=w2_bias, functional=functional)
+                                            w13_bias=w13_bias, w2_bias=w2_bias, swiglu_limit=swiglu_limit,
+                                            swiglu_alpha=swiglu_alpha, limit_after_act=limit_after_act,
+                                            functional=functional)
 
 
 @_fused_experts_backward.register_fake
 def _(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
-      expert_map, w13_bias, w2_bias, wanted):
+      expert_map, w13_bias, w2_bias, swiglu_limit, swiglu_alpha, limit_after_act, wanted):
     inputs = [x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, None, None, expert_map, w13_bias, w2_bias]
     return [torch.empty_like(inputs[i]) for i in wanted]
 
 
 def _save_for_backward(ctx, inputs, output):
-    ctx.save_for_backward(*(t if isinstance(t, torch.Tensor) else None for t in inputs))
+    ctx.save_for_backward(*(t if isinstance(t, torch.Tensor) else None for t in inputs[:12]))
     ctx.options = inputs[7:9]  # activation, apply_router_weight_on_input
+    ctx.clamp = (tuple(inputs[12:15]) + (None, None, False)[len(inputs) - 12:])  # swiglu_limit, _alpha, limit_after_act
     # (by position here: ctx.needs_input_grad leaves out the inputs given as None)
     ctx.wanted = [i for i in _DIFFERENTIABLE if isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad]
 
@@ -468,12 +480,12 @@ def _backward(ctx, grad):
     x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, _, _, expert_map, w13_bias, w2_bias = ctx.saved_tensors
     if torch.compiler.is_compiling():  # one op in the traced graph (its loop over the experts reads the ids)
         grads = _fused_experts_backward(grad.contiguous(), x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale,
-                                        *ctx.options, expert_map, w13_bias, w2_bias, ctx.wanted)
+                                        *ctx.options, expert_map, w13_bias, w2_bias, *ctx.clamp, ctx.wanted)
     else:  # autograd, which (unlike torch.func) runs under saved-tensor hooks such as save_on_cpu
         grads = _reference_backward(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, *ctx.options,
-                                    expert_map, w13_bias, w2_bias, ctx.wanted, functional=False)
+                                    expert_map, w13_bias, w2_bias, *ctx.clamp, ctx.wanted, functional=False)
     by_position = dict(zip(ctx.wanted, grads))
-    return tuple(by_position.get(i) for i in range(12))
+    return tuple(by_position.get(i) for i in range(15))
 
 
 _fused_experts_triton.register_autograd(_backward, setup_context=_save_for_backward)
@@ -493,13 +505,18 @@ def _fused_experts_reference(
     expert_map: Optional[torch.Tensor],
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
+    swiglu_limit: Optional[float] = None,
+    swiglu_alpha: Optional[float] = None,
+    limit_after_act: bool = False,
 ) -> torch.Tensor:
     """The torch path as one op, for torch.compile (its loop over the experts the routing hits depends on the ids'
     values, which a traced graph cannot) and for eager calls that want a gradient (its backward holds one expert's
     float weights at a time, where autograd through the loop saves every one's); other eager calls run it directly."""
     return reference.fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
                                    activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
-                                   expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias)
+                                   expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias,
+                                   swiglu_limit=swiglu_limit, swiglu_alpha=swiglu_alpha,
+                                   limit_after_act=limit_after_act)
 
 
 _fused_experts_reference.register_fake(_output_like)
@@ -522,6 +539,9 @@ def fused_experts(
     backend: str = "auto",
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
+    swiglu_limit: Optional[float] = None,
+    swiglu_alpha: Optional[float] = None,
+    limit_after_act: bool = False,
     **kwargs,
 ) -> torch.Tensor:
     """MoE over already-selected experts: ``sum_j w_j * expert_{id_j}(x)``. Returns ``[M, H]`` in x's dtype.
@@ -534,6 +554,10 @@ def fused_experts(
     ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) / ``w2_bias [E, H]``: optional expert biases, added after the
     scaled products (GPT-OSS style; with ``activation="swiglu_oai"``, its clamped SwiGLU, which needs a gate;
     ``"relu2"`` is NemotronH's squared ReLU).
+    ``swiglu_limit``: a clamped SwiGLU (gated experts): the gate clamped above at it before the activation
+    (DeepSeek-V4, GLM-5-Next, HY-V4), or ``act(gate)`` after it with ``limit_after_act`` (Step-3.7, Ling), and up to
+    ``[-limit, limit]``; for ``"swiglu_oai"`` its limit (default 7.0) and ``swiglu_alpha`` its sigmoid slope
+    (default 1.702; MiniMax-M3's are its config's).
     ``backend``: "triton" (on CPU tensors, Triton's interpreter), "torch" (reference), "auto"
     (Triton on CUDA GPUs of compute capability 8.0 or newer, torch elsewhere, with a warning on an
     older GPU).
@@ -541,6 +565,10 @@ def fused_experts(
     refuse_unknown_args("fused_experts", kwargs)
     _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend, w13_bias, w2_bias, apply_router_weight_on_input)
+    clamp = clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)  # (raises for options that do not apply)
+    if clamp.limit is not None and not is_gated(w13, w2):
+        raise ValueError(f"swiglu_limit clamps gate and up rows; w13 {shape_str(w13)} holds up rows only")
+    swiglu = (clamp.limit, clamp.alpha, clamp.after_act)
     use_triton = backend == "triton" or x.device.type == "meta" or (  # (meta: shapes only, from the op's fake)
         backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)
     )
@@ -554,14 +582,15 @@ def fused_experts(
                 t is not None and t.requires_grad for t in (x, w13, w2, topk_weights, w13_scale, w2_scale, w13_bias,
                                                              w2_bias))):
             return _fused_experts_reference(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                                            apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
+                                            apply_router_weight_on_input, expert_map, w13_bias, w2_bias, *swiglu)
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
             activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
-            expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias,
+            expert_map=expert_map, w13_bias=w13_bias, w2_bias=w2_bias, swiglu_limit=clamp.limit,
+            swiglu_alpha=clamp.alpha, limit_after_act=clamp.after_act,
         )
     return _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                                 apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
+                                 apply_router_weight_on_input, expert_map, w13_bias, w2_bias, *swiglu)
 
 
 def fused_moe(

@@ -113,7 +113,7 @@ class Split:
         local_e, local_i = (e, hi - lo) if self.mode == "tp" else (hi - lo, i)
         with torch.device("meta"):
             shard = Int8Experts(local_e, h, local_i, activation=like.activation, bias=like.has_bias,
-                                gated=like.has_gate, global_num_experts=e, backend=like.backend)
+                                gated=like.has_gate, global_num_experts=e, backend=like.backend, **like.swiglu_options)
         shard.part_of = self
         shard.load_quantized(*parts[:4])
         if like.has_bias:

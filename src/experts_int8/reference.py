@@ -12,7 +12,8 @@ intermediate to x's dtype once, and sum the k expert outputs in fp32.
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,41 @@ GATED_ONLY = ("swiglu_oai",)  # activations whose form reads the up rows (no ung
 # gate * sigmoid(ALPHA * gate) * (up + 1).
 SWIGLU_OAI_ALPHA = 1.702
 SWIGLU_OAI_LIMIT = 7.0
+
+
+class Clamp(NamedTuple):
+    """The clamps of a clamped SwiGLU, around ``act(gate) * up``: the gate clamped above at ``limit`` before the
+    activation (DeepSeek-V4, GLM-5-Next, HY-V4), or ``act(gate)`` after it with ``after_act`` (Step-3.7, Ling), and
+    ``up`` to ``[-limit, limit]``; ``alpha`` is swiglu_oai's sigmoid slope (GPT-OSS, MiniMax-M3). No limit: none."""
+    limit: Optional[float] = None
+    alpha: Optional[float] = None
+    after_act: bool = False
+
+
+NO_CLAMP = Clamp()
+
+
+def clamp_of(activation: str, swiglu_limit=None, swiglu_alpha=None, limit_after_act=False) -> Clamp:
+    """The :class:`Clamp` that ``activation`` with these options computes (swiglu_oai's defaults are GPT-OSS's), or a
+    ValueError saying which option does not apply."""
+    for name, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+    if not isinstance(limit_after_act, bool):
+        raise TypeError(f"limit_after_act must be a bool, got {limit_after_act!r}")
+    if activation == "swiglu_oai":
+        if limit_after_act:
+            raise ValueError("limit_after_act does not apply to swiglu_oai, whose gate is clamped before its sigmoid")
+        return Clamp(float(SWIGLU_OAI_LIMIT if swiglu_limit is None else swiglu_limit),
+                     float(SWIGLU_OAI_ALPHA if swiglu_alpha is None else swiglu_alpha))
+    if swiglu_alpha is not None:
+        raise ValueError(f"swiglu_alpha is swiglu_oai's sigmoid slope; activation {activation!r} has none")
+    if swiglu_limit is None:
+        if limit_after_act:
+            raise ValueError("limit_after_act needs swiglu_limit: the value act(gate) is clamped to")
+        return NO_CLAMP
+    return Clamp(float(swiglu_limit), None, limit_after_act)
 
 
 # Other projects' names for the same activations (vLLM's fused MoE, transformers' ``hidden_act``): named in the
@@ -52,20 +88,27 @@ def _act(g: torch.Tensor, activation: str) -> torch.Tensor:
     raise ValueError(unknown_activation(activation))
 
 
-def act_and_mul(gate_up: torch.Tensor, activation: str) -> torch.Tensor:
-    """``[..., 2I] -> [..., I]``: ``act(gate) * up`` (for ``swiglu_oai``, GPT-OSS's clamped form)."""
+def act_and_mul(gate_up: torch.Tensor, activation: str, clamp: Optional[Clamp] = None) -> torch.Tensor:
+    """``[..., 2I] -> [..., I]``: ``act(gate) * up``, clamped as ``clamp`` says (None: the activation's own,
+    :func:`clamp_of`; for ``swiglu_oai`` GPT-OSS's form)."""
+    clamp = clamp_of(activation) if clamp is None else clamp
     gate, up = gate_up.chunk(2, dim=-1)
+    if clamp.limit is not None:
+        if not clamp.after_act:
+            gate = gate.clamp(max=clamp.limit)
+        up = up.clamp(-clamp.limit, clamp.limit)
     if activation == "swiglu_oai":
-        gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
-        up = up.clamp(-SWIGLU_OAI_LIMIT, SWIGLU_OAI_LIMIT)
-        return gate * torch.sigmoid(SWIGLU_OAI_ALPHA * gate) * (up + 1)
-    return _act(gate, activation) * up
+        return gate * torch.sigmoid(clamp.alpha * gate) * (up + 1)
+    gate = _act(gate, activation)
+    if clamp.after_act:
+        gate = gate.clamp(max=clamp.limit)
+    return gate * up
 
 
-def activate(h: torch.Tensor, activation: str, gated: bool = True) -> torch.Tensor:
+def activate(h: torch.Tensor, activation: str, gated: bool = True, clamp: Optional[Clamp] = None) -> torch.Tensor:
     """The experts' intermediate: ``act(gate) * up`` from ``[..., 2I]``, or ``act(up)`` from ``[..., I]`` for
-    experts without a gate."""
-    return act_and_mul(h, activation) if gated else _act(h, activation)
+    experts without a gate (no clamp applies to them)."""
+    return act_and_mul(h, activation, clamp) if gated else _act(h, activation)
 
 
 def is_gated(w13: torch.Tensor, w2: torch.Tensor) -> bool:
@@ -107,11 +150,15 @@ def fused_experts(
     global_num_experts: Optional[int] = None,
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
+    swiglu_limit: Optional[float] = None,
+    swiglu_alpha: Optional[float] = None,
+    limit_after_act: bool = False,
 ) -> torch.Tensor:
     """Reference MoE over already-selected experts. Returns ``[M, H]`` in x's dtype.
 
     Optional expert biases ``w13_bias [E, 2I]`` (``[E, I]`` without a gate) and ``w2_bias [E, H]`` are added
-    after the scaled products (before the activation, and before the routing weight).
+    after the scaled products (before the activation, and before the routing weight). ``swiglu_limit``,
+    ``swiglu_alpha``, ``limit_after_act``: a clamped SwiGLU (:func:`clamp_of`).
 
     ``expert_map[global_id]`` is the local index of that expert or -1 (expert lives elsewhere:
     the slot contributes 0). Inputs are assumed valid; :mod:`experts_int8.ops` validates.
@@ -120,11 +167,12 @@ def fused_experts(
     # kernel's op keeps its own precision, and this path (which also gives the op's gradients) must match it.
     with torch.autocast(x.device.type, enabled=False):
         return _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                              apply_router_weight_on_input, expert_map, w13_bias, w2_bias)
+                              apply_router_weight_on_input, expert_map, w13_bias, w2_bias,
+                              clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act))
 
 
 def _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation, apply_router_weight_on_input,
-                   expert_map, w13_bias, w2_bias) -> torch.Tensor:
+                   expert_map, w13_bias, w2_bias, clamp) -> torch.Tensor:
     m, k = topk_ids.shape
     gated = is_gated(w13, w2)
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -132,7 +180,7 @@ def _fused_experts(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, acti
     for e, tok, slot in _expert_pairs(topk_ids, expert_map):
         out[tok, slot] = _expert(x[tok], topk_weights[tok, slot], w13[e], _row(w13_scale, e), _row(w13_bias, e), w2[e],
                                  _row(w2_scale, e), _row(w2_bias, e), activation, gated, apply_router_weight_on_input,
-                                 x.dtype, acc)
+                                 x.dtype, acc, clamp)
     return out.sum(dim=1).to(x.dtype)
 
 
@@ -155,7 +203,8 @@ def _expert_pairs(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor]):
             yield e, pairs // k, pairs % k
 
 
-def _expert(x, weight, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, gated, on_input, dtype, acc):
+def _expert(x, weight, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activation, gated, on_input, dtype, acc,
+            clamp):
     """One expert's outputs ``[n, H]`` (in ``acc``, rounded to ``dtype`` as the kernel stores them) for its rows
     ``x [n, H]`` with routing weights ``weight [n]``."""
     weight = weight.to(acc).unsqueeze(-1)
@@ -165,7 +214,7 @@ def _expert(x, weight, w13, w13_scale, w13_bias, w2, w2_scale, w2_bias, activati
     gate_up = _expert_matmul(a, w13, w13_scale, acc)
     if w13_bias is not None:
         gate_up = gate_up + w13_bias.to(acc)
-    h = activate(gate_up, activation, gated).to(dtype)  # the kernel stores the intermediate in x's dtype
+    h = activate(gate_up, activation, gated, clamp).to(dtype)  # the kernel stores the intermediate in x's dtype
     y = _expert_matmul(h, w2, w2_scale, acc)
     if w2_bias is not None:
         y = y + w2_bias.to(acc)
@@ -194,6 +243,9 @@ def fused_experts_backward(
     expert_map: Optional[torch.Tensor] = None,
     w13_bias: Optional[torch.Tensor] = None,
     w2_bias: Optional[torch.Tensor] = None,
+    swiglu_limit: Optional[float] = None,
+    swiglu_alpha: Optional[float] = None,
+    limit_after_act: bool = False,
     functional: bool = False,
 ) -> list[torch.Tensor]:
     """The gradients of :func:`fused_experts`' inputs named in ``wanted`` (of :data:`DIFFERENTIABLE`), given the
@@ -208,6 +260,7 @@ def fused_experts_backward(
         tensors = dict(x=x, w13=w13, w2=w2, topk_weights=topk_weights, w13_scale=w13_scale, w2_scale=w2_scale,
                        w13_bias=w13_bias, w2_bias=w2_bias)
         gated = is_gated(w13, w2)
+        clamp = clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)
         acc = torch.float64 if x.dtype == torch.float64 else torch.float32
         # x's rows take a gradient from each of their k experts (summed in acc); every other tensor's part belongs
         # to one expert, or one (token, slot) pair
@@ -222,7 +275,7 @@ def fused_experts_backward(
                 p = {**parts, **dict(zip(wanted, differentiated))}
                 return _expert(p["x"], p["topk_weights"], p["w13"], p["w13_scale"], p["w13_bias"], p["w2"],
                                p["w2_scale"], p["w2_bias"], activation, gated, apply_router_weight_on_input, x.dtype,
-                               acc)
+                               acc, clamp)
 
             for name, g in zip(wanted, _vjp(expert, [parts[n] for n in wanted], grad[tok], functional)):
                 if name == "x":

@@ -69,7 +69,7 @@ from ..layer import (Int8Experts, accelerate_hooks, carry_hooks, detect_activati
                      offloaded_by_accelerate, w13_name)
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, finish_load, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
-from ..reference import SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ..reference import ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, act_and_mul, clamp_of
 from ..routing import select_experts, sparsemixer
 
 QUANT_METHOD = "experts_int8"
@@ -280,7 +280,7 @@ def experts_form(model_dir, config: dict) -> dict:
         raise ValueError("the model has no routed experts transformers' standard modules hold")
     layout = _layout_of(model)
     return dict(gated=all(getattr(m, "has_gate", True) for m in experts),
-                activation=_activation_of(experts[0], layout),
+                activation=_gating_of(experts[0], layout)["activation"],
                 biases=any(name.endswith("bias") for m in experts for name, _ in m.named_parameters(recurse=False)))
 
 
@@ -477,7 +477,7 @@ def _check_layout(name: str, module: nn.Module, layout: str = "fused") -> None:
                              f"limit={SWIGLU_OAI_LIMIT}; this model uses alpha={swiglu[0]}, limit={swiglu[1]}")
         return
     _check_flags(name, module, layout)
-    _activation_of(module, layout, name)  # (raises for an activation the kernel lacks)
+    _gating_of(module, layout, name)  # (raises for a gating or an activation the kernel lacks)
 
 
 def _check_flags(name: str, module: nn.Module, layout: str) -> None:
@@ -494,25 +494,66 @@ def _check_flags(name: str, module: nn.Module, layout: str) -> None:
                   else f"[E, {rows}, H] and down_proj [E, H, I]")
         raise ValueError(f"{name}: experts layout not supported by experts_int8 ({', '.join(bad)}); expected "
                          f"{w13_name(module)} {shapes} without bias")
+
+
+def _gating_of(module: nn.Module, layout: str, name: str = "experts") -> dict:
+    """The Int8Experts options (``activation``, and a clamped SwiGLU's ``swiglu_limit``, ``swiglu_alpha``,
+    ``limit_after_act``) that compute what ``module`` computes: its ``act_fn``'s activation, or, where its class
+    gates with its own ``_apply_gate``, the kernel's form that gives the same values (its limit read from the
+    module's ``limit`` / ``swiglu_limit``, checked by evaluating the gate). Raises for any other gating."""
+    if layout == "gpt_oss":
+        return dict(activation="swiglu_oai")
     gate = getattr(type(module), "_apply_gate", _default_apply_gate)
-    if gate is not _default_apply_gate and not _gates_as_default(module, gate):
-        raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate); the kernel computes "
-                         f"act(gate) * up")
+    if gate is _default_apply_gate:
+        return dict(activation=_activation_of(module, layout, name))
+    for options in _gating_candidates(module):
+        if _gates_as(module, gate, options):
+            return options
+    raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate), none of the kernel's: "
+                     f"act(gate) * up, or a clamped SwiGLU whose limit the module holds as `limit` or `swiglu_limit`")
+
+
+def _gating_candidates(module: nn.Module):
+    """The kernel's gatings a module with its own ``_apply_gate`` may compute: its act_fn's activation (any, without
+    one) plain or clamped at the module's limit (before or after the activation), and swiglu_oai at its limit and
+    slope."""
+    def numbers(*names):
+        values = (getattr(module, n, None) for n in names)
+        return sorted({float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
+
+    try:
+        activations = [detect_activation(module.act_fn)]
+    except (AttributeError, ValueError):  # (HY-V4's and GLM-5-Next's gates call silu themselves)
+        activations = [a for a in ACTIVATIONS if a != "swiglu_oai"]
+    limits = numbers("limit", "swiglu_limit")
+    for activation in activations:
+        yield dict(activation=activation)
+        for limit in limits:
+            yield dict(activation=activation, swiglu_limit=limit)
+            yield dict(activation=activation, swiglu_limit=limit, limit_after_act=True)
+    for limit in limits:
+        for alpha in numbers("swiglu_alpha", "alpha") or [SWIGLU_OAI_ALPHA]:
+            yield dict(activation="swiglu_oai", swiglu_limit=limit, swiglu_alpha=alpha)
 
 
 @torch.no_grad()
-def _gates_as_default(module: nn.Module, gate: Callable) -> bool:
-    """Whether ``module``'s own ``gate`` computes act(gate) * up all the same, judged on fp32 values from 1e-3 to
-    1e4 in size: a gating that only computes in fp32 and casts back (the kernel's activation is fp32 too) agrees
-    bit for bit; a clamp, an offset or a scale of its own shows."""
+def _gates_as(module: nn.Module, gate: Callable, options: dict) -> bool:
+    """Whether ``module``'s own ``gate`` computes the kernel's gating ``options`` (see :func:`_gating_of`), judged on
+    fp32 values from 1e-3 to 1e4 in size: a gating that only computes in fp32 and casts back (the kernel's
+    activation is fp32 too) agrees; a clamp, an offset or a scale of its own shows."""
     # (fp32 on the CPU by name: transformers builds the model under a meta device and its dtype as the default)
     where = dict(device="cpu", dtype=torch.float32)
     probe = torch.randn(8, 64, generator=torch.Generator().manual_seed(0), **where)
     probe *= torch.logspace(-3, 4, 8, **where)[:, None]
+    options = dict(options)
+    activation = options.pop("activation")
     try:
-        return torch.equal(gate(module, probe), _default_apply_gate(module, probe))
+        theirs = gate(module, probe)
     except Exception:  # (a gating that reads tensors of its own, on the meta device while loading, say)
         return False
+    ours = act_and_mul(probe, activation, clamp_of(activation, **options))
+    # (equal up to the order of the gate's own fp32 operations)
+    return theirs.shape == ours.shape and torch.allclose(theirs, ours, rtol=1e-6, atol=0.0)
 
 
 class NoExpertsError(ValueError):
@@ -592,7 +633,8 @@ def _expert_count(config: dict) -> Optional[str]:
 
 
 def _activation_of(module: nn.Module, layout: str, name: str = "experts") -> str:
-    """The kernel's name for the gated activation ``module`` computes (its own ``act_fn``)."""
+    """The kernel's name for the activation ``module``'s own ``act_fn`` computes (:func:`_gating_of` for its
+    gating as a whole)."""
     if layout == "gpt_oss":
         return "swiglu_oai"
     try:
@@ -874,7 +916,7 @@ class ExpertsInt8HfQuantizer(HfQuantizer):
             w13, w2 = getattr(module, w13_name(module)), module.down_proj
             e, h, i = to_fused_layout(self._layout, "down_proj", w2).shape
             with torch.device("meta"):
-                new = Int8Experts(e, h, i, activation=_activation_of(module, self._layout), bias=biased,
+                new = Int8Experts(e, h, i, **_gating_of(module, self._layout), bias=biased,
                                   gated=getattr(module, "has_gate", True))
                 if not self.pre_quantized:
                     # Placeholders in the checkpoint's float dtype and layout until Int8Quantize fills them:
@@ -1234,7 +1276,7 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None, **kw
         w13 = w13_name(module)
         new = Int8Experts.from_float(to_fused_layout(layout, w13, getattr(module, w13).data),
                                      to_fused_layout(layout, "down_proj", module.down_proj.data),
-                                     activation=_activation_of(module, layout), name=name, **bias_tensors)
+                                     **_gating_of(module, layout), name=name, **bias_tensors)
         new.train(module.training)
         carry_hooks(module, new)
         hook = getattr(module, "_hf_hook", None)  # accelerate's placement hook (a device map naming the module)
@@ -1264,6 +1306,10 @@ def _experts_interface_forward(module: nn.Module, hidden_states, top_k_index, to
     if not isinstance(module, Int8Experts):
         try:
             _check_flags(type(module).__name__, module, "fused")
+            own_gate = getattr(type(module), "_apply_gate", _default_apply_gate) is not _default_apply_gate
+            if own_gate and len(_gating_of(module, "fused", type(module).__name__)) > 1:
+                raise ValueError(f"{type(module).__name__} computes a clamped SwiGLU (_apply_gate), which this path "
+                                 f"(the module's act_fn alone) does not")
         except ValueError as e:
             raise ValueError(f"experts_implementation='experts_int8' on float weights: {e}. Quantize the model "
                              f"instead (quantization_config=ExpertsInt8Config()): that converts the layout once"

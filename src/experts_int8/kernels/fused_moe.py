@@ -54,6 +54,7 @@ without a GPU).
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -61,7 +62,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..reference import GATED_ONLY, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT
+from ..reference import GATED_ONLY, Clamp, clamp_of
 
 ACTIVATION_CODES = {"silu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu_oai": 3, "relu2": 4}
 # DEDUP_PAIRS keeps every pair's expert id in registers in each program (a [BLOCK_M, pairs] match):
@@ -276,8 +277,9 @@ def moe_gate_up_kernel(
     DEDUP_PAIRS: tl.constexpr,
     PAIRS_P2: tl.constexpr,  # power of two >= M*k; read only with DEDUP_PAIRS
     FUSE_GATE_UP: tl.constexpr,
-    SWIGLU_ALPHA: tl.constexpr,
-    SWIGLU_LIMIT: tl.constexpr,
+    SWIGLU_ALPHA: tl.constexpr,  # swiglu_oai's sigmoid slope
+    SWIGLU_LIMIT: tl.constexpr,  # a clamped SwiGLU's limit (reference.Clamp), or None
+    LIMIT_AFTER_ACT: tl.constexpr,
     ZERO_COUNTS: tl.constexpr,
     PDL: tl.constexpr,
     TMA: tl.constexpr,
@@ -394,14 +396,19 @@ def moe_gate_up_kernel(
         if GATED:
             acc_u *= rw[:, None]
     # without GATED: act(up), the up rows' accumulator being acc_g (and _activate reads no acc_u)
-    h = _activate(acc_g, acc_u if GATED else acc_g, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT, GATED)
+    h = _activate(acc_g, acc_u if GATED else acc_g, ACTIVATION, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT, GATED)
     tl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr, SWIGLU_LIMIT: tl.constexpr,
-              GATED: tl.constexpr):
-    """act(gate) * up, in fp32; without GATED act(acc_g) alone (``acc_u`` unread; swiglu_oai is gated only)."""
+              LIMIT_AFTER_ACT: tl.constexpr, GATED: tl.constexpr):
+    """act(gate) * up, in fp32, clamped as reference.act_and_mul clamps it; without GATED act(acc_g) alone
+    (``acc_u`` unread, no clamp; swiglu_oai is gated only)."""
+    if SWIGLU_LIMIT is not None:
+        if not LIMIT_AFTER_ACT:
+            acc_g = tl.minimum(acc_g, SWIGLU_LIMIT)
+        acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
     if ACTIVATION == 0:  # silu
         gate = acc_g * tl.sigmoid(acc_g)
     elif ACTIVATION == 1:  # gelu (erf)
@@ -411,13 +418,23 @@ def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr
     elif ACTIVATION == 4:  # relu2 (NemotronH): relu(g)^2
         g = tl.maximum(acc_g, 0.0)
         gate = g * g
-    else:  # swiglu_oai (GPT-OSS): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
-        g = tl.minimum(acc_g, SWIGLU_LIMIT)
-        gate = g * tl.sigmoid(SWIGLU_ALPHA * g)
-        acc_u = tl.minimum(tl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
+    else:  # swiglu_oai (GPT-OSS; clamped above): gate * sigmoid(alpha * gate) * (up + 1)
+        gate = acc_g * tl.sigmoid(SWIGLU_ALPHA * acc_g)
+        acc_u = acc_u + 1.0
+    if LIMIT_AFTER_ACT:
+        gate = tl.minimum(gate, SWIGLU_LIMIT)
     if GATED:
         gate = gate * acc_u
     return gate
+
+
+def clamp_meta(activation: str, clamp: Optional[Clamp], gated: bool = True) -> dict:
+    """The gate_up kernels' constexprs for ``clamp`` (None: ``activation``'s own, reference.clamp_of); each limit
+    compiles its own kernel. Experts without a gate take none."""
+    clamp = clamp_of(activation) if clamp is None else clamp
+    if not gated and clamp.limit is not None and activation not in GATED_ONLY:
+        raise ValueError(f"a clamped SwiGLU (limit {clamp.limit}) needs gate and up rows; these experts have no gate")
+    return dict(SWIGLU_ALPHA=clamp.alpha, SWIGLU_LIMIT=clamp.limit, LIMIT_AFTER_ACT=clamp.after_act)
 
 
 @triton.jit
@@ -753,10 +770,11 @@ def tma_layout_fits(w: torch.Tensor, config: dict) -> bool:
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
                    num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None,
-                   counts=None):
+                   counts=None, clamp=None):
     """Launch GEMM1 (+ activation). ``out [M*k, I]`` is written in full (pad rows excepted); ``counts``
     (int32), when given, is zeroed by the same launch (the down GEMM's SUM_LAST counters). ``w13`` holds
-    ``2I`` rows (gate, up: ``act(gate) * up``) or, for experts without a gate, ``I`` (up: ``act(up)``)."""
+    ``2I`` rows (gate, up: ``act(gate) * up``, clamped as ``clamp`` says: :func:`clamp_meta`) or, for experts
+    without a gate, ``I`` (up: ``act(up)``)."""
     inter = out.shape[1]
     gated = w13.shape[1] == 2 * inter
     if not gated and w13.shape[1] != inter:
@@ -778,7 +796,7 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         w_desc=weight_descriptor(w13, config), FAST_CVT=fast_cvt(x.device),
         x_inv_scale_ptr=x_inv_scale, ROW_SCALE=x_inv_scale is not None, TOP_K=top_k,
         ACTIVATION=ACTIVATION_CODES[activation], HAS_SCALE=has_scale, HAS_BIAS=has_bias,
-        SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, ZERO_COUNTS=counts is not None,
+        **clamp_meta(activation, clamp, gated), ZERO_COUNTS=counts is not None,
         MUL_ROUTED_WEIGHT=mul_routed_weight, DOT_PRECISION=_dot_precision(x.dtype),
         **own, **_launch_meta(config, topk_weights.numel()), **pdl_meta(config, x.device), enable_fp_fusion=True,
     )
@@ -975,8 +993,7 @@ def sm90_compile(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat
     if which == "gate_up":
         kernel = moe_gate_up_kernel
         constexprs.update(_gate_up_meta(cfg, gated), ACTIVATION=ACTIVATION_CODES["silu"], MUL_ROUTED_WEIGHT=False,
-                          SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
-                          ZERO_COUNTS=bool(down.get("SUM_LAST")),
+                          **clamp_meta("silu", None), ZERO_COUNTS=bool(down.get("SUM_LAST")),
                           ROW_SCALE=bool(cfg.get("FP16_DOT")) and act_dtype == torch.bfloat16 and int8)
         pointers = dict(x_ptr="*fp16" if constexprs["ROW_SCALE"] else act, out_ptr=act)
     else:

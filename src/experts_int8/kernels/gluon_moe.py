@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_
 
 from ..reference import is_gated
 from .configs import compute_capability, max_shared_memory
-from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, fp16_dot_input
+from .fused_moe import ACTIVATION_CODES, INT8_TO_FP16_PTX, clamp_meta, fp16_dot_input
 
 # cp.async into shared memory: ``async_load`` from Triton 3.7 on, ``async_copy_global_to_shared`` before
 _async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
@@ -249,9 +249,14 @@ def _sigmoid(v):
 
 @gluon.jit
 def glu(acc_g, acc_u, ACTIVATION: gl.constexpr, GATED: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
-        SWIGLU_LIMIT: gl.constexpr):
-    """act(gate) * up in fp32 (fused_moe's ACTIVATION_CODES), or act(gate) alone without GATED (``acc_u``
-    unread): the epilogue of both Gluon gate/up kernels (here and :mod:`.gluon_wsrr`)."""
+        SWIGLU_LIMIT: gl.constexpr, LIMIT_AFTER_ACT: gl.constexpr):
+    """act(gate) * up in fp32 (fused_moe's ACTIVATION_CODES), clamped as fused_moe's ``_activate`` clamps it, or
+    act(gate) alone without GATED (``acc_u`` unread, no clamp): the epilogue of both Gluon gate/up kernels (here
+    and :mod:`.gluon_wsrr`)."""
+    if SWIGLU_LIMIT is not None:
+        if not LIMIT_AFTER_ACT:
+            acc_g = gl.minimum(acc_g, SWIGLU_LIMIT)
+        acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT)
     if ACTIVATION == 0:  # silu
         gate = acc_g / (1.0 + gl.exp(-acc_g))
     elif ACTIVATION == 1:  # gelu (erf)
@@ -261,10 +266,11 @@ def glu(acc_g, acc_u, ACTIVATION: gl.constexpr, GATED: gl.constexpr, SWIGLU_ALPH
     elif ACTIVATION == 4:  # relu2: relu(g)^2
         g = gl.maximum(acc_g, 0.0)
         gate = g * g
-    else:  # swiglu_oai (gated only): clamped gate and up, gate * sigmoid(alpha * gate) * (up + 1)
-        g = gl.minimum(acc_g, SWIGLU_LIMIT)
-        gate = g * _sigmoid(SWIGLU_ALPHA * g)
-        acc_u = gl.minimum(gl.maximum(acc_u, -SWIGLU_LIMIT), SWIGLU_LIMIT) + 1.0
+    else:  # swiglu_oai (gated only; clamped above): gate * sigmoid(alpha * gate) * (up + 1)
+        gate = acc_g * _sigmoid(SWIGLU_ALPHA * acc_g)
+        acc_u = acc_u + 1.0
+    if LIMIT_AFTER_ACT:
+        gate = gl.minimum(gate, SWIGLU_LIMIT)
     if GATED:
         gate = gate * acc_u
     return gate
@@ -277,7 +283,7 @@ def _gate_up_tile(
     bias_ptr, stride_be, TOP_K: gl.constexpr, ACTIVATION: gl.constexpr, MUL_ROUTED_WEIGHT: gl.constexpr,
     ROW_SCALE: gl.constexpr, HAS_BIAS: gl.constexpr, FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, STAGES: gl.constexpr,
-    SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr,
+    SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr, LIMIT_AFTER_ACT: gl.constexpr,
     A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """GEMM1's BLOCK_M rows from sorted row ``first_row`` (of row block ``block``), columns from ``n0``.
@@ -337,7 +343,7 @@ def _gate_up_tile(
             acc_g = acc_g * rw[:, None]
             if GATED:
                 acc_u = acc_u * rw[:, None]
-        h = glu(acc_g, acc_u, ACTIVATION, GATED, SWIGLU_ALPHA, SWIGLU_LIMIT)
+        h = glu(acc_g, acc_u, ACTIVATION, GATED, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT)
         gl.store(out_ptrs, h.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
@@ -351,7 +357,8 @@ def moe_gate_up_wgmma_kernel(
     HAS_BIAS: gl.constexpr, FUSE_GATE_UP: gl.constexpr, GATED: gl.constexpr, TRIM_TAIL: gl.constexpr,
     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, SWIGLU_ALPHA: gl.constexpr,
-    SWIGLU_LIMIT: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr, B_SMEM: gl.constexpr,
+    SWIGLU_LIMIT: gl.constexpr, LIMIT_AFTER_ACT: gl.constexpr, A_SMEM: gl.constexpr, W_SMEM: gl.constexpr,
+    B_SMEM: gl.constexpr,
     HALF_A_SMEM: gl.constexpr, num_warps: gl.constexpr,
 ):
     """GEMM1 (+ activation): out[M*k, I] = act(x[rows // k] @ w13[e, :I]^T) * (x[rows // k] @ w13[e, I:]^T);
@@ -367,13 +374,15 @@ def moe_gate_up_wgmma_kernel(
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
                       x_inv_scale_ptr, bias_ptr, stride_be, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, HAS_BIAS,
                       FUSE_GATE_UP, GATED, BLOCK_M // 2,
-                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, HALF_A_SMEM, W_SMEM, B_SMEM, num_warps)
+                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT, HALF_A_SMEM, W_SMEM, B_SMEM,
+                      num_warps)
     else:
         _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
                       x_inv_scale_ptr, bias_ptr, stride_be, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, HAS_BIAS,
                       FUSE_GATE_UP, GATED, BLOCK_M,
-                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, A_SMEM, W_SMEM, B_SMEM, num_warps)
+                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT, A_SMEM, W_SMEM, B_SMEM,
+                      num_warps)
 
 
 @gluon.jit
@@ -451,7 +460,7 @@ def bias_args(w: torch.Tensor, bias: Optional[torch.Tensor]) -> tuple:
 
 
 def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block_expert_ids,
-                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None):
+                   num_tokens_post_padded, top_k, activation, mul_routed_weight, config, w13_bias=None, clamp=None):
     """GEMM1 (+ activation) as :func:`.fused_moe.invoke_gate_up`, on the Gluon kernel (w13 [E, 2I, H] with a
     gate, [E, I, H] without)."""
     inter = out.shape[1]
@@ -465,8 +474,8 @@ def invoke_gate_up(x, w13, w13_scale, out, topk_weights, sorted_token_ids, block
         topk_weights.numel(), num_sorted, inter, x.shape[1], x.stride(0), w13.stride(0), w13.stride(1),
         w13_scale.stride(0), out.stride(0), x_inv_scale, *bias, ROW_SCALE=x_inv_scale is not None, **has_bias,
         TOP_K=top_k, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=mul_routed_weight,
-        FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")), GATED=gated, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
-        SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **_meta(config, config["BLOCK_SIZE_N"]),
+        FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")), GATED=gated,
+        **clamp_meta(activation, clamp, gated), **_meta(config, config["BLOCK_SIZE_N"]),
         **_smem_layouts(config, x.dtype, 2 if gated else 1), enable_fp_fusion=True,
     )
 
@@ -499,7 +508,7 @@ def sm90_ptx(which: str, config: dict, act_dtype: torch.dtype = torch.bfloat16, 
     if which == "gate_up":
         kernel, num_b = moe_gate_up_wgmma_kernel, 2 if gated else 1
         constexprs = dict(TOP_K=2, ACTIVATION=ACTIVATION_CODES[activation], MUL_ROUTED_WEIGHT=False,
-                          SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT,
+                          **clamp_meta(activation, None, gated),
                           ROW_SCALE=act_dtype == torch.float16, GATED=gated, HAS_BIAS=biased,
                           FUSE_GATE_UP=gated and bool(config.get("FUSE_GATE_UP")))
     else:

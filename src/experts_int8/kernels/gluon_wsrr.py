@@ -43,7 +43,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (async_copy, fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from .fused_moe import ACTIVATION_CODES, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, _kernel, compile_for_sm90
+from .fused_moe import ACTIVATION_CODES, _kernel, clamp_meta, compile_for_sm90
 from .gluon_moe import _GL_DTYPES, _async_load, _cta_barrier, _row_block, bias_args, glu, hopper_smem_limit
 
 BLOCK_K = 64  # the fragment's K block
@@ -342,7 +342,8 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
                             GROUP_M: gl.constexpr, STAGES: gl.constexpr, LOADER_REGS: gl.constexpr,
                             X_SMEM: gl.constexpr, GATED: gl.constexpr, ACTIVATION: gl.constexpr,
                             HAS_BIAS: gl.constexpr, ODD_K: gl.constexpr, PAD_I: gl.constexpr,
-                            SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr, num_warps: gl.constexpr):
+                            SWIGLU_ALPHA: gl.constexpr, SWIGLU_LIMIT: gl.constexpr, LIMIT_AFTER_ACT: gl.constexpr,
+                            num_warps: gl.constexpr):
     """h = act(x W_gate^T + b_gate) * (x W_up^T + b_up), or act(x W_up^T + b_up) without GATED (w13 the I
     up rows alone), for a block of BLOCK_M pair rows and BLOCK_N columns of I, written K-permuted (h's
     column n0 + j holds column memory_position(n0 + j)): what the down kernel reads. ODD_K: H / 64 is odd.
@@ -375,10 +376,11 @@ def moe_gate_up_wsrr_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, sorted_token_ids_p
         acc = acc + gl.load(bias_ptr + expert * stride_be + w_rows).to(gl.float32)[:, None]
     if GATED:  # a thread holds rows r and r + 8: the split below pairs them without moving data
         gate, up = gl.split(gl.permute(gl.reshape(acc, [W_ROWS // 16, 2, 8, BLOCK_M]), [0, 2, 3, 1]))
-        h = gl.reshape(glu(gate, up, ACTIVATION, True, SWIGLU_ALPHA, SWIGLU_LIMIT), [BLOCK_N, BLOCK_M])
+        h = gl.reshape(glu(gate, up, ACTIVATION, True, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT), [BLOCK_N, BLOCK_M])
         _store_rows(out_ptr, h, sorted_token_ids_ptr, pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False)
     else:  # (columns past h's not stored)
-        _store_quarters(out_ptr, glu(acc, acc, ACTIVATION, False, SWIGLU_ALPHA, SWIGLU_LIMIT), sorted_token_ids_ptr,
+        h = glu(acc, acc, ACTIVATION, False, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT)
+        _store_quarters(out_ptr, h, sorted_token_ids_ptr,
                         pid_m * BLOCK_M, n0, num_valid, stride_om, scale_ptr, False, n_out, True)
 
 
@@ -439,10 +441,10 @@ def h_columns(inter: int) -> int:
 
 
 def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, num_tokens_post_padded, top_k, inter,
-                   tile: Tile, stages: Optional[int] = None, activation: str = "silu", w13_bias=None):
+                   tile: Tile, stages: Optional[int] = None, activation: str = "silu", w13_bias=None, clamp=None):
     """``h [pairs, h_columns(inter)]`` (K-permuted) from ``xp = permute_k(x)``; rows aligned in blocks of
     ``tile.rows``; ``w13`` holds 2I rows (gate, up) or I (up alone), ``w13_bias`` (optional) as many values
-    an expert."""
+    an expert; ``clamp`` as :func:`.fused_moe.clamp_meta` takes it."""
     hidden = xp.shape[1]
     gated = w13.shape[1] == 2 * inter
     num_sorted = sorted_token_ids.numel()
@@ -452,8 +454,7 @@ def invoke_gate_up(xp, w13, w13_scale, h, sorted_token_ids, block_expert_ids, nu
                                   top_k * xp.shape[0], num_sorted, inter, hidden, xp.stride(0), w13.stride(0),
                                   w13.stride(1), w13_scale.stride(0), h.stride(0), top_k, *bias, GATED=gated,
                                   ACTIVATION=ACTIVATION_CODES[activation], ODD_K=_odd_k(hidden),
-                                  PAD_I=inter % BLOCK_K != 0,
-                                  SWIGLU_ALPHA=SWIGLU_OAI_ALPHA, SWIGLU_LIMIT=SWIGLU_OAI_LIMIT, **has_bias,
+                                  PAD_I=inter % BLOCK_K != 0, **clamp_meta(activation, clamp, gated), **has_bias,
                                   **_meta(xp.dtype, tile, tile.gate_up_cols(gated), stages), enable_fp_fusion=True)
 
 
@@ -474,17 +475,17 @@ def invoke_down(h, w2, w2_scale, y, topk_weights, sorted_token_ids, block_expert
 
 
 def expert_outputs(x, w13, w13_scale, w2, w2_scale, topk_weights, aligned, h, y, rows: int = 256,
-                   stages: Optional[int] = None, activation: str = "silu", w13_bias=None, w2_bias=None):
+                   stages: Optional[int] = None, activation: str = "silu", w13_bias=None, w2_bias=None, clamp=None):
     """Both GEMMs of the layer on TILES[rows] with a ring of ``stages`` (the tile's own unless given) over
     the ``aligned`` blocks (``(sorted_token_ids, block_expert_ids, num_tokens_post_padded)`` in blocks of
     ``rows``): ``y [M * top_k, H]`` gets each aligned (token, slot) pair's expert output times its routing
     weight (flat ``topk_weights``), for :func:`.fused_moe.invoke_sum` to add up; ``h [M * top_k,
-    h_columns(I)]`` is the intermediate (K-permuted); ``activation`` one of fused_moe's ACTIVATION_CODES;
-    expert biases optional."""
+    h_columns(I)]`` is the intermediate (K-permuted); ``activation`` one of fused_moe's ACTIVATION_CODES (with
+    ``clamp``, :func:`.fused_moe.clamp_meta`); expert biases optional."""
     tile = TILES[rows]
     top_k = topk_weights.numel() // x.shape[0]
     invoke_gate_up(permute_k(x), w13, w13_scale, h, *aligned, top_k, w2.shape[2], tile, stages, activation,
-                   w13_bias)
+                   w13_bias, clamp)
     invoke_down(h, w2, w2_scale, y, topk_weights, *aligned, tile, stages, w2_bias)
     return y
 
@@ -501,8 +502,8 @@ def sm90_cubin(which: str, dtype: torch.dtype = torch.bfloat16, rows: int = 256,
     own = dict(ODD_K=odd_k, HAS_BIAS=biased)
     if which == "gate_up":
         kernel, block_n = moe_gate_up_wsrr_kernel, tile.gate_up_cols(gated)
-        own.update(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], PAD_I=pad_i, SWIGLU_ALPHA=SWIGLU_OAI_ALPHA,
-                   SWIGLU_LIMIT=SWIGLU_OAI_LIMIT)
+        own.update(GATED=gated, ACTIVATION=ACTIVATION_CODES[activation], PAD_I=pad_i,
+                   **clamp_meta(activation, None, gated))
     else:
         kernel, block_n = moe_down_wsrr_kernel, tile.down_cols
         own.update(MASK_N=mask_n, MASK_K=pad_i)
