@@ -2135,3 +2135,32 @@ def test_quantize_refuses_modules_to_not_convert_that_would_go_wrong(bf16_checkp
     else:
         assert_one_line_error(result, says)
     assert os.listdir(out) == []
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v4", "minimax_m3_vl_text"])
+def test_quantize_writes_clamped_swiglu_experts_as_loading_does(bf16_checkpoint, tmp_path, arch):
+    """Experts with a clamped SwiGLU of their own (outside the table): the converter's checkpoint reloads to the
+    logits of the same model quantized while loading (the clamp comes from the model's class, not the file)."""
+    from experts_int8.layer import Int8Experts
+
+    src = bf16_checkpoint(arch)
+    result = invoke("quantize", src, tmp_path / "int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    converted = auto_class(arch).from_pretrained(tmp_path / "int8", dtype=torch.float32)
+    loaded = auto_class(arch).from_pretrained(src, quantization_config=ExpertsInt8Config(), dtype=torch.float32)
+    assert [m.swiglu_options for m in converted.modules() if isinstance(m, Int8Experts)] == \
+        [m.swiglu_options for m in loaded.modules() if isinstance(m, Int8Experts)] != []
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, loaded(ids).logits)
+
+
+def test_quantize_names_the_load_and_save_path_for_experts_stored_under_other_names(bf16_checkpoint, tmp_path):
+    """Step-3.7 stores its experts stacked under moe.gate_proj.weight, which transformers renames while loading:
+    the converter does not read them, and says what does."""
+    out = tmp_path / "out"
+    os.makedirs(out)
+    result = invoke("quantize", bf16_checkpoint("step3p7"), out / "int8", "--device", "cpu", "--no-progress")
+    assert_one_line_error(result, "has routed experts, stored under names this converter does not read",
+                          "quantization_config=ExpertsInt8Config()")
+    assert os.listdir(out) == []

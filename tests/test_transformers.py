@@ -1696,6 +1696,25 @@ def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("arch", CLAMPED_NAMES)
+def test_gpu_clamped_swiglu_experts_through_the_triton_kernel(arch, monkeypatch):
+    """The clamped-SwiGLU model types on the GPU (fp32, the kernel's clamps in its epilogue): >= 30 dB per MoE
+    layer against the float model, every experts call through the Triton op."""
+    import experts_int8.ops as ops
+
+    calls = []
+    orig = ops._fused_experts_triton
+    monkeypatch.setattr(ops, "_fused_experts_triton", lambda *a, **kw: calls.append(a[7:]) or orig(*a, **kw))
+    model = tiny_model(arch).cuda()
+    int8_model = quantize_(copy.deepcopy(model))
+    quality = routing_quality(model, int8_model, _inputs())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+    form = _CLAMPED_FORMS[arch]
+    assert calls and all(c[0] == form["activation"] and c[5:] == (form["swiglu_limit"], form.get("swiglu_alpha"),
+                                                                    form.get("limit_after_act", False)) for c in calls)
+
+
+@pytest.mark.gpu
 def test_gpu_load_peak_memory_below_int8_plus_one_layer(tmp_path):
     """The measured twin of test_on_the_fly_load_device_memory_bound. Six layers, so that the bf16 experts
     (what 5.17's warm-up used to reserve) exceed int8 + one layer by far more than allocator rounding."""

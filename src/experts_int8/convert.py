@@ -481,13 +481,17 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     renames = _experts_renames(config)
     groups = plan_groups(headers, "fused", renames)
     layout = "fused"
-    if any(g.fused for g in groups.values()) or not needs_remote_code(config):  # (the layout check also refuses
-        layout = _layout(src_dir, config)                                     # experts the kernel cannot run)
+    built = any(g.fused for g in groups.values()) or not needs_remote_code(config)
+    if built:  # (the layout check also refuses experts the kernel cannot run)
+        layout = _layout(src_dir, config)
         groups = plan_groups(headers, layout or "fused", renames)
     if not groups:
+        # (a model whose experts transformers renames while loading: Step-3.7's stacked moe.gate_proj.weight)
+        what = (f"; its model has routed experts, stored under names this converter does not read: {_LOAD_AND_SAVE}"
+                if built and layout is not None else "; nothing to quantize")
         raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
                          f"tensors (keys like '...experts.0.w1.weight', '...experts.0.gate_proj.weight' or "
-                         f"'...experts.gate_up_proj'); nothing to quantize")
+                         f"'...experts.gate_up_proj'){what}")
     if layout is None:  # (converted, the DST would not load: its model has no experts to put them in)
         raise ValueError(f"{src}: config.json's model_type {_model_type(config)!r} builds a model without routed "
                          f"experts, but the weights hold experts tensors ({next(iter(groups))}): the config and the "

@@ -285,7 +285,7 @@ def _gate_up_and_down(x, w13, w13_scale, w2, w2_scale, h, y, weights, aligned, t
         gluon_moe.invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
     else:
         invoke_gate_up(x, w13, w13_scale, h, weights, *aligned, top_k, activation, on_input, gate_up_config, w13_bias,
-                       clamp=clamp)
+                       None, clamp)
         invoke_down(h, w2, w2_scale, y, weights, *aligned, not on_input, down_config, w2_bias)
 
 
