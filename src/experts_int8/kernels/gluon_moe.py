@@ -374,8 +374,8 @@ def moe_gate_up_wgmma_kernel(
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
                       x_inv_scale_ptr, bias_ptr, stride_be, TOP_K, ACTIVATION, MUL_ROUTED_WEIGHT, ROW_SCALE, HAS_BIAS,
                       FUSE_GATE_UP, GATED, BLOCK_M // 2,
-                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT, HALF_A_SMEM, W_SMEM, B_SMEM,
-                      num_warps)
+                      BLOCK_N, BLOCK_K, STAGES, SWIGLU_ALPHA, SWIGLU_LIMIT, LIMIT_AFTER_ACT, HALF_A_SMEM, W_SMEM,
+                      B_SMEM, num_warps)
     else:
         _gate_up_tile(first_row, pid_m, n0, x_ptr, w_ptr, scale_ptr, out_ptr, topk_weights_ptr, sorted_token_ids_ptr,
                       block_expert_ids_ptr, num_valid, I, H, stride_xm, stride_we, stride_wn, stride_se, stride_om,
