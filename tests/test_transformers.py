@@ -1139,6 +1139,18 @@ def test_a_clamp_at_another_limit_than_the_module_holds_is_refused():
     assert verify_int8_model(quantize_(model)) == 2
 
 
+def test_a_clamp_at_a_limit_past_the_fixed_probe_is_kept():
+    """A limit larger than every value of the probe's fixed scales (up to ~3e4) is probed around itself: the clamp
+    is kept, not taken for a plain SiLU that only agrees below the limit."""
+    model = tiny_model("mellum")
+    for _, experts in find_experts(model):
+        experts.limit = 1e5
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
+            gate_up.chunk(2, -1)[0].clamp(max=self.limit)) * gate_up.chunk(2, -1)[1].clamp(-self.limit, self.limit)})
+    int8_model = quantize_(model)
+    assert [m.swiglu_options for _, m in find_experts(int8_model)] == [dict(swiglu_limit=1e5)] * 2
+
+
 def test_transposed_experts_outside_the_table_are_quantized(monkeypatch):
     """Aria's experts are transformers' is_transposed ones ([E, H, 2I], [E, I, H]) and SiLU while its config's
     hidden_act is gelu_pytorch_tanh: without a row, the module's own flags and act_fn decide."""

@@ -198,7 +198,7 @@ ARCHITECTURES: dict[str, Arch] = {
     "glm_moe_dsa": _DEEPSEEK_V3,
     "mimo_v2_flash": _DEEPSEEK_V3,
     "solar_open": _DEEPSEEK_V3,
-    # (its experts gate in fp32 and cast back: the kernel's own way, see _gates_as_default)
+    # (its experts gate in fp32 and cast back: the kernel's own way, see _gates_as)
     "beam": Arch("gate", _beam, correction_bias="gate.e_score_correction_bias"),
     "mistral4": Arch("gate", _mistral4),  # (Mistral Small 4: the text model of a mistral3 model)
     "afmoe": Arch("router", _afmoe, correction_bias="expert_bias"),
@@ -518,8 +518,7 @@ def _gating_candidates(module: nn.Module):
     one) plain or clamped at the module's limit (before or after the activation), and swiglu_oai at its limit and
     slope."""
     def numbers(*names):
-        values = (getattr(module, n, None) for n in names)
-        return sorted({float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
+        return _module_numbers(module, *names)
 
     try:
         activations = [detect_activation(module.act_fn)]
@@ -536,15 +535,24 @@ def _gating_candidates(module: nn.Module):
             yield dict(activation="swiglu_oai", swiglu_limit=limit, swiglu_alpha=alpha)
 
 
+def _module_numbers(module: nn.Module, *names: str) -> list[float]:
+    """The positive numbers ``module`` holds as attributes ``names`` (its limits, its slope), sorted, once each."""
+    values = (getattr(module, n, None) for n in names)
+    return sorted({float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
+
+
 @torch.no_grad()
 def _gates_as(module: nn.Module, gate: Callable, options: dict) -> bool:
     """Whether ``module``'s own ``gate`` computes the kernel's gating ``options`` (see :func:`_gating_of`), judged on
-    fp32 values from 1e-3 to 1e4 in size: a gating that only computes in fp32 and casts back (the kernel's
+    fp32 values from 1e-3 to 1e4 in size, and around twice each limit the module holds (a clamp at a limit the
+    probe never crossed would not show): a gating that only computes in fp32 and casts back (the kernel's
     activation is fp32 too) agrees; a clamp, an offset or a scale of its own shows."""
     # (fp32 on the CPU by name: transformers builds the model under a meta device and its dtype as the default)
     where = dict(device="cpu", dtype=torch.float32)
-    probe = torch.randn(8, 64, generator=torch.Generator().manual_seed(0), **where)
-    probe *= torch.logspace(-3, 4, 8, **where)[:, None]
+    limits = _module_numbers(module, "limit", "swiglu_limit")
+    scales = torch.cat([torch.logspace(-3, 4, 8, **where), 2 * torch.tensor(limits, **where)])
+    probe = torch.randn(len(scales), 64, generator=torch.Generator().manual_seed(0), **where)
+    probe *= scales[:, None]
     options = dict(options)
     activation = options.pop("activation")
     try:
