@@ -11,6 +11,7 @@ import triton.language as tl
 from conftest import DEVICE
 from experts_int8 import dequantize_weights, fused_experts, fused_moe, quantize_weights, reference, select_experts
 from experts_int8.kernels.align import align_block_size
+from experts_int8.layer import Int8Experts
 from experts_int8.kernels.fused_moe import _dedup_pair_rows, _weight_tile
 
 DTYPES = [torch.float16, torch.float32] if DEVICE == "cpu" else [torch.bfloat16, torch.float16, torch.float32]
@@ -777,6 +778,23 @@ def test_clamped_swiglu_options_that_do_not_apply_are_refused(options, match):
     w, ids = select_experts(torch.randn(3, 2, device=DEVICE), 1)
     with pytest.raises((ValueError, TypeError), match=match):
         fused_experts(x, **experts, topk_weights=w, topk_ids=ids, **options)
+
+
+def test_clamped_swiglu_options_take_any_real_number():
+    """numpy's float32 and int64 are positive finite numbers as much as numpy's float64 (a float subclass) is."""
+    import numpy as np
+
+    torch.manual_seed(3)
+    experts = make_experts(2, 16, 8)
+    x = torch.randn(3, 16, device=DEVICE)
+    w, ids = select_experts(torch.randn(3, 2, device=DEVICE), 1)
+    expected = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch", swiglu_limit=0.5)
+    for limit in (np.float32(0.5), np.float64(0.5)):
+        out = fused_experts(x, **experts, topk_weights=w, topk_ids=ids, backend="torch", swiglu_limit=limit)
+        assert torch.equal(out, expected)
+    module = Int8Experts(2, 16, 8, activation="swiglu_oai", swiglu_limit=np.int64(3), swiglu_alpha=np.float32(1.5))
+    assert module.swiglu_options == dict(swiglu_limit=3.0, swiglu_alpha=1.5)
+    assert all(type(v) is float for v in module.swiglu_options.values())
 
 
 def test_a_clamp_needs_a_gate():

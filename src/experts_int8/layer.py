@@ -157,7 +157,10 @@ class Int8Experts(nn.Module):
         clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)  # (raises for an option that does not apply)
         if not gated and swiglu_limit is not None:
             raise ValueError("swiglu_limit clamps gate and up rows; experts without a gate have no gate")
-        self.swiglu_limit, self.swiglu_alpha, self.limit_after_act = swiglu_limit, swiglu_alpha, limit_after_act
+        # (plain floats: a numpy scalar or an int given stores as the float the kernel compiles for)
+        self.swiglu_limit = None if swiglu_limit is None else float(swiglu_limit)
+        self.swiglu_alpha = None if swiglu_alpha is None else float(swiglu_alpha)
+        self.limit_after_act = limit_after_act
         self.num_experts = num_experts
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size

@@ -13,6 +13,7 @@ intermediate to x's dtype once, and sum the k expert outputs in fp32.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple, Optional
 
 import torch
@@ -42,7 +43,7 @@ def clamp_of(activation: str, swiglu_limit=None, swiglu_alpha=None, limit_after_
     """The :class:`Clamp` that ``activation`` with these options computes (swiglu_oai's defaults are GPT-OSS's), or a
     ValueError saying which option does not apply."""
     for name, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
                                   or not math.isfinite(value) or value <= 0):
             raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
     if not isinstance(limit_after_act, bool):

@@ -38,6 +38,7 @@ checkpoint dtype. :data:`ARCHITECTURES` lists the supported model types with the
 from __future__ import annotations
 
 import functools
+import numbers
 import os
 import re
 from dataclasses import dataclass
@@ -538,7 +539,7 @@ def _gating_candidates(module: nn.Module):
 def _module_numbers(module: nn.Module, *names: str) -> list[float]:
     """The positive numbers ``module`` holds as attributes ``names`` (its limits, its slope), sorted, once each."""
     values = (getattr(module, n, None) for n in names)
-    return sorted({float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0})
+    return sorted({float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0})
 
 
 @torch.no_grad()
