@@ -71,7 +71,7 @@ def decode_layer_kernel(x_ptr, w13_ptr, s13_ptr, w2_ptr, s2_ptr, h_ptr, y_ptr, t
             u_ptrs += BLOCK_K1
         acc_g *= tl.load(s13_ptr + expert * stride_s13e + offs_wn)[None, :]
         acc_u *= tl.load(s13_ptr + expert * stride_s13e + offs_wn + I)[None, :]
-        h = _activate(acc_g, acc_u, 0, 1.0, 1.0, True)
+        h = _activate(acc_g, acc_u, 0, None, None, False, True)  # (silu, no clamp, gated)
         rows = tl.where(lane0, pair, 0).to(tl.int64)
         tl.store(h_ptr + rows[:, None] * I + offs_n[None, :], h.to(h_ptr.dtype.element_ty),
                  mask=lane0[:, None] & (offs_n[None, :] < I))

@@ -109,7 +109,7 @@ def test_the_ops_that_read_the_ids_on_the_host_stay_out_of_cuda_graphs():
         "forward": lambda x, q13, q2, w, ids, s13, s2: ops._fused_experts_reference(
             x, q13, q2, w, ids, s13, s2, "silu", False, None),
         "backward": lambda x, q13, q2, w, ids, s13, s2: ops._fused_experts_backward(
-            x, x, q13, q2, w, ids, s13, s2, "silu", False, None, None, None, [0])[0],
+            x, x, q13, q2, w, ids, s13, s2, "silu", False, None, None, None, None, None, False, [0])[0],
     }
     for name, fn in graphs.items():
         node = get_first_incompatible_cudagraph_node(make_fx(fn, tracing_mode="fake")(*inputs))

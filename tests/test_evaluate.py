@@ -245,3 +245,18 @@ def test_compare_models_takes_one_sequence_as_a_batch_of_one():
                                                                                            stride=2)
     with pytest.raises(ValueError, match=r"one sequence .* shape \(2, 5\)"):
         compare_models(a, b, torch.tensor([ids, ids]), window=4, stride=2)
+
+
+def test_a_dense_mlp_that_clamps_in_its_own_forward_is_refused():
+    """Step-3.7's shared expert clamps its SwiGLU in its forward (at swiglu_limits_shared): converted from its
+    Linear children alone, the clamp would be dropped."""
+    from models import tiny_model
+
+    model = tiny_model("step3p7")
+    with pytest.raises(ValueError, match=r"layers.1.mlp.shared_experts: Step3p7MLP's forward computes more than down"):
+        dense_mlps_as_int8_experts_(model, backend="torch")
+    assert not any(isinstance(m, Int8DenseMLP) for m in model.modules())
+    for name, module in model.named_modules():  # without the clamp the same modules convert
+        if name.endswith("shared_experts"):
+            module.limit = None
+    assert dense_mlps_as_int8_experts_(model, backend="torch") == 2

@@ -26,7 +26,7 @@ from torch import nn
 
 from .layer import Int8Experts, accelerate_hooks, carry_hooks, detect_activation
 from .ops import BACKENDS
-from .reference import ACTIVATIONS
+from .reference import ACTIVATIONS, activate
 
 __all__ = ["Int8DenseMLP", "compare_models", "dense_mlps_as_int8_experts_", "detect_activation", "input_device",
            "routing_quality", "snr_db"]
@@ -100,6 +100,21 @@ def _gated_linears(module: nn.Module) -> Optional[tuple[nn.Linear, nn.Linear, nn
     return gate, up, down
 
 
+def _computes_plain_mlp(mod: nn.Module, gate: nn.Linear, up: nn.Linear, down: nn.Linear, activation: str) -> bool:
+    """Whether ``mod``'s own forward computes ``down(act(gate(x)) * up(x))``, judged on inputs from 1 to 1e4 in size
+    (a clamp shows past its limit). A forward that cannot run on its own (none, offloaded weights) counts as plain:
+    the module's children say what it is."""
+    w = gate.weight
+    x = torch.randn(3, gate.in_features, generator=torch.Generator().manual_seed(0)).to(w.device, w.dtype)
+    x = x * torch.tensor([1.0, 1e2, 1e4], device=w.device, dtype=w.dtype)[:, None]
+    try:
+        theirs = type(mod).forward(mod, x).float()  # (not mod(x): its hooks are the user's, not for this probe)
+        plain = down(activate(gate(x), activation, gated=False) * up(x)).float()
+    except Exception:  # noqa: BLE001 - a module of any kind
+        return True
+    return theirs.shape == plain.shape and bool((theirs - plain).abs().max() <= 1e-3 * plain.abs().max())
+
+
 @torch.no_grad()
 def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] = None,
                                 backend: str = "auto") -> int:
@@ -134,6 +149,10 @@ def dense_mlps_as_int8_experts_(model: nn.Module, *, activation: Optional[str] =
             act = detect_activation(mod.act_fn)
         else:
             raise ValueError(f"{name}: no act_fn module to read the activation from; pass activation=")
+        if not _computes_plain_mlp(mod, *linears, act):
+            raise ValueError(f"{name}: {type(mod).__name__}'s forward computes more than down(act(gate(x)) * up(x)) "
+                             f"(a clamp of its own, as Step-3.7's and Ling's MLPs have), which Int8DenseMLP would "
+                             f"drop; nothing was converted")
         plan.append((name, mod, linears, act))
     for name, mod, (gate, up, down), act in plan:
         new = Int8DenseMLP.from_linears(gate, up, down, activation=act, backend=backend, name=name)
