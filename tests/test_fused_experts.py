@@ -803,6 +803,10 @@ def test_a_clamp_needs_a_gate():
     w, ids = select_experts(torch.randn(3, 2, device=DEVICE), 1)
     with pytest.raises(ValueError, match="swiglu_limit clamps gate and up rows"):
         fused_experts(x, **experts, topk_weights=w, topk_ids=ids, activation="relu2", swiglu_limit=1.0)
+    from experts_int8 import Int8Experts
+
+    with pytest.raises(ValueError, match="swiglu_limit clamps gate and up rows"):
+        Int8Experts(2, 16, 8, activation="relu2", gated=False, swiglu_limit=1.0)
 
 
 def test_clamped_swiglu_gradients_match_autograd_through_the_reference():

@@ -567,7 +567,8 @@ def fused_experts(
               expert_map, global_num_experts, backend, w13_bias, w2_bias, apply_router_weight_on_input)
     clamp = clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)  # (raises for options that do not apply)
     if clamp.limit is not None and not is_gated(w13, w2):
-        raise ValueError(f"swiglu_limit clamps gate and up rows; w13 {shape_str(w13)} holds up rows only")
+        raise ValueError(f"swiglu_limit clamps gate and up rows; experts without a gate (w13 [E, I, H]) have none, "
+                         f"and w13 {shape_str(w13)} holds up rows only")
     swiglu = (clamp.limit, clamp.alpha, clamp.after_act)
     use_triton = backend == "triton" or x.device.type == "meta" or (  # (meta: shapes only, from the op's fake)
         backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)

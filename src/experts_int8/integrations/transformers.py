@@ -518,21 +518,18 @@ def _gating_candidates(module: nn.Module):
     """The kernel's gatings a module with its own ``_apply_gate`` may compute: its act_fn's activation (any, without
     one) plain or clamped at the module's limit (before or after the activation), and swiglu_oai at its limit and
     slope."""
-    def numbers(*names):
-        return _module_numbers(module, *names)
-
     try:
         activations = [detect_activation(module.act_fn)]
     except (AttributeError, ValueError):  # (HY-V4's and GLM-5-Next's gates call silu themselves)
         activations = [a for a in ACTIVATIONS if a != "swiglu_oai"]
-    limits = numbers("limit", "swiglu_limit")
+    limits = _module_numbers(module, "limit", "swiglu_limit")
     for activation in activations:
         yield dict(activation=activation)
         for limit in limits:
             yield dict(activation=activation, swiglu_limit=limit)
             yield dict(activation=activation, swiglu_limit=limit, limit_after_act=True)
     for limit in limits:
-        for alpha in numbers("swiglu_alpha", "alpha") or [SWIGLU_OAI_ALPHA]:
+        for alpha in _module_numbers(module, "swiglu_alpha", "alpha") or [SWIGLU_OAI_ALPHA]:
             yield dict(activation="swiglu_oai", swiglu_limit=limit, swiglu_alpha=alpha)
 
 

@@ -433,7 +433,7 @@ def clamp_meta(activation: str, clamp: Optional[Clamp], gated: bool = True) -> d
     compiles its own kernel. Experts without a gate take none."""
     clamp = clamp_of(activation) if clamp is None else clamp
     if not gated and clamp.limit is not None and activation not in GATED_ONLY:
-        raise ValueError(f"a clamped SwiGLU (limit {clamp.limit}) needs gate and up rows; these experts have no gate")
+        raise ValueError("swiglu_limit clamps gate and up rows; experts without a gate (w13 [E, I, H]) have none")
     return dict(SWIGLU_ALPHA=clamp.alpha, SWIGLU_LIMIT=clamp.limit, LIMIT_AFTER_ACT=clamp.after_act)
 
 
