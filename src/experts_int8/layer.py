@@ -154,9 +154,7 @@ class Int8Experts(nn.Module):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if not gated and activation in GATED_ONLY:
             raise ValueError(f"activation {activation!r} needs gate and up rows; experts without a gate cannot use it")
-        clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)  # (raises for an option that does not apply)
-        if not gated and swiglu_limit is not None:
-            raise ValueError("swiglu_limit clamps gate and up rows; experts without a gate (w13 [E, I, H]) have none")
+        clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act, gated)  # (raises for options that do not fit)
         # (plain floats: a numpy scalar or an int given stores as the float the kernel compiles for)
         self.swiglu_limit = None if swiglu_limit is None else float(swiglu_limit)
         self.swiglu_alpha = None if swiglu_alpha is None else float(swiglu_alpha)

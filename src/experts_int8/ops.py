@@ -469,7 +469,7 @@ def _(grad, x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
 def _save_for_backward(ctx, inputs, output):
     ctx.save_for_backward(*(t if isinstance(t, torch.Tensor) else None for t in inputs[:12]))
     ctx.options = inputs[7:9]  # activation, apply_router_weight_on_input
-    ctx.clamp = (tuple(inputs[12:15]) + (None, None, False)[len(inputs) - 12:])  # swiglu_limit, _alpha, limit_after_act
+    ctx.clamp = inputs[12:15]  # swiglu_limit, swiglu_alpha, limit_after_act (the op's defaults filled in)
     # (by position here: ctx.needs_input_grad leaves out the inputs given as None)
     ctx.wanted = [i for i in _DIFFERENTIABLE if isinstance(inputs[i], torch.Tensor) and inputs[i].requires_grad]
 
@@ -565,11 +565,8 @@ def fused_experts(
     refuse_unknown_args("fused_experts", kwargs)
     _validate(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
               expert_map, global_num_experts, backend, w13_bias, w2_bias, apply_router_weight_on_input)
-    clamp = clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act)  # (raises for options that do not apply)
-    if clamp.limit is not None and not is_gated(w13, w2):
-        raise ValueError(f"swiglu_limit clamps gate and up rows; experts without a gate (w13 [E, I, H]) have none, "
-                         f"and w13 {shape_str(w13)} holds up rows only")
-    swiglu = (clamp.limit, clamp.alpha, clamp.after_act)
+    # (raises for options that do not apply; a Clamp is (limit, alpha, after_act), the ops' last three arguments)
+    clamp = clamp_of(activation, swiglu_limit, swiglu_alpha, limit_after_act, is_gated(w13, w2))
     use_triton = backend == "triton" or x.device.type == "meta" or (  # (meta: shapes only, from the op's fake)
         backend == "auto" and x.device.type == "cuda" and kernel_supported(x.device)
     )
@@ -583,7 +580,7 @@ def fused_experts(
                 t is not None and t.requires_grad for t in (x, w13, w2, topk_weights, w13_scale, w2_scale, w13_bias,
                                                              w2_bias))):
             return _fused_experts_reference(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                                            apply_router_weight_on_input, expert_map, w13_bias, w2_bias, *swiglu)
+                                            apply_router_weight_on_input, expert_map, w13_bias, w2_bias, *clamp)
         return reference.fused_experts(
             x, w13, w2, topk_weights, topk_ids, w13_scale=w13_scale, w2_scale=w2_scale,
             activation=activation, apply_router_weight_on_input=apply_router_weight_on_input,
@@ -591,7 +588,7 @@ def fused_experts(
             swiglu_alpha=clamp.alpha, limit_after_act=clamp.after_act,
         )
     return _fused_experts_triton(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, activation,
-                                 apply_router_weight_on_input, expert_map, w13_bias, w2_bias, *swiglu)
+                                 apply_router_weight_on_input, expert_map, w13_bias, w2_bias, *clamp)
 
 
 def fused_moe(

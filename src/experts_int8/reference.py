@@ -39,15 +39,17 @@ class Clamp(NamedTuple):
 NO_CLAMP = Clamp()
 
 
-def clamp_of(activation: str, swiglu_limit=None, swiglu_alpha=None, limit_after_act=False) -> Clamp:
+def clamp_of(activation: str, swiglu_limit=None, swiglu_alpha=None, limit_after_act=False, gated=True) -> Clamp:
     """The :class:`Clamp` that ``activation`` with these options computes (swiglu_oai's defaults are GPT-OSS's), or a
-    ValueError saying which option does not apply."""
+    ValueError saying which option does not apply (a limit, to experts without a gate: not ``gated``)."""
     for name, value in (("swiglu_limit", swiglu_limit), ("swiglu_alpha", swiglu_alpha)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)
                                   or not math.isfinite(value) or value <= 0):
             raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
     if not isinstance(limit_after_act, bool):
         raise TypeError(f"limit_after_act must be a bool, got {limit_after_act!r}")
+    if not gated and swiglu_limit is not None:
+        raise ValueError("swiglu_limit clamps gate and up rows; experts without a gate (w13 [E, I, H]) have none")
     if activation == "swiglu_oai":
         if limit_after_act:
             raise ValueError("limit_after_act does not apply to swiglu_oai, whose gate is clamped before its sigmoid")

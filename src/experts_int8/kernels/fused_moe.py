@@ -429,11 +429,9 @@ def _activate(acc_g, acc_u, ACTIVATION: tl.constexpr, SWIGLU_ALPHA: tl.constexpr
 
 
 def clamp_meta(activation: str, clamp: Optional[Clamp], gated: bool = True) -> dict:
-    """The gate_up kernels' constexprs for ``clamp`` (None: ``activation``'s own, reference.clamp_of); each limit
-    compiles its own kernel. Experts without a gate take none."""
-    clamp = clamp_of(activation) if clamp is None else clamp
-    if not gated and clamp.limit is not None and activation not in GATED_ONLY:
-        raise ValueError("swiglu_limit clamps gate and up rows; experts without a gate (w13 [E, I, H]) have none")
+    """The gate_up kernels' constexprs for ``clamp`` (None: ``activation``'s own), checked by reference.clamp_of
+    (experts without a gate take none); each limit compiles its own kernel."""
+    clamp = clamp_of(activation, *(clamp or ()), gated=gated)
     return dict(SWIGLU_ALPHA=clamp.alpha, SWIGLU_LIMIT=clamp.limit, LIMIT_AFTER_ACT=clamp.after_act)
 
 
