@@ -230,6 +230,8 @@ ARCH_NAMES = tuple(_CONFIGS)
 SELECTION_BIASES = ("e_score_correction_bias", "expert_bias")  # (LFM2's is expert_bias)
 VISION_LANGUAGE_NAMES = tuple(_VISION_LANGUAGE)
 CLAMPED_NAMES = tuple(_CLAMPED)
+# their text models' types: their rows in ARCHITECTURES (Step-3.7's text config keeps Step-3.5's type)
+CLAMPED_TEXT_TYPES = {**{arch: arch for arch in _CLAMPED}, "step3p7": "step3p5", "glm5_next": "glm5_next_text"}
 
 
 def tiny_config(arch: str, **overrides):

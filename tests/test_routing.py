@@ -36,6 +36,22 @@ def test_sigmoid_renormalize_stays_finite_when_every_score_underflows():
     torch.testing.assert_close(w[0], s / s.sum())
 
 
+def test_sqrtsoftplus_scoring_hand_computed():
+    """DeepSeek-V4's scores: sqrt(log(1 + e^x)), the choice biased, the weights unbiased, renormalized and scaled;
+    scores that all underflow give zero weights, not 0/0."""
+    logits = torch.tensor([[0.0, 2.0, -1.0, 1.0]])
+    bias = torch.tensor([0.0, 0.0, 5.0, 0.0])
+    w, ids = select_experts(logits, 2, scoring="sqrtsoftplus", correction_bias=bias, routed_scaling_factor=1.5)
+    assert ids.tolist() == [[2, 1]]
+    s = [math.sqrt(math.log1p(math.exp(x))) for x in (-1.0, 2.0)]
+    torch.testing.assert_close(w[0], torch.tensor([1.5 * s[0] / sum(s), 1.5 * s[1] / sum(s)]))
+    w, ids = select_experts(logits, 1, scoring="sqrtsoftplus", renormalize=False)
+    assert ids.tolist() == [[1]]
+    torch.testing.assert_close(w, torch.tensor([[math.sqrt(math.log1p(math.exp(2.0)))]]))
+    w, _ = select_experts(torch.full((1, 8), -200.0), 2, scoring="sqrtsoftplus")
+    assert torch.equal(w, torch.zeros(1, 2))
+
+
 def test_grouped_topk_deepseek_v2_uses_group_max():
     # 4 groups of 2 experts. Group maxima: g0=0.9(e1), g1=0.5, g2=0.8, g3=0.85. Keep 2 groups: g0, g3.
     scores = torch.tensor([[0.1, 0.9, 0.5, 0.45, 0.8, 0.0, 0.85, 0.84]])

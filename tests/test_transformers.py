@@ -46,7 +46,7 @@ from experts_int8.parallel import ParallelExperts, shard_experts  # noqa: E402
 from experts_int8.quant import dequantize_weights, quantize_weights  # noqa: E402
 
 from models import (  # noqa: E402
-    ARCH_NAMES, CLAMPED_NAMES, COMMON, VIDEO_NAMES, VISION_LANGUAGE_NAMES, auto_class, image_inputs, tiny_config,
+    ARCH_NAMES, CLAMPED_NAMES, CLAMPED_TEXT_TYPES, COMMON, VIDEO_NAMES, VISION_LANGUAGE_NAMES, auto_class, image_inputs, tiny_config,
     tiny_image_config, tiny_model,
 )
 
@@ -330,9 +330,12 @@ def test_save_reload_identical(arch, int8_models, tmp_path):
 
 
 def _assert_routing_table_matches_router(model, tokens: Optional[int] = None):
-    """On the first MoE layer, for the model's own input (or ``tokens`` random hidden states fed to the layer)."""
+    """On the first MoE layer routed by its logits (DeepSeek-V4's first are routed by token ids), for the model's
+    own input (or ``tokens`` random hidden states fed to the layer)."""
     logits_seen, routed_seen = [], []
-    name, experts = find_experts(model)[0]
+    name, experts = next((name, experts) for name, experts in find_experts(model)
+                         if not hasattr(getattr(model.get_submodule(name.rpartition(".")[0]), _arch(model).router),
+                                        "tid2eid"))
     block = model.get_submodule(name.rpartition(".")[0])
     router = getattr(block, _arch(model).router)
     # The router's output varies across architectures and transformers versions (logits, (logits, weights,
@@ -390,6 +393,32 @@ def test_routing_table_matches_model_router_on_many_tokens(arch, overrides, dtyp
 def test_routing_table_matches_model_router_in_other_router_settings(arch, overrides):
     """Router settings the tiny models leave at one value: the table follows the router in the others too."""
     _assert_routing_table_matches_router(tiny_model(arch, dtype=torch.bfloat16, **overrides).to(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", CLAMPED_NAMES)
+def test_routing_table_matches_clamped_models_routers(arch, dtype):
+    """The rows of the clamped-SwiGLU types on 4096 tokens: DeepSeek-V3's grouped sigmoid router (HY-V4,
+    GLM-5-Next, Ling-hybrid), MiniMax-M2's in the gate with the block scaling after the experts (MiniMax-M3,
+    Step-3.7), DeepSeek-V4's sqrt(softplus) scores of its unconverted logits."""
+    _assert_routing_table_matches_router(tiny_model(arch, dtype=dtype).to(DEVICE), tokens=4096)
+
+
+def test_routing_options_refuse_a_hash_routed_layer():
+    """DeepSeek-V4's first layers choose experts by token id: routing_options says so, and the model's int8
+    experts still run those layers as the model routes them."""
+    model = tiny_model("deepseek_v4")
+    name = find_experts(model)[0][0]
+    with pytest.raises(ValueError, match="hash-routed: its experts come from the token ids"):
+        routing_options(model, model.get_submodule(name.rpartition(".")[0]))
+    int8_model = quantize_(copy.deepcopy(model))
+    quality = routing_quality(model, int8_model, _inputs().cpu())
+    assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
+
+
+@pytest.mark.parametrize("arch", CLAMPED_NAMES)
+def test_clamped_types_rows_are_their_text_models_types(arch):
+    assert tiny_config(arch).get_text_config().model_type == CLAMPED_TEXT_TYPES[arch]
 
 
 @pytest.mark.parametrize("arch", VISION_LANGUAGE_NAMES)
@@ -451,7 +480,7 @@ def test_vision_language_moe_int8_with_images(arch, tmp_path):
 
 def test_architecture_table_covers_tested_models():
     text_models = {tiny_config(arch).get_text_config().model_type for arch in VISION_LANGUAGE_NAMES}
-    assert set(ARCH_NAMES) | text_models == set(ARCHITECTURES)
+    assert set(ARCH_NAMES) | text_models | set(CLAMPED_TEXT_TYPES.values()) == set(ARCHITECTURES)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1137,6 +1166,27 @@ def test_a_clamp_at_another_limit_than_the_module_holds_is_refused():
     for _, experts in find_experts(model):
         experts.limit = 7.0
     assert verify_int8_model(quantize_(model)) == 2
+
+
+def test_own_gating_outside_the_standard_experts_forward_is_refused():
+    """A listed type's experts whose own _apply_gate is called by a forward of their own (transformers 5.17's
+    Step-3.7 experts): the kernel computes the standard forward, so they are refused, saying to upgrade."""
+    model = tiny_model("minimax_m3_vl_text")
+    for _, experts in find_experts(model):
+        del experts.is_concatenated
+    with pytest.raises(ValueError, match="in a forward of its own.*upgrade transformers"):
+        quantize_(model)
+
+
+def test_an_infinite_limit_is_no_clamp():
+    """An own gate clamping at an infinite limit (transformers' way of saying no clamp) is the plain SiLU."""
+    model = tiny_model("mellum")
+    for _, experts in find_experts(model):
+        experts.limit = float("inf")
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
+            gate_up.chunk(2, -1)[0].clamp(max=self.limit)) * gate_up.chunk(2, -1)[1].clamp(-self.limit, self.limit)})
+    int8_model = quantize_(model)
+    assert [(m.activation, m.swiglu_options) for _, m in find_experts(int8_model)] == [("silu", {})] * 2
 
 
 def test_a_clamp_at_a_limit_past_the_fixed_probe_is_kept():

@@ -1,7 +1,7 @@
 """Router: turn ``router_logits [M, E]`` into ``topk_weights [M, k]`` (fp32) and ``topk_ids [M, k]`` (int32).
 
 Covers the variants of the MoE families in use:
-  * softmax (Mixtral, Qwen-MoE, OLMoE) or sigmoid (DeepSeek-V3, Llama-4) scores;
+  * softmax (Mixtral, Qwen-MoE, OLMoE), sigmoid (DeepSeek-V3, Llama-4) or sqrt(softplus) (DeepSeek-V4) scores;
   * optional renormalisation of the k chosen weights;
   * grouped top-k (DeepSeek-V2/V3): keep the ``topk_group`` best of ``num_expert_group`` groups;
   * a score-correction bias that only steers *selection*; weights come from unbiased scores (DeepSeek-V3);
@@ -17,7 +17,13 @@ from typing import Callable, Optional
 
 import torch
 
-SCORINGS = ("softmax", "sigmoid")
+SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")
+
+
+def _scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    if scoring == "softmax":
+        return logits.softmax(dim=-1)
+    return logits.sigmoid() if scoring == "sigmoid" else torch.nn.functional.softplus(logits).sqrt()
 
 
 def shape_str(t) -> str:
@@ -128,7 +134,7 @@ def select_experts(
         return (weights.float() * routed_scaling_factor), ids.to(torch.int32)
 
     logits = router_logits if score_in_logits_dtype else router_logits.float()
-    scores = logits.softmax(dim=-1) if scoring == "softmax" else logits.sigmoid()
+    scores = _scores(logits, scoring)
     choice = scores if correction_bias is None else scores + correction_bias  # (an fp32 bias promotes)
 
     if num_expert_group is not None:
@@ -144,8 +150,8 @@ def select_experts(
 
     topk_ids = choice.topk(top_k, dim=-1).indices
     topk_weights = scores.gather(1, topk_ids).float()
-    if renormalize:  # sigmoid scores can all underflow to 0: the routers of that kind add 1e-20 (never 0/0)
-        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + (1e-20 if scoring == "sigmoid" else 0))
+    if renormalize:  # per-expert scores can all underflow to 0: the routers of that kind add 1e-20 (never 0/0)
+        topk_weights = topk_weights / (topk_weights.sum(dim=-1, keepdim=True) + (1e-20 if scoring != "softmax" else 0))
     if routed_scaling_factor != 1.0:
         topk_weights = topk_weights * routed_scaling_factor
     return topk_weights, topk_ids.to(torch.int32)

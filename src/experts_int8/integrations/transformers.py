@@ -71,7 +71,7 @@ from ..layer import (Int8Experts, accelerate_hooks, carry_hooks, detect_activati
 from ..parallel import ParallelExperts, PendingShard, fill_pending_shards, finish_load, loading_split
 from ..quant import check_weights, dequantize_weights, quantize_rows
 from ..reference import ACTIVATIONS, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, act_and_mul, clamp_of
-from ..routing import select_experts, sparsemixer
+from ..routing import SCORINGS, select_experts, sparsemixer
 
 QUANT_METHOD = "experts_int8"
 logger = hf_logging.get_logger(__name__)
@@ -140,6 +140,13 @@ def _minimax_m2(c) -> dict:  # sigmoid, biased choice, always renormalized, neve
     return {"top_k": c.num_experts_per_tok, "scoring": "sigmoid", "renormalize": True}
 
 
+def _deepseek_v4(c) -> dict:  # sqrt(softplus) scores of the logits as the router gives them, biased choice
+    if c.scoring_func not in SCORINGS:
+        raise ValueError(f"DeepSeek-V4 scoring_func {c.scoring_func!r} is none of select_experts' scorings {SCORINGS}")
+    return {"top_k": c.num_experts_per_tok, "scoring": c.scoring_func, "renormalize": True,
+            "routed_scaling_factor": float(c.routed_scaling_factor), "score_in_logits_dtype": True}
+
+
 def _lfm2(c) -> dict:  # sigmoid scores in the logits' own dtype (its router does not upcast them)
     return {**_sigmoid_topk(c), "score_in_logits_dtype": True}
 
@@ -199,6 +206,11 @@ ARCHITECTURES: dict[str, Arch] = {
     "glm_moe_dsa": _DEEPSEEK_V3,
     "mimo_v2_flash": _DEEPSEEK_V3,
     "solar_open": _DEEPSEEK_V3,
+    # (clamped SwiGLU experts: their own _apply_gate, see _gating_of)
+    "hy_v4": _DEEPSEEK_V3,
+    "glm5_next_text": _DEEPSEEK_V3,
+    "bailing_hybrid": _DEEPSEEK_V3,
+    "deepseek_v4": Arch("gate", _deepseek_v4, correction_bias="gate.e_score_correction_bias"),  # (+ hash layers)
     # (its experts gate in fp32 and cast back: the kernel's own way, see _gates_as)
     "beam": Arch("gate", _beam, correction_bias="gate.e_score_correction_bias"),
     "mistral4": Arch("gate", _mistral4),  # (Mistral Small 4: the text model of a mistral3 model)
@@ -207,6 +219,9 @@ ARCHITECTURES: dict[str, Arch] = {
     "flex_olmo": Arch("gate", _NORM_TOPK_PROB),
     "minimax": Arch("gate", _ALWAYS),
     "minimax_m2": Arch("gate", _minimax_m2, correction_bias="e_score_correction_bias"),
+    # (M2's router in the gate; the MoE block scales after the experts; clamped SwiGLU experts)
+    "minimax_m3_vl_text": Arch("gate", _minimax_m2, correction_bias="gate.e_score_correction_bias"),
+    "step3p5": Arch("gate", _minimax_m2, correction_bias="gate.e_score_correction_bias"),  # (Step-3.7's text model)
     "lfm2_moe": Arch("gate", _lfm2, correction_bias="expert_bias"),  # (when use_expert_bias)
     # softmax scores, a biased choice (its "moe_statics"), renormalized
     "ernie4_5_moe": Arch("gate", _ALWAYS, correction_bias="gate.moe_statics.e_score_correction_bias"),
@@ -311,7 +326,11 @@ def routing_options(model: nn.Module, moe_block: Optional[nn.Module] = None) -> 
     opts = arch.routing(config)
     if moe_block is None:
         return opts
-    top_k = getattr(getattr(moe_block, arch.router), "top_k", None)
+    router = getattr(moe_block, arch.router)
+    if hasattr(router, "tid2eid"):
+        raise ValueError(f"{type(router).__name__} is hash-routed: its experts come from the token ids "
+                         f"(tid2eid[input_ids]), not from router logits, so select_experts cannot choose them")
+    top_k = getattr(router, "top_k", None)
     if isinstance(top_k, int):  # per-layer top-k (Hunyuan's moe_topk may be a list)
         opts["top_k"] = top_k
     bias = arch.selection_bias(moe_block)
@@ -507,6 +526,9 @@ def _gating_of(module: nn.Module, layout: str, name: str = "experts") -> dict:
     gate = getattr(type(module), "_apply_gate", _default_apply_gate)
     if gate is _default_apply_gate:
         return dict(activation=_activation_of(module, layout, name))
+    if not hasattr(module, "is_concatenated"):  # (only the standard forward is known to compute down(gate(x)) * w)
+        raise ValueError(f"{name}: {type(module).__name__} computes its own gating (_apply_gate) in a forward of its "
+                         f"own, not transformers' standard experts module's; upgrade transformers")
     for options in _gating_candidates(module):
         if _gates_as(module, gate, options):
             return options
@@ -534,9 +556,11 @@ def _gating_candidates(module: nn.Module):
 
 
 def _module_numbers(module: nn.Module, *names: str) -> list[float]:
-    """The positive numbers ``module`` holds as attributes ``names`` (its limits, its slope), sorted, once each."""
+    """The positive finite numbers ``module`` holds as attributes ``names`` (its limits, its slope), sorted, once
+    each (an infinite limit is no clamp)."""
     values = (getattr(module, n, None) for n in names)
-    return sorted({float(v) for v in values if isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0})
+    return sorted({float(v) for v in values
+                   if isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < float("inf")})
 
 
 @torch.no_grad()
