@@ -1214,14 +1214,46 @@ def test_transposed_experts_outside_the_table_are_quantized(monkeypatch):
     assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
 
 
-@pytest.mark.parametrize("arch, says", [
-    ("aria", r"AriaExperts: experts layout not supported by experts_int8 \(is_transposed=True\)"),
-    ("deepseek_v4", r"DeepseekV4Experts computes a clamped SwiGLU"),  # (the path reads the act_fn alone)
-])
-def test_experts_interface_refuses_experts_it_would_misread(arch, says):
-    model = tiny_model(arch)
+def test_experts_interface_refuses_experts_it_would_misread():
+    model = tiny_model("aria")
     model.set_experts_implementation("experts_int8")
+    says = r"AriaExperts: experts layout not supported by experts_int8 \(is_transposed=True\)"
     with pytest.raises(ValueError, match=r"experts_implementation='experts_int8' on float weights: " + says):
+        with torch.no_grad():
+            model(_inputs(2).cpu())
+
+
+@pytest.mark.parametrize("arch", CLAMPED_NAMES)
+def test_experts_interface_runs_clamped_float_experts(arch, monkeypatch):
+    """A float model whose experts clamp their SwiGLU in their own gate, through experts_implementation=
+    "experts_int8": the kernel computes the clamp the module's gate computes (found once per module, not on every
+    forward), and the model's logits match its own forward's."""
+    model = tiny_model(arch)
+    ours = copy.deepcopy(model)
+    ours.set_experts_implementation("experts_int8")
+    import experts_int8.integrations.transformers as integration
+
+    found = []
+    gating_found = integration._gating_found
+    monkeypatch.setattr(integration, "_gating_found", lambda m: (found.append(m), gating_found(m))[1])
+    x = _inputs(3).cpu()
+    with torch.no_grad():
+        ref = model(x).logits
+        for _ in range(2):
+            torch.testing.assert_close(ours(x).logits, ref, rtol=1e-4, atol=1e-4)
+    modules = [m for _, m in find_experts(ours)]
+    assert len(found) == len(modules) and {id(m) for m in found} == {id(m) for m in modules}
+    assert [m._experts_int8_gating[1] for m in modules] == [_CLAMPED_FORMS[arch]] * len(modules)
+
+
+def test_experts_interface_refuses_an_own_gating_none_of_the_kernels():
+    model = tiny_model("mellum")
+    for _, experts in find_experts(model):
+        experts.limit = 2.0  # the gate below clamps at 7
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
+            gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1].clamp(-7.0, 7.0)})
+    model.set_experts_implementation("experts_int8")
+    with pytest.raises(ValueError, match=r"on float weights: .*computes its own gating"):
         with torch.no_grad():
             model(_inputs(2).cpu())
 
@@ -1755,7 +1787,8 @@ def test_gpu_generation_uses_triton_kernel(arch, int8_models, monkeypatch):
 @pytest.mark.parametrize("arch", CLAMPED_NAMES)
 def test_gpu_clamped_swiglu_experts_through_the_triton_kernel(arch, monkeypatch):
     """The clamped-SwiGLU model types on the GPU (fp32, the kernel's clamps in its epilogue): >= 30 dB per MoE
-    layer against the float model, every experts call through the Triton op."""
+    layer against the float model, every experts call through the Triton op; the float model through
+    experts_implementation="experts_int8" gives its own logits."""
     import experts_int8.ops as ops
 
     calls = []
@@ -1766,8 +1799,14 @@ def test_gpu_clamped_swiglu_experts_through_the_triton_kernel(arch, monkeypatch)
     quality = routing_quality(model, int8_model, _inputs())
     assert min(quality["moe_layer_snr_db_reference_routing"]) >= 30.0, quality
     form = _CLAMPED_FORMS[arch]
-    assert calls and all(c[0] == form["activation"] and c[5:] == (form["swiglu_limit"], form.get("swiglu_alpha"),
-                                                                    form.get("limit_after_act", False)) for c in calls)
+    clamp = (form["swiglu_limit"], form.get("swiglu_alpha"), form.get("limit_after_act", False))
+    assert calls and all(c[0] == form["activation"] and c[5:] == clamp for c in calls)
+    calls.clear()
+    float_kernel = copy.deepcopy(model)
+    float_kernel.set_experts_implementation("experts_int8")
+    with torch.no_grad():
+        torch.testing.assert_close(float_kernel(_inputs()).logits, model(_inputs()).logits, rtol=1e-3, atol=1e-3)
+    assert calls and all(c[0] == form["activation"] and c[5:] == clamp for c in calls)
 
 
 @pytest.mark.gpu

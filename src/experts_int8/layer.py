@@ -322,13 +322,15 @@ class Int8Experts(nn.Module):
 
 
 def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                         top_k_weights: torch.Tensor) -> torch.Tensor:
+                         top_k_weights: torch.Tensor, gating: Optional[dict] = None) -> torch.Tensor:
     """Experts forward for any module with ``gate_up_proj [E, 2I, H]`` (or ``up_proj [E, I, H]`` without a gate)
     and ``down_proj [E, H, I]``.
 
     int8 weights use ``<name>_scale`` / ``down_proj_scale``; float (bf16/fp16/fp32) weights run
-    unquantized through the same kernel. This is also the function registered as transformers'
-    ``experts_implementation="experts_int8"``.
+    unquantized through the same kernel. This is also the function behind transformers'
+    ``experts_implementation="experts_int8"``, which passes ``gating`` (``activation`` and a clamped SwiGLU's
+    options) for a float module that gates in its own way; otherwise an Int8Experts' own, or the activation
+    its ``act_fn`` computes.
     """
     name = w13_name(module)
     if parametrize.is_parametrized(module) and getattr(module, name).dtype == torch.int8:
@@ -344,20 +346,21 @@ def int8_experts_forward(module: nn.Module, hidden_states: torch.Tensor, top_k_i
     s2 = getattr(module, "down_proj_scale", None) if w2.dtype == torch.int8 else None
     if s13 is not None and s13.dtype != torch.float32:  # e.g. after model.to(torch.bfloat16)
         s13, s2 = s13.float(), s2.float()
-    act = getattr(module, "activation", None)
-    if act is None:  # a transformers experts class: what its own act_fn computes
-        act = _activation_cached(module.act_fn)
+    if gating is None:
+        act = getattr(module, "activation", None)
+        if act is None:  # a transformers experts class: what its own act_fn computes
+            act = _activation_cached(module.act_fn)
+        gating = dict(activation=act, **(module.swiglu_options if isinstance(module, Int8Experts) else {}))
     x = hidden_states
     if w13.dtype != torch.int8 and w13.dtype != x.dtype:
         w13, w2 = w13.to(x.dtype), w2.to(x.dtype)
     return fused_experts(
         x.contiguous(), w13, w2, top_k_weights, top_k_index,
-        w13_scale=s13, w2_scale=s2, activation=act,
+        w13_scale=s13, w2_scale=s2,
         expert_map=getattr(module, "expert_map", None),
         global_num_experts=getattr(module, "global_num_experts", None),
         backend=getattr(module, "backend", "auto"),
         w13_bias=getattr(module, f"{name}_bias", None),
         w2_bias=getattr(module, "down_proj_bias", None),
-        # (a transformers module here gates plainly: the experts interface refuses the others)
-        **(module.swiglu_options if isinstance(module, Int8Experts) else {}),
+        **gating,
     )

@@ -536,6 +536,9 @@ def _gating_of(module: nn.Module, layout: str, name: str = "experts") -> dict:
                      f"act(gate) * up, or a clamped SwiGLU whose limit the module holds as `limit` or `swiglu_limit`")
 
 
+_LIMITS, _SLOPES = ("limit", "swiglu_limit"), ("swiglu_alpha", "alpha")  # (a clamped SwiGLU's numbers on its module)
+
+
 def _gating_candidates(module: nn.Module):
     """The kernel's gatings a module with its own ``_apply_gate`` may compute: its act_fn's activation (any, without
     one) plain or clamped at the module's limit (before or after the activation), and swiglu_oai at its limit and
@@ -544,14 +547,14 @@ def _gating_candidates(module: nn.Module):
         activations = [detect_activation(module.act_fn)]
     except (AttributeError, ValueError):  # (HY-V4's and GLM-5-Next's gates call silu themselves)
         activations = [a for a in ACTIVATIONS if a != "swiglu_oai"]
-    limits = _module_numbers(module, "limit", "swiglu_limit")
+    limits = _module_numbers(module, *_LIMITS)
     for activation in activations:
         yield dict(activation=activation)
         for limit in limits:
             yield dict(activation=activation, swiglu_limit=limit)
             yield dict(activation=activation, swiglu_limit=limit, limit_after_act=True)
     for limit in limits:
-        for alpha in _module_numbers(module, "swiglu_alpha", "alpha") or [SWIGLU_OAI_ALPHA]:
+        for alpha in _module_numbers(module, *_SLOPES) or [SWIGLU_OAI_ALPHA]:
             yield dict(activation="swiglu_oai", swiglu_limit=limit, swiglu_alpha=alpha)
 
 
@@ -571,7 +574,7 @@ def _gates_as(module: nn.Module, gate: Callable, options: dict) -> bool:
     activation is fp32 too) agrees; a clamp, an offset or a scale of its own shows."""
     # (fp32 on the CPU by name: transformers builds the model under a meta device and its dtype as the default)
     where = dict(device="cpu", dtype=torch.float32)
-    limits = _module_numbers(module, "limit", "swiglu_limit")
+    limits = _module_numbers(module, *_LIMITS)
     scales = torch.cat([torch.logspace(-3, 4, 8, **where), 2 * torch.tensor(limits, **where)])
     probe = torch.randn(len(scales), 64, generator=torch.Generator().manual_seed(0), **where)
     probe *= scales[:, None]
@@ -1333,18 +1336,33 @@ def quantize_(model: nn.Module, config: Optional[ExpertsInt8Config] = None, **kw
 def _experts_interface_forward(module: nn.Module, hidden_states, top_k_index, top_k_weights):
     """``experts_implementation="experts_int8"``: a float model's experts through the kernel, which reads
     transformers' standard layout as it is (no copy per call): other layouts are refused, not misread."""
+    gating = None
     if not isinstance(module, Int8Experts):
         try:
             _check_flags(type(module).__name__, module, "fused")
-            own_gate = getattr(type(module), "_apply_gate", _default_apply_gate) is not _default_apply_gate
-            if own_gate and len(_gating_of(module, "fused", type(module).__name__)) > 1:
-                raise ValueError(f"{type(module).__name__} computes a clamped SwiGLU (_apply_gate), which this path "
-                                 f"(the module's act_fn alone) does not")
+            if getattr(type(module), "_apply_gate", _default_apply_gate) is not _default_apply_gate:
+                gating = _own_gating(module)
         except ValueError as e:
             raise ValueError(f"experts_implementation='experts_int8' on float weights: {e}. Quantize the model "
                              f"instead (quantization_config=ExpertsInt8Config()): that converts the layout once"
                              ) from None
-    return int8_experts_forward(module, hidden_states, top_k_index, top_k_weights)
+    return int8_experts_forward(module, hidden_states, top_k_index, top_k_weights, gating=gating)
+
+
+def _own_gating(module: nn.Module) -> dict:
+    """The kernel's gating for a module with its own ``_apply_gate`` (a clamped SwiGLU), found by evaluating it once
+    and kept on the module; found again where its limits or act_fn change."""
+    key = (id(getattr(module, "act_fn", None)), _module_numbers(module, *_LIMITS), _module_numbers(module, *_SLOPES))
+    kept = module.__dict__.get("_experts_int8_gating")
+    if kept is None or kept[0] != key:
+        kept = (key, _gating_found(module))
+        module.__dict__["_experts_int8_gating"] = kept
+    return kept[1]
+
+
+@torch.compiler.disable  # (evaluates the module's gate on a probe: once, outside any graph)
+def _gating_found(module: nn.Module) -> dict:
+    return _gating_of(module, "fused", type(module).__name__)
 
 
 def _register() -> None:
