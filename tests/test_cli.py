@@ -2137,10 +2137,11 @@ def test_quantize_refuses_modules_to_not_convert_that_would_go_wrong(bf16_checkp
     assert os.listdir(out) == []
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v4", "minimax_m3_vl_text"])
+@pytest.mark.parametrize("arch", ["deepseek_v4", "minimax_m3_vl_text", "step3p7"])
 def test_quantize_writes_clamped_swiglu_experts_as_loading_does(bf16_checkpoint, tmp_path, arch):
-    """Experts with a clamped SwiGLU of their own (outside the table): the converter's checkpoint reloads to the
-    logits of the same model quantized while loading (the clamp comes from the model's class, not the file)."""
+    """Experts with a clamped SwiGLU of their own: the converter's checkpoint reloads to the logits of the same
+    model quantized while loading (the clamp comes from the model's class, not the file). Step-3.7 stores its
+    experts stacked (moe.gate_proj.weight and moe.up_proj.weight [E, I, H]), which transformers concatenates."""
     from experts_int8.layer import Int8Experts
 
     src = bf16_checkpoint(arch)
@@ -2155,9 +2156,43 @@ def test_quantize_writes_clamped_swiglu_experts_as_loading_does(bf16_checkpoint,
         assert torch.equal(converted(ids).logits, loaded(ids).logits)
 
 
-def test_quantize_names_the_load_and_save_path_for_experts_stored_under_other_names(bf16_checkpoint, tmp_path):
-    """Step-3.7 stores its experts stacked under moe.gate_proj.weight, which transformers renames while loading:
-    the converter does not read them, and says what does."""
+def test_quantize_writes_stacked_experts_as_save_pretrained_does(bf16_checkpoint, tmp_path):
+    """Step-3.7's stacked experts: the converter writes the tensors save_pretrained writes for the model loaded
+    with ExpertsInt8Config (the fused int8 experts under the names transformers gives them), bit for bit."""
+    src = bf16_checkpoint("step3p7")
+    result = invoke("quantize", src, tmp_path / "int8", "--device", "cpu", "--no-progress")
+    assert result.exit_code == 0, result.output
+    auto_class("step3p7").from_pretrained(src, quantization_config=ExpertsInt8Config()).save_pretrained(
+        tmp_path / "saved")
+    converted, saved = (load_file(tmp_path / d / "model.safetensors") for d in ("int8", "saved"))
+    assert any(k.endswith("mlp.experts.gate_up_proj") for k in converted)
+    assert not any(".moe.gate_proj." in k or ".moe.up_proj." in k for k in converted)
+    assert sorted(converted) == sorted(saved)
+    assert all(converted[k].dtype == saved[k].dtype and torch.equal(converted[k], saved[k]) for k in converted)
+
+
+def test_quantize_refuses_stacked_experts_missing_a_half(bf16_checkpoint, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(bf16_checkpoint("step3p7"), src)
+    tensors = load_file(src / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if not k.endswith("layers.1.moe.up_proj.weight")},
+              src / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    os.makedirs(out)
+    result = invoke("quantize", src, out / "int8", "--device", "cpu", "--no-progress")
+    assert_one_line_error(result, "model.layers.1.moe.gate_proj.weight has no model.layers.1.moe.up_proj.weight "
+                          "beside it", "download it again")
+    assert os.listdir(out) == []
+
+
+def test_quantize_names_the_load_and_save_path_for_experts_stored_under_other_names(bf16_checkpoint, tmp_path,
+                                                                                      monkeypatch):
+    """Experts whose model transformers builds from tensors of names the converter does not read (here Step-3.7's
+    stacked ones, the renames and the merge they need taken away): it says what reads them."""
+    import experts_int8.convert as convert
+
+    monkeypatch.setattr(convert, "_experts_merges", lambda config, headers: {})
+    monkeypatch.setattr(convert, "_experts_renames", lambda config: [])
     out = tmp_path / "out"
     os.makedirs(out)
     result = invoke("quantize", bf16_checkpoint("step3p7"), out / "int8", "--device", "cpu", "--no-progress")

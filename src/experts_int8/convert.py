@@ -29,7 +29,8 @@ Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (M
 ``[E, H, 2I]`` with interleaved gate/up columns and ``[E, I, H]``, plus ``..._bias`` tensors, rewritten to
 that layout, the biases in fp32, as loading with ``ExpertsInt8Config`` does). A whole experts tensor that
 transformers renames for the architecture (Granite's ``block_sparse_moe.input_linear.weight``) reads as the
-fused tensor it becomes.
+fused tensor it becomes, and whole experts tensors it concatenates (Step-3.7's stacked ``moe.gate_proj.weight``
+and ``moe.up_proj.weight``) read as the fused ``gate_up_proj`` they make.
 
 ``format="compressed-tensors"`` (:func:`export_compressed_tensors`) writes the same int8 values and
 scales in the compressed-tensors "pack-quantized" W8A16 layout that vLLM loads, one Linear per
@@ -457,8 +458,11 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     headers, key_file, order = _tensor_index(files)
 
     decoders = float_decoders(encoding, headers, text_config(config)) if encoding else {}
-    first = {keys[0]: key for key, (keys, _) in decoders.items()}  # (a decoded tensor takes its first's place)
-    order = [first.get(key, key) for key in order if first.get(key, key) in headers]
+    merges = _experts_merges(config, headers)  # (of the decoded tensors, where a release encodes the parts)
+    for made in (decoders, merges):  # (a tensor made of others takes the first one's place; the others go)
+        first = {keys[0]: key for key, (keys, _) in made.items()}
+        order = [first.get(key, key) for key in order]
+    order = [key for key in order if key in headers]
 
     def load(key: str) -> torch.Tensor:
         # A file open only while one tensor is read: a handle kept open keeps every page read through it
@@ -471,6 +475,9 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
                              f"the conversion began: download it again") from None
 
     def read(key: str) -> torch.Tensor:
+        if key in merges:
+            keys, merge = merges[key]
+            return merge(*(read(k) for k in keys))
         if key in decoders:
             keys, decode = decoders[key]
             return decode(*(load(k) for k in keys))
@@ -486,7 +493,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         layout = _layout(src_dir, config)
         groups = plan_groups(headers, layout or "fused", renames)
     if not groups:
-        # (a model whose experts transformers renames while loading: Step-3.7's stacked moe.gate_proj.weight)
+        # (a model whose experts transformers builds from tensors of other names than these)
         what = (f"; its model has routed experts, stored under names this converter does not read: {_LOAD_AND_SAVE}"
                 if built and layout is not None else "; nothing to quantize")
         raise ValueError(f"{src} ({config.get('model_type', 'unknown model type')}) has no routed MoE experts "
@@ -661,22 +668,74 @@ EXPORT_UNSUPPORTED = {
 }
 
 
+def _conversions(config: dict) -> list:
+    """transformers' checkpoint conversions for this model (its own type's and its text model's: Step-3.7's are
+    its wrapper's); none without transformers."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    except ImportError:
+        return []
+    types = sorted({config.get("model_type"), _model_type(config)} - {None})
+    return [c for model_type in types for c in get_checkpoint_conversion_mapping(model_type) or []]
+
+
 def _experts_renames(config: dict) -> list:
     """transformers' renames of whole experts tensors for this architecture, e.g. Granite's
     ``block_sparse_moe.input_linear.weight`` -> ``block_sparse_moe.experts.gate_up_proj`` (none without
     transformers)."""
     try:
-        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
         from transformers.core_model_loading import WeightRenaming
     except ImportError:
         return []
     renames = []
-    for conversion in get_checkpoint_conversion_mapping(_model_type(config)) or []:
+    for conversion in _conversions(config):
         if isinstance(conversion, WeightRenaming):
             for source, target in zip(conversion.source_patterns, conversion.target_patterns):
                 if FUSED.match("model." + target):  # a whole experts tensor, not a module's rename
                     renames.append((re.compile(source), target))
     return renames
+
+
+def _experts_merges(config: dict, headers: dict) -> dict:
+    """Whole experts tensors transformers concatenates while loading (Step-3.7's stacked ``moe.gate_proj.weight``
+    and ``moe.up_proj.weight`` [E, I, H] into ``mlp.experts.gate_up_proj`` [E, 2I, H]): each fused key -> (its
+    parts' keys, the concatenation), as :func:`releases.float_decoders` gives them. ``headers`` is changed to the
+    fused tensors' (the parts consumed)."""
+    try:
+        from transformers.core_model_loading import Concatenate, WeightConverter
+    except ImportError:
+        return {}
+    merges = {}
+    for conversion in _conversions(config):
+        operations = getattr(conversion, "operations", None) or []
+        if not (isinstance(conversion, WeightConverter) and len(conversion.source_patterns) == 2
+                and len(operations) == 1 and isinstance(operations[0], Concatenate) and operations[0].dim == 1):
+            continue
+        target = conversion.target_patterns[0]
+        sources = [pattern.replace("\\", "") for pattern in conversion.source_patterns]
+        if not FUSED.match("model." + target) or any("*" in source for source in sources):
+            continue  # (not a whole experts tensor; per-expert merges are plan_groups' own)
+        for key in [k for k in headers if k.endswith("." + sources[0])]:
+            base = key[:-len(sources[0])]
+            parts = (key, base + sources[1])
+            if parts[1] not in headers:
+                raise ValueError(f"{key} has no {parts[1]} beside it, which transformers concatenates with it into "
+                                 f"{base + target}: the checkpoint is incomplete; download it again")
+            (d0, s0), (d1, s1) = headers[parts[0]], headers[parts[1]]
+            if d0 != d1 or len(s0) != 3 or tuple(s0) != tuple(s1):
+                raise ValueError(f"{parts[0]} ({d0} {list(s0)}) and {parts[1]} ({d1} {list(s1)}) are not the two "
+                                 f"halves [E, I, H] of {base + target}: the checkpoint is damaged; download it again")
+            merges[base + target] = (parts, _cat_rows)
+    for fused, (parts, _) in merges.items():
+        dtype, shape = headers[parts[0]]
+        for part in parts:
+            del headers[part]
+        headers[fused] = (dtype, (shape[0], 2 * shape[1], shape[2]))
+    return merges
+
+
+def _cat_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.cat([gate, up], dim=1)
 
 
 def _loader_expert_names(config: dict) -> Optional[tuple[str, str, str]]:
@@ -685,26 +744,24 @@ def _loader_expert_names(config: dict) -> Optional[tuple[str, str, str]]:
     model's and its text model's); None where it merges none: its checkpoints hold the experts fused, and
     per-expert names would not load."""
     try:
-        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
         from transformers.core_model_loading import WeightConverter
     except ImportError:
         return DEFAULT_EXPORT_NAMES
     names = {}
-    for model_type in sorted({config.get("model_type"), _model_type(config)} - {None}):
-        for conversion in get_checkpoint_conversion_mapping(model_type) or []:
-            if not isinstance(conversion, WeightConverter):
-                continue
-            found = [re.search(r"experts\.\*\.(\w+)\.weight$", pattern.replace("\\", ""))
-                     for pattern in conversion.source_patterns]
-            if not found or not all(found):
-                continue
-            projections, target = [m.group(1) for m in found], conversion.target_patterns[0]
-            if target.endswith("gate_up_proj") and len(projections) == 2:
-                names["gate"], names["up"] = projections
-            elif target.endswith("up_proj") and len(projections) == 1:  # experts without a gate
-                names["up"] = projections[0]
-            elif target.endswith("down_proj") and len(projections) == 1:
-                names["down"] = projections[0]
+    for conversion in _conversions(config):
+        if not isinstance(conversion, WeightConverter):
+            continue
+        found = [re.search(r"experts\.\*\.(\w+)\.weight$", pattern.replace("\\", ""))
+                 for pattern in conversion.source_patterns]
+        if not found or not all(found):
+            continue
+        projections, target = [m.group(1) for m in found], conversion.target_patterns[0]
+        if target.endswith("gate_up_proj") and len(projections) == 2:
+            names["gate"], names["up"] = projections
+        elif target.endswith("up_proj") and len(projections) == 1:  # experts without a gate
+            names["up"] = projections[0]
+        elif target.endswith("down_proj") and len(projections) == 1:
+            names["down"] = projections[0]
     if "up" not in names or "down" not in names:
         return None
     return names.get("gate", DEFAULT_EXPORT_NAMES[0]), names["up"], names["down"]
