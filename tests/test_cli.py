@@ -545,10 +545,8 @@ def _fp8_release(float_dir, out, block, scales="F32"):
     for f in glob.glob(str(out / "*.safetensors")):
         os.remove(f)
     out_state = {}
-    for key, w in state.items():
-        if not FP8_LINEAR.search(key):
-            out_state[key] = w
-            continue
+
+    def encode(w):  # one matrix: its e4m3 values, block scales, and the float they decode to
         (n, k), (bn, bk) = w.shape, block
         q = torch.empty(n, k, dtype=torch.float8_e4m3fn)
         scale = torch.empty(-(-n // bn), -(-k // bk))
@@ -565,6 +563,14 @@ def _fp8_release(float_dir, out, block, scales="F32"):
                 q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (tile / scale[i, j]).to(torch.float8_e4m3fn)
                 decoded[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk] = (
                     q[i * bn:(i + 1) * bn, j * bk:(j + 1) * bk].float() * scale[i, j])
+        return q, scale, decoded
+
+    for key, w in state.items():
+        if not FP8_LINEAR.search(key):
+            out_state[key] = w
+            continue
+        # (stacked experts [E, N, K], Step-3.7's: matrix by matrix)
+        q, scale, decoded = (torch.stack(t) for t in zip(*map(encode, w))) if w.dim() == 3 else encode(w)
         out_state[key] = q
         out_state[f"{key}_scale_inv"] = {
             "F32": scale, "BF16": scale.bfloat16(), "F16": scale.half(),
@@ -599,12 +605,13 @@ def _convert_both(release, float_dir, decoded: dict, tmp_path, *args):
     return tensors(tmp_path / f"int8_{release.name}"), tensors(ref.parent / "int8_decoded")
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
-@pytest.mark.parametrize("fmt", ["native", "compressed-tensors"])
+@pytest.mark.parametrize("arch, fmt", [(arch, fmt) for arch in ("deepseek_v3", "qwen3_moe")
+                                       for fmt in ("native", "compressed-tensors")] + [("step3p7", "native")])
 def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_checkpoint, tmp_path, arch, fmt):
     """An FP8 release with block scales (ragged blocks here) converts to exactly what its decoded float
     checkpoint converts to, in either format: experts int8, its other FP8 weights in the config's bf16, no
-    scale tensors left, our quantization_config; it reloads and runs."""
+    scale tensors left, our quantization_config; it reloads and runs. (Step-3.7: its stacked experts halves
+    decoded, then concatenated.)"""
     fp8 = tmp_path / "fp8"
     decoded = _fp8_release(bf16_checkpoint(arch), fp8, block=(24, 40))
     ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path, "--format", fmt)
