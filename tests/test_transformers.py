@@ -1155,12 +1155,20 @@ def test_clamped_swiglu_experts_quantize_with_their_own_clamp(arch, tmp_path):
     assert max(loose["moe_layer_snr_db_reference_routing"]) < 25.0, loose
 
 
-def test_a_clamp_at_another_limit_than_the_module_holds_is_refused():
+def _mellum_gating_its_own_way(limit: float, clamp_at: Optional[float] = None):
+    """A tiny Mellum whose experts hold ``limit`` and clamp their SwiGLU (before SiLU) at ``clamp_at``, their own
+    limit where None, in an ``_apply_gate`` of their own."""
     model = tiny_model("mellum")
     for _, experts in find_experts(model):
-        experts.limit = 2.0  # the gate below clamps at 7
+        experts.limit = limit
         experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
-            gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1].clamp(-7.0, 7.0)})
+            gate_up.chunk(2, -1)[0].clamp(max=clamp_at or self.limit)) * gate_up.chunk(2, -1)[1].clamp(
+            -(clamp_at or self.limit), clamp_at or self.limit)})
+    return model
+
+
+def test_a_clamp_at_another_limit_than_the_module_holds_is_refused():
+    model = _mellum_gating_its_own_way(limit=2.0, clamp_at=7.0)
     with pytest.raises(ValueError, match="computes its own gating"):
         quantize_(model)
     for _, experts in find_experts(model):
@@ -1180,11 +1188,7 @@ def test_own_gating_outside_the_standard_experts_forward_is_refused():
 
 def test_an_infinite_limit_is_no_clamp():
     """An own gate clamping at an infinite limit (transformers' way of saying no clamp) is the plain SiLU."""
-    model = tiny_model("mellum")
-    for _, experts in find_experts(model):
-        experts.limit = float("inf")
-        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
-            gate_up.chunk(2, -1)[0].clamp(max=self.limit)) * gate_up.chunk(2, -1)[1].clamp(-self.limit, self.limit)})
+    model = _mellum_gating_its_own_way(limit=float("inf"))
     int8_model = quantize_(model)
     assert [(m.activation, m.swiglu_options) for _, m in find_experts(int8_model)] == [("silu", {})] * 2
 
@@ -1192,11 +1196,7 @@ def test_an_infinite_limit_is_no_clamp():
 def test_a_clamp_at_a_limit_past_the_fixed_probe_is_kept():
     """A limit larger than every value of the probe's fixed scales (up to ~3e4) is probed around itself: the clamp
     is kept, not taken for a plain SiLU that only agrees below the limit."""
-    model = tiny_model("mellum")
-    for _, experts in find_experts(model):
-        experts.limit = 1e5
-        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
-            gate_up.chunk(2, -1)[0].clamp(max=self.limit)) * gate_up.chunk(2, -1)[1].clamp(-self.limit, self.limit)})
+    model = _mellum_gating_its_own_way(limit=1e5)
     int8_model = quantize_(model)
     assert [m.swiglu_options for _, m in find_experts(int8_model)] == [dict(swiglu_limit=1e5)] * 2
 
@@ -1247,11 +1247,7 @@ def test_experts_interface_runs_clamped_float_experts(arch, monkeypatch):
 
 
 def test_experts_interface_refuses_an_own_gating_none_of_the_kernels():
-    model = tiny_model("mellum")
-    for _, experts in find_experts(model):
-        experts.limit = 2.0  # the gate below clamps at 7
-        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
-            gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1].clamp(-7.0, 7.0)})
+    model = _mellum_gating_its_own_way(limit=2.0, clamp_at=7.0)
     model.set_experts_implementation("experts_int8")
     with pytest.raises(ValueError, match=r"on float weights: .*computes its own gating"):
         with torch.no_grad():
