@@ -1246,6 +1246,40 @@ def test_experts_interface_runs_clamped_float_experts(arch, monkeypatch):
     assert [m._experts_int8_gating[1] for m in modules] == [_CLAMPED_FORMS[arch]] * len(modules)
 
 
+@pytest.mark.parametrize("arch", ["deepseek_v4", "minimax_m3_vl_text"])
+def test_experts_interface_clamped_float_experts_compile_fullgraph(arch):
+    """A float model with clamped own-gate experts through experts_implementation="experts_int8", compiled with
+    fullgraph=True before any eager call, and again after a limit changes: the gate is evaluated while tracing,
+    not behind a graph break (torch.compiler.disable refused fullgraph=True), and the logits are the model's own."""
+    model = tiny_model(arch)
+    ours = copy.deepcopy(model)
+    ours.set_experts_implementation("experts_int8")
+    compiled = torch.compile(ours.forward, fullgraph=True, backend="eager")
+    x = _inputs(4).cpu()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x).logits, model(x).logits, rtol=1e-4, atol=1e-4)
+        for m in (model, ours):
+            for _, experts in find_experts(m):
+                for name in ("limit", "swiglu_limit"):
+                    if getattr(experts, name, None) is not None:
+                        setattr(experts, name, 0.25)
+        torch.testing.assert_close(compiled(x).logits, model(x).logits, rtol=1e-4, atol=1e-4)
+    assert all(m._experts_int8_gating[1]["swiglu_limit"] == 0.25 for _, m in find_experts(ours))
+
+
+def test_experts_interface_refusal_under_compile_says_what_it_refuses():
+    """The refusal of an own gating none of the kernel's computes keeps its message inside a compiled forward."""
+    model = tiny_model("mellum")
+    for _, experts in find_experts(model):
+        experts.limit = 2.0  # the gate below clamps at 7
+        experts.__class__ = type("OwnGating", (type(experts),), {"_apply_gate": lambda self, gate_up: self.act_fn(
+            gate_up.chunk(2, -1)[0].clamp(max=7.0)) * gate_up.chunk(2, -1)[1].clamp(-7.0, 7.0)})
+    model.set_experts_implementation("experts_int8")
+    with pytest.raises(ValueError, match=r"on float weights: .*computes its own gating"):
+        with torch.no_grad():
+            torch.compile(model.forward, backend="eager")(_inputs(2).cpu())
+
+
 def test_experts_interface_refuses_an_own_gating_none_of_the_kernels():
     model = _mellum_gating_its_own_way(limit=2.0, clamp_at=7.0)
     model.set_experts_implementation("experts_int8")

@@ -1355,14 +1355,23 @@ def _own_gating(module: nn.Module) -> dict:
     key = (id(getattr(module, "act_fn", None)), _module_numbers(module, *_LIMITS), _module_numbers(module, *_SLOPES))
     kept = module.__dict__.get("_experts_int8_gating")
     if kept is None or kept[0] != key:
-        kept = (key, _gating_found(module))
+        found = _gating_found(module)
+        if isinstance(found, str):  # (its refusal, raised here: inside a compiled graph as outside)
+            raise ValueError(found)
+        kept = (key, dict(found))
         module.__dict__["_experts_int8_gating"] = kept
     return kept[1]
 
 
-@torch.compiler.disable  # (evaluates the module's gate on a probe: once, outside any graph)
-def _gating_found(module: nn.Module) -> dict:
-    return _gating_of(module, "fused", type(module).__name__)
+# (evaluates the module's gate on a probe, once: run eagerly while torch.compile traces, its result a constant of
+# the graph, as _activation_cached's is, so that fullgraph=True compiles it; a graph break there is refused)
+@torch.compiler.assume_constant_result
+def _gating_found(module: nn.Module) -> tuple | str:
+    """``_gating_of``'s options as (name, value) pairs, or its refusal's message."""
+    try:
+        return tuple(_gating_of(module, "fused", type(module).__name__).items())
+    except ValueError as e:
+        return str(e)
 
 
 def _register() -> None:
