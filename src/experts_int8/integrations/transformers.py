@@ -1352,7 +1352,8 @@ def _experts_interface_forward(module: nn.Module, hidden_states, top_k_index, to
 def _own_gating(module: nn.Module) -> dict:
     """The kernel's gating for a module with its own ``_apply_gate`` (a clamped SwiGLU), found by evaluating it once
     and kept on the module; found again where its limits or act_fn change."""
-    key = (id(getattr(module, "act_fn", None)), _module_numbers(module, *_LIMITS), _module_numbers(module, *_SLOPES))
+    # (the act_fn itself, not its id: a replaced one freed could lend its id to the next)
+    key = (getattr(module, "act_fn", None), _module_numbers(module, *_LIMITS), _module_numbers(module, *_SLOPES))
     kept = module.__dict__.get("_experts_int8_gating")
     if kept is None or kept[0] != key:
         found = _gating_found(module)
