@@ -842,15 +842,19 @@ def test_layers_without_a_gate_hold_up_rows_only():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gated, activation, biases", [(True, "silu", False), (False, "relu2", False),
-                                                       (True, "swiglu_oai", True)])
-def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases):
+@pytest.mark.parametrize("gated, activation, biases, clamp", [
+    (True, "silu", False, None), (False, "relu2", False, None), (True, "swiglu_oai", True, None),
+    (True, "silu", False, dict(swiglu_limit=0.5, limit_after_act=True)),  # (every candidate checked with it)
+])
+def test_tune_runs_on_gpu(tmp_path, monkeypatch, gated, activation, biases, clamp):
     monkeypatch.setenv("EXPERTS_INT8_CACHE", str(tmp_path))
     settled = []
     monkeypatch.setattr(bench, "settle", settled.append)
     lines = []
     paths = tune.tune(8, 512, 256, 2, dtypes=("int8",), ms=[1, 256], max_candidates=4, reps=2, progress=False,
-                      settle_s=0.5, gated=gated, activation=activation, biases=biases, log=lines.append)
+                      settle_s=0.5, gated=gated, activation=activation, biases=biases, clamp=clamp,
+                      log=lines.append)
+    assert ("clamped at 0.5 after the activation" in lines[0]) == (clamp is not None)
     table = json.loads(paths["int8"].read_text())
     winners = [line for line in lines if "int8 M=" in line]
     assert len(winners) == 2 and "M=1 " in winners[0] and "M=256" in winners[1]
@@ -1083,13 +1087,39 @@ def test_cli_tunes_the_experts_in_their_form(tmp_path, monkeypatch):
         assert r.exit_code == 0, r.output
         assert ("tuning that form" in r.output) == (arch != "mixtral")
     assert calls == [(False, "relu2", False), (True, "swiglu_oai", True), (True, "silu", False)]
+    del calls[:]
     r = _run("tune", "--model-config", str(tmp_path / "gpt_oss"), "--activation", "swiglu_oai", "--biases")
     assert r.exit_code == 0 and calls[-1] == (True, "swiglu_oai", True)
     r = _run("tune", "--model-config", str(tmp_path / "mixtral" / "config.json"), "--activation", "gelu", "--biases")
-    assert r.exit_code == 2 and len(calls) == 4
+    assert r.exit_code == 2 and len(calls) == 1
     assert "--activation gelu (its experts' is silu); --biases (its experts have none)" in r.output
     r = _run("tune", "--model-config", str(tmp_path / "mixtral"), "--no-gate")
-    assert r.exit_code == 2 and "--no-gate (its experts have a gate)" in r.output and len(calls) == 4
+    assert r.exit_code == 2 and "--no-gate (its experts have a gate)" in r.output and len(calls) == 1
+
+
+@pytest.mark.parametrize("arch, says, clamp", [
+    ("deepseek_v4", "clamped at 1", dict(swiglu_limit=1.0)),
+    # (Step-3.7's tiny model: layer 1's experts clamp after the activation at 0.5)
+    ("step3p7", "clamped at 0.5 after the activation", dict(swiglu_limit=0.5, limit_after_act=True)),
+    ("minimax_m3_vl_text", "swiglu_oai, clamped at 1 (slope 1.702)", dict(swiglu_limit=1.0, swiglu_alpha=1.702)),
+])
+def test_cli_tunes_clamped_experts_with_their_clamp(tmp_path, monkeypatch, arch, says, clamp):
+    """A model config whose experts clamp their SwiGLU: the candidates are timed and checked with that clamp."""
+    pytest.importorskip("transformers")
+    from models import tiny_config
+
+    calls = []
+    monkeypatch.setattr(tune, "tune", lambda *a, **k: calls.append(k["clamp"]))
+    tiny_config(arch).save_pretrained(tmp_path / arch)
+    r = _run("tune", "--model-config", str(tmp_path / arch))
+    assert r.exit_code == 0, r.output
+    assert f"the model's experts: {says}: tuning that form" in r.output
+    assert calls == [clamp]
+
+
+def test_tune_checks_the_clamp_before_any_work():
+    with pytest.raises(ValueError, match="swiglu_alpha is swiglu_oai's sigmoid slope"):
+        tune.tune(8, 64, 32, 2, clamp=dict(swiglu_limit=1.0, swiglu_alpha=1.5))
 
 
 def test_cli_model_config_with_per_layer_shapes_says_to_tune_each(tmp_path):

@@ -192,9 +192,13 @@ def check_form(gated: bool, activation: str) -> None:
         raise ValueError(f"activation {activation!r} needs gate and up rows: drop --no-gate or pick another")
 
 
-def form_label(gated: bool, activation: str, biases: bool) -> str:
-    """How the experts' form differs from gated SiLU experts without biases, for logs ('' where it does not)."""
+def form_label(gated: bool, activation: str, biases: bool, clamp: Optional[dict] = None) -> str:
+    """How the experts' form differs from gated SiLU experts without biases, for logs ('' where it does not);
+    ``clamp``: a clamped SwiGLU's options (fused_experts' ``swiglu_limit``, ``swiglu_alpha``, ``limit_after_act``)."""
     parts = ([] if gated else ["without a gate"]) + ([] if activation == "silu" else [activation])
+    if clamp and clamp.get("swiglu_limit") is not None:
+        parts.append(f"clamped at {clamp['swiglu_limit']:g}" + (" after the activation" if clamp.get(
+            "limit_after_act") else "") + (f" (slope {clamp['swiglu_alpha']:g})" if clamp.get("swiglu_alpha") else ""))
     return ", ".join(parts + (["biases"] if biases else []))
 
 
@@ -407,7 +411,8 @@ def routing_draws(m: int, num_experts: int, top_k: int, device="cuda") -> list[t
     return draws
 
 
-def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation: str = "silu") -> Callable[[], None]:
+def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation: str = "silu",
+                 clamp: Optional[dict] = None) -> Callable[[], None]:
     from .ops import fused_experts
 
     def run():
@@ -415,18 +420,19 @@ def _layer_calls(x, layers: Sequence[Layer], routing, num_calls: int, activation
             layer = layers[c % len(layers)]
             weights, ids = routing[c % len(routing)]
             fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale, w2_scale=layer.w2_scale,
-                          activation=activation, w13_bias=layer.w13_bias, w2_bias=layer.w2_bias)
+                          activation=activation, w13_bias=layer.w13_bias, w2_bias=layer.w2_bias, **(clamp or {}))
     return run
 
 
 def time_calls(x, layers, routing, num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,
                use_graph: bool = True, give_up_above_s: float = math.inf, activation: str = "silu",
-               warm_s: float = 0.0) -> tuple[float, str]:
-    """Median seconds per ``fused_experts`` call (with ``activation`` and the layers' biases, if any) and the
-    method (``cuda_graph`` or ``eager``): the ``num_calls`` calls cycle over the layers and, apart, over the
-    routings (:func:`routing_draws`; :func:`time_run`)."""
-    return time_run(_layer_calls(x, layers, routing, num_calls, activation), num_calls, reps=reps, warmup=warmup,
-                    row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s, warm_s=warm_s)
+               warm_s: float = 0.0, clamp: Optional[dict] = None) -> tuple[float, str]:
+    """Median seconds per ``fused_experts`` call (with ``activation``, its ``clamp`` options and the layers'
+    biases, if any) and the method (``cuda_graph`` or ``eager``): the ``num_calls`` calls cycle over the layers
+    and, apart, over the routings (:func:`routing_draws`; :func:`time_run`)."""
+    return time_run(_layer_calls(x, layers, routing, num_calls, activation, clamp), num_calls, reps=reps,
+                    warmup=warmup, row_budget_s=row_budget_s, use_graph=use_graph, give_up_above_s=give_up_above_s,
+                    warm_s=warm_s)
 
 
 def time_run(run: Callable[[], None], num_calls: int, *, reps: int, warmup: int, row_budget_s: float = 1.5,

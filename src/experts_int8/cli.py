@@ -345,6 +345,7 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
         raise click.UsageError("give exactly one of --shape E,H,I,k or --model-config PATH")
     e, h, i, k = parse_shape_option(shape) if shape else shape_from_model_config(model_config)
     form = experts_form(model_config) if model_config else None
+    clamp = form.get("clamp", {}) if form is not None else {}  # (the model's own: no option sets one)
     if form is not None:  # the model's own form; an option against it would time another (for --no-gate, into
         # a table the model never reads; for the others, into the model's own table)
         against = [("--no-gate (its experts have a gate)", no_gate and form["gated"]),
@@ -358,7 +359,7 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
         no_gate = no_gate or not form["gated"]
         activation = activation or form["activation"]
         biases = biases or form["biases"]
-        label = bench.form_label(not no_gate, activation, biases)
+        label = bench.form_label(not no_gate, activation, biases, clamp)
         if label:
             click.echo(f"the model's experts: {label}: tuning that form")
     activation = activation or "silu"
@@ -368,7 +369,7 @@ def tune_command(shape, model_config, tp, dtypes, ms, out_dir, max_candidates, r
     tune(e, h, i // tp, k, dtypes=bench.parse_dtypes([dtypes]),
          ms=bench.parse_int_list([ms]) if ms else DEFAULT_MS, out_dir=out_dir, max_candidates=max_candidates,
          reps=reps, budget_s=budget_s or None, warm_s=warm_s, progress=not no_progress, gated=not no_gate,
-         activation=activation, biases=biases, log=click.echo)
+         activation=activation, biases=biases, clamp=clamp, log=click.echo)
 
 
 # --- demo / quantize / generate -----------------------------------------------------------------

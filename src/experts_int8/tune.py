@@ -47,6 +47,7 @@ import torch
 from .bench import DEFAULT_MS as BENCH_MS
 from .files import check_writable_dir, locked_folder, write_atomic
 from .kernels import configs, fused_moe
+from .reference import clamp_of
 
 logger = logging.getLogger(__name__)
 
@@ -665,9 +666,10 @@ def check_output(got: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2, r
                           f"{row_err:.3g})")
 
 
-def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
-                 calls: Optional[int] = None, warm_s: float = 0.0) -> Callable[[dict, float], float]:
-    """Seconds per ``fused_experts`` call (with ``activation`` and the layers' biases) under a forced config,
+def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu", calls: Optional[int] = None,
+                 warm_s: float = 0.0, clamp: Optional[dict] = None) -> Callable[[dict, float], float]:
+    """Seconds per ``fused_experts`` call (with ``activation``, its ``clamp`` options and the layers' biases)
+    under a forced config,
     timed as the benchmark times it: ``calls`` calls cycling over the layers and the routing draws (the bench's
     :func:`~experts_int8.bench.calls_per_graph`; default one sweep of both) captured in a CUDA graph, replays between
     events. (Eager calls would measure the host at decode sizes, where a call's launches take longer than
@@ -681,7 +683,7 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
     def first_layer(backend: str = "auto") -> torch.Tensor:
         return fused_experts(x, layer.w13, layer.w2, weights, ids, w13_scale=layer.w13_scale,
                              w2_scale=layer.w2_scale, backend=backend, activation=activation,
-                             w13_bias=layer.w13_bias, w2_bias=layer.w2_bias)
+                             w13_bias=layer.w13_bias, w2_bias=layer.w2_bias, **(clamp or {}))
 
     expected = first_layer("torch")
 
@@ -690,7 +692,7 @@ def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu",
         with configs.override_config(cfg):
             seconds, _ = bench.time_calls(x, layers, routing, calls or math.lcm(len(layers), len(routing)),
                                           reps=reps, warmup=1, give_up_above_s=2 * best_s, activation=activation,
-                                          warm_s=warm_s)
+                                          warm_s=warm_s, clamp=clamp)
         return seconds
 
     return measure
@@ -700,11 +702,12 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
          ms: Sequence[int] = DEFAULT_MS, out_dir: Optional[os.PathLike] = None, *, max_candidates: int = 32,
          reps: int = 5, pool_gb: float = 4.0, budget_s: Optional[float] = 300.0, progress: bool = True,
          settle_s: float = 1.0, warm_s: float = 0.0, gated: bool = True, activation: str = "silu",
-         biases: bool = False, log: Callable[[str], None] = print) -> dict[str, Path]:
+         biases: bool = False, clamp: Optional[dict] = None, log: Callable[[str], None] = print) -> dict[str, Path]:
     """Search block configs for experts ``[E, 2I, H]`` / ``[E, H, I]`` with top-k routing on this GPU
     (``gated`` False: experts without a gate, ``[E, I, H]``, into tables of their own: ``...,no_gate.json``),
     timing and checking every candidate with the experts' ``activation`` and, with ``biases``, expert
-    biases (the table is the same: GPT-OSS's clamped SwiGLU with biases tunes E and I's table).
+    biases (the table is the same: GPT-OSS's clamped SwiGLU with biases tunes E and I's table), and ``clamp``,
+    a clamped SwiGLU's options (``fused_experts``' ``swiglu_limit``, ``swiglu_alpha``, ``limit_after_act``).
 
     ``inter`` is the per-rank intermediate size (divide by the tensor-parallel size first). Writes one
     table per weight format into ``out_dir`` (default: the user cache, used automatically by
@@ -724,6 +727,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     from . import bench
 
     bench.check_form(gated, activation)
+    clamp_of(activation, gated=gated, **(clamp or {}))  # (its options checked before any work)
     if not torch.cuda.is_available():
         raise RuntimeError("tuning needs a CUDA GPU, and torch.cuda.is_available() is False")
     bench.check_not_interpreting()
@@ -762,7 +766,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                                       default=configs.get_config(m, num_experts, inter, top_k, DTYPES[d], device,
                                                                  gated))
             for d in dtypes for m in ms}
-    form = bench.form_label(gated, activation, biases)
+    form = bench.form_label(gated, activation, biases, clamp)
     log(f"tuning E={num_experts} H={hidden} I={inter} k={top_k}{', ' + form if form else ''} on {gpu}: "
         f"{', '.join(dtypes)} at M = "
         f"{', '.join(map(str, ms))}; {sum(map(len, plan.values()))} timings, "
@@ -808,7 +812,8 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
                             + pdl_variants(cfg, m, top_k, pdl_ok))
 
                 try:
-                    result = search(plan[(d, m)], _gpu_measure(x, layers, routing, reps, activation, calls, warm_s),
+                    measure = _gpu_measure(x, layers, routing, reps, activation, calls, warm_s, clamp)
+                    result = search(plan[(d, m)], measure,
                                     deadline=deadline, refine=variants, on_more=bar.extend,
                                     on_step=lambda r: bar.step(f"best {r.best_s * 1e6:.1f} us" if r.best
                                                                else "none yet"))

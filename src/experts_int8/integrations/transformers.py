@@ -289,15 +289,19 @@ def dense_linear_names(model_dir, config: dict) -> list[str]:
 
 def experts_form(model_dir, config: dict) -> dict:
     """The form of the routed experts of the model in ``model_dir``, read from its modules on the meta device:
-    ``gated`` (False: ``up_proj`` only), the kernel's ``activation`` and whether they have ``biases``."""
+    ``gated`` (False: ``up_proj`` only), the kernel's ``activation``, whether they have ``biases``, and ``clamp``:
+    a clamped SwiGLU's options (``swiglu_limit``...; those of its first clamped layer where layers differ, as
+    Step-3.7's do; empty for none)."""
     model = _meta_model(model_dir, config)
     experts = [m for _, m in find_experts(model)]
     if not experts:
         raise ValueError("the model has no routed experts transformers' standard modules hold")
     layout = _layout_of(model)
-    return dict(gated=all(getattr(m, "has_gate", True) for m in experts),
-                activation=_gating_of(experts[0], layout)["activation"],
-                biases=any(name.endswith("bias") for m in experts for name, _ in m.named_parameters(recurse=False)))
+    gatings = [_gating_of(m, layout) for m in experts]
+    clamp = next(({k: v for k, v in g.items() if k != "activation"} for g in gatings if len(g) > 1), {})
+    return dict(gated=all(getattr(m, "has_gate", True) for m in experts), activation=gatings[0]["activation"],
+                biases=any(name.endswith("bias") for m in experts for name, _ in m.named_parameters(recurse=False)),
+                clamp=clamp)
 
 
 def layout_from_config(model_dir, config: dict) -> Optional[str]:
