@@ -44,7 +44,7 @@ from typing import Callable, Iterable, Optional, Sequence
 import torch
 
 from .files import atomic_path, check_writable_dir, write_atomic
-from .reference import ACTIVATIONS, GATED_ONLY
+from .reference import ACTIVATIONS, GATED_ONLY, clamp_of
 
 logger = logging.getLogger(__name__)
 
@@ -183,13 +183,14 @@ def add_speedups(rows: list[dict]) -> None:
 
 # --- parsing -----------------------------------------------------------------------------------
 
-def check_form(gated: bool, activation: str) -> None:
-    """The experts' form the bench builds: a known activation, and one that has a form without a gate when
-    the experts have none."""
+def check_form(gated: bool, activation: str, clamp: Optional[dict] = None) -> None:
+    """The experts' form the bench builds: a known activation, one that has a form without a gate when
+    the experts have none, and ``clamp`` options that apply to it (reference.clamp_of)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {activation!r}: use one of {', '.join(ACTIVATIONS)}")
     if not gated and activation in GATED_ONLY:
         raise ValueError(f"activation {activation!r} needs gate and up rows: drop --no-gate or pick another")
+    clamp_of(activation, gated=gated, **(clamp or {}))
 
 
 def form_label(gated: bool, activation: str, biases: bool, clamp: Optional[dict] = None) -> str:

@@ -47,7 +47,6 @@ import torch
 from .bench import DEFAULT_MS as BENCH_MS
 from .files import check_writable_dir, locked_folder, write_atomic
 from .kernels import configs, fused_moe
-from .reference import clamp_of
 
 logger = logging.getLogger(__name__)
 
@@ -669,11 +668,10 @@ def check_output(got: torch.Tensor, expected: torch.Tensor, tol: float = 3e-2, r
 def _gpu_measure(x, layers, routing, reps: int, activation: str = "silu", calls: Optional[int] = None,
                  warm_s: float = 0.0, clamp: Optional[dict] = None) -> Callable[[dict, float], float]:
     """Seconds per ``fused_experts`` call (with ``activation``, its ``clamp`` options and the layers' biases)
-    under a forced config,
-    timed as the benchmark times it: ``calls`` calls cycling over the layers and the routing draws (the bench's
-    :func:`~experts_int8.bench.calls_per_graph`; default one sweep of both) captured in a CUDA graph, replays between
-    events. (Eager calls would measure the host at decode sizes, where a call's launches take longer than
-    its kernels.) ``warm_s``: untimed replays for about that long before the timed ones (the bench's
+    under a forced config, timed as the benchmark times it: ``calls`` calls cycling over the layers and the routing
+    draws (the bench's :func:`~experts_int8.bench.calls_per_graph`; default one sweep of both) captured in a CUDA
+    graph, replays between events. (Eager calls would measure the host at decode sizes, where a call's launches
+    take longer than its kernels.) ``warm_s``: untimed replays for about that long before the timed ones (the bench's
     ``--warm-s``). Each config's output on the first layer is first checked against the torch reference path."""
     from . import bench
     from .ops import fused_experts
@@ -726,8 +724,7 @@ def tune(num_experts: int, hidden: int, inter: int, top_k: int, dtypes: Iterable
     """
     from . import bench
 
-    bench.check_form(gated, activation)
-    clamp_of(activation, gated=gated, **(clamp or {}))  # (its options checked before any work)
+    bench.check_form(gated, activation, clamp)
     if not torch.cuda.is_available():
         raise RuntimeError("tuning needs a CUDA GPU, and torch.cuda.is_available() is False")
     bench.check_not_interpreting()
