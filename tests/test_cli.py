@@ -683,6 +683,106 @@ def test_quantize_reads_an_mxfp4_release_as_transformers_decodes_it(bf16_checkpo
     assert not (tmp_path / "o").exists()
 
 
+V4_FP8 = re.compile(r"\.(w\w*|\w+_proj)\.weight$")  # (DeepSeek-V4's FP8 linears: not the router, norms, embeddings)
+
+
+def _deepseek_v4_release(float_dir, out, block=(8, 32)):
+    """``float_dir``'s DeepSeek-V4 checkpoint in its release's own layout: names without ``model.``
+    (``embed.weight``), routed experts in FP4 (I8 ``[N, K/2]``, two e2m1 codes a byte, low first, and ``.scale``
+    F8_E8M0 ``[N, K/32]``: each group's amax over 6 rounded up to a power of two), the other linears in e4m3 with
+    ``.scale`` F8_E8M0 block factors, ``expert_dtype: fp4`` in config.json. Returns the float state (under the
+    release's names) that transformers' own FP8 decoder makes of it (the converter's reference)."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    shutil.copytree(float_dir, out)
+    for f in glob.glob(str(out / "*.safetensors")):
+        os.remove(f)
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    stored, decoded = {}, {}
+    for key, w in tensors(float_dir).items():
+        key = re.sub(r"^model\.", "", key).replace("embed_tokens.weight", "embed.weight")
+        if ".experts." in key and ".shared_experts." not in key:
+            groups = w.float().unflatten(-1, (-1, 32))  # [N, K/32, 32]
+            exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=2.0 ** -100) / 6))
+            x = groups / torch.exp2(exponent)[..., None]
+            codes = ((x.abs()[..., None] - grid).abs().argmin(-1) + 8 * (x < 0)).flatten(-2)
+            stored[key] = (codes[:, 0::2] | codes[:, 1::2] << 4).to(torch.uint8).view(torch.int8)
+            scale = torch.exp2(exponent).to(torch.float8_e8m0fnu)
+        elif V4_FP8.search(key) and not key.endswith("ffn.gate.weight"):
+            scale = torch.exp2(torch.ceil(torch.log2(_block_amax(w, block).clamp(min=1e-12) / 448)))
+            stored[key] = (w.float() / _per_value(scale, block, w.shape)).to(torch.float8_e4m3fn)
+            scale = scale.to(torch.float8_e8m0fnu)
+        else:
+            stored[key] = decoded[key] = w
+            continue
+        stored[f"{key.removesuffix('.weight')}.scale"] = scale
+        decoded[key] = Fp8Dequantize(None)._dequantize_one(stored[key], scale, output_dtype=w.dtype)
+        assert decoded[key].shape == w.shape and (decoded[key].float() - w.float()).abs().max() > 0, key
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "scale_fmt": "ue8m0", "weight_block_size": list(block)}
+    config["expert_dtype"] = "fp4"
+    (out / "config.json").write_text(json.dumps(config))
+    return decoded
+
+
+def _block_amax(w, block):
+    (n, k), (bn, bk) = w.shape, block
+    padded = torch.zeros(-(-n // bn) * bn, -(-k // bk) * bk)
+    padded[:n, :k] = w.float().abs()
+    return padded.unflatten(1, (-1, bk)).unflatten(0, (-1, bn)).amax(dim=(1, 3))
+
+
+def _per_value(scale, block, shape):
+    return scale.float().repeat_interleave(block[0], 0)[:shape[0]].repeat_interleave(block[1], 1)[:, :shape[1]]
+
+
+def test_quantize_reads_deepseek_v4s_release_layout(bf16_checkpoint, tmp_path):
+    """DeepSeek-V4's release (its own tensor names, FP4 routed experts with per-32 factors, FP8 linears with
+    ``.scale`` block factors) converts to exactly what the float checkpoint transformers decodes from it converts
+    to; the result reloads (no ``expert_dtype`` left to fold into our quantization_config) to the logits of that
+    float checkpoint quantized while loading."""
+    release = tmp_path / "v4"
+    decoded = _deepseek_v4_release(bf16_checkpoint("deepseek_v4"), release)
+    assert {str(v.dtype) for k, v in tensors(release).items() if ".experts." in k and ".shared_" not in k} == {
+        "torch.int8", "torch.float8_e8m0fnu"}
+    ours, theirs = _convert_both(release, bf16_checkpoint("deepseek_v4"), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(".scale") for k in ours)
+    assert any(k.endswith("ffn.experts.gate_up_proj") for k in ours)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    config = json.loads((tmp_path / "int8_v4" / "config.json").read_text())
+    assert "expert_dtype" not in config and config["quantization_config"]["quant_method"] == "experts_int8"
+    converted = auto_class("deepseek_v4").from_pretrained(tmp_path / "int8_v4", dtype=torch.float32)
+    loaded = auto_class("deepseek_v4").from_pretrained(tmp_path / "decoded", dtype=torch.float32,
+                                                      quantization_config=ExpertsInt8Config())
+    ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(converted(ids).logits, loaded(ids).logits)
+
+
+def test_fp4_rows_decode_as_transformers_decodes_them():
+    """FP4 codes (low nibble first) with UE8M0 factors per 32 values of a row, stored as F8_E8M0 or as exponent
+    bytes, decode matrix by matrix to what transformers' FP8 loader makes of them."""
+    from transformers.integrations.finegrained_fp8 import Fp8Dequantize
+
+    from experts_int8.releases import dequantize_fp4_rows
+
+    packed = torch.randint(-128, 128, (3, 8, 48), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    exponents = torch.randint(110, 140, (3, 8, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    for scales in (exponents, exponents.view(torch.float8_e8m0fnu)):
+        got = dequantize_fp4_rows(packed, scales, dtype=torch.bfloat16)
+        assert got.shape == (3, 8, 96)
+        for e in range(3):
+            want = Fp8Dequantize(None)._dequantize_one(packed[e], exponents[e], output_dtype=torch.bfloat16)
+            assert torch.equal(got[e], want)
+    # (a byte's low nibble first: 0x21 holds 0.5 then 1.0, 0x7F holds -6 then 6; exponent byte 128 doubles them)
+    two = dequantize_fp4_rows(torch.tensor([[0x21, 0x7F]], dtype=torch.uint8).view(torch.int8),
+                              torch.tensor([[128]], dtype=torch.uint8), dtype=torch.float32)
+    assert two.tolist() == [[1.0, 2.0, -12.0, 12.0]]
+
+
 def test_fp8_fused_experts_decode_matrix_by_matrix():
     """A fused FP8 experts tensor [E, N, K] decodes as its matrices do one by one (ragged edge blocks too), and
     stays within float32 temporaries of one matrix."""
@@ -736,8 +836,8 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
                                                       st[f"{key}_scale_inv"][:, :1].contiguous()),
                             f"{key}_scale_inv is F32"),
                            (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale",
-                                                      st.pop(f"{key}_scale_inv")),
-                            "the native layout of DeepSeek-V4's releases")):
+                                                      st[f"{key}_scale_inv"].clone()),
+                            f"{key.removesuffix('.weight')}.scale belongs to no fp8 weight")):
         bad = dict(state)
         broken(bad)
         save_file(bad, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
@@ -1779,6 +1879,18 @@ def test_release_decoders_refuse_what_they_cannot_read():
     headers = {"e.down_proj_blocks": ("U8", (2, 4, 3, 16)), "e.down_proj_scales": ("U8", (2, 4, 3))}
     assert set(float_decoders(mxfp4, headers, {"dtype": "float16"})) == {"e.down_proj"}
     assert headers == {"e.down_proj": ("F16", (2, 96, 4))}
+    fp8 = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    with pytest.raises(ValueError, match=r"e.w1.scale is F8_E8M0 \[4, 2\], not the \[4, 1\] scales .* that FP4 "
+                                         r"\(I8, two values a byte\) \[4, 8\] in groups of 32 values a row needs"):
+        float_decoders(fp8, {"e.w1.weight": ("I8", (4, 8)), "e.w1.scale": ("F8_E8M0", (4, 2))}, {})
+    with pytest.raises(ValueError, match=r"a.weight is F8_E4M3 without its block scales a.weight_scale_inv \(or "
+                                         r"a.scale\)"):
+        float_decoders(fp8, {"a.weight": ("F8_E4M3", (4, 8))}, {})
+    # (FP4 beside its factors; an int8 tensor without any, and a .scale that is no weight's, left as they are)
+    headers = {"e.w1.weight": ("I8", (4, 24)), "e.w1.scale": ("F8_E8M0", (4, 2)), "ids": ("I8", (3,)),
+               "norm.scale": ("BF16", (8,))}
+    assert set(float_decoders(fp8, headers, {})) == {"e.w1.weight"}
+    assert headers == {"e.w1.weight": ("BF16", (4, 48)), "ids": ("I8", (3,)), "norm.scale": ("BF16", (8,))}
 
 
 def test_checkpoint_kind_offers_conversion_only_for_a_release_it_reads():

@@ -1076,6 +1076,8 @@ def _copy_side_files(src_dir: Path, out_dir: Path, config: dict, quant_config: d
         shutil.copy2(f, out_dir / f.name)
     config = dict(config)
     config["quantization_config"] = quant_config
+    # (DeepSeek-V4's release names its experts' FP4 encoding here; transformers would fold it into ours)
+    config.pop("expert_dtype", None)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

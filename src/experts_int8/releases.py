@@ -5,6 +5,9 @@ Two encodings cover the large MoE releases that ship no float weights:
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
   ``[..., ceil(N/bn), ceil(K/bk)]``, one factor per block of rows and columns; the weight is their product.
+  DeepSeek-V4's releases keep the factors in ``<name>.scale`` instead, and store the routed experts in FP4:
+  an I8 ``<name>.weight`` ``[..., N, K/2]`` (two e2m1 codes a byte, low nibble first) beside ``<name>.scale``
+  ``[..., N, K/32]``, one factor per 32 values of a row (UE8M0 powers of two).
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
@@ -24,6 +27,8 @@ FP8_DTYPES = ("F8_E4M3", "F8_E5M2")
 FP8_SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0", "U8")  # (the last two: UE8M0 powers of two)
 # e2m1's sixteen codes: sign bit, two exponent bits, one mantissa bit
 MXFP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+FP4_PACKED_DTYPE = "I8"  # (an FP8 release's FP4 weights: two e2m1 codes a byte, in int8 as transformers reads them)
+FP4_GROUP = 32  # values of a row that share one factor
 FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
                 "float32": (torch.float32, "F32")}
 
@@ -63,6 +68,23 @@ def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dt
     return out
 
 
+def dequantize_fp4_rows(packed: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
+    """FP4 ``packed`` (int8 ``[..., N, K/2]``, two e2m1 codes a byte, low nibble first) times its factors ``scales``
+    ``[..., N, K/32]`` (UE8M0 powers of two: F8_E8M0, or their exponent bytes as uint8; or floats), one per 32
+    values of a row -> ``[..., N, K]`` in ``dtype``, one ``[N, K]`` matrix at a time."""
+    n, half = packed.shape[-2:]
+    if scales.dtype == torch.uint8:
+        scales = scales.view(torch.float8_e8m0fnu)
+    lut = torch.tensor(MXFP4_VALUES)
+    out = torch.empty(*packed.shape[:-1], 2 * half, dtype=dtype)
+    for o, q, s in zip(out.view(-1, n, 2 * half), packed.reshape(-1, n, half),
+                       scales.reshape(-1, *scales.shape[-2:])):
+        codes = q.view(torch.uint8)
+        values = lut[torch.stack((codes & 15, codes >> 4), dim=-1).long()].flatten(-2)  # [N, K]: low nibble first
+        o.copy_(values * s.float().repeat_interleave(FP4_GROUP, 1)[:, :2 * half])
+    return out
+
+
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
     """MXFP4 ``blocks`` ``[E, N, G, 16]`` and ``scales`` ``[E, N, G]`` -> ``[E, 32 G, N]`` in ``dtype``, one
     expert at a time (the codes of a whole tensor as indices would take 16 bytes a value)."""
@@ -87,23 +109,29 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
     if qc["quant_method"] == "fp8":
         block = tuple(qc["weight_block_size"])
         for key, (stored, shape) in headers.items():
-            if stored not in FP8_DTYPES:
+            if stored not in FP8_DTYPES and stored != FP4_PACKED_DTYPE:
                 continue
-            scale = f"{key}_scale_inv"
-            if scale not in headers and f"{key.removesuffix('.weight')}.scale" in headers:
-                raise ValueError(f"{key} is {stored} with its scales in {key.removesuffix('.weight')}.scale: the "
-                                 f"native layout of DeepSeek-V4's releases, which the converter does not read; "
-                                 f"convert a float or transformers-layout checkpoint instead")
-            if scale not in headers:
-                raise ValueError(f"{key} is {stored} without its block scales {scale}; the FP8 checkpoint is "
-                                 f"incomplete: download it again")
-            want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
+            scale = _fp8_scale_key(key, headers)
+            if scale is None and stored == FP4_PACKED_DTYPE:
+                continue  # (an int8 tensor without factors: not an encoded weight)
+            if scale is None:
+                raise ValueError(f"{key} is {stored} without its block scales {key}_scale_inv (or "
+                                 f"{key.removesuffix('.weight')}.scale); the FP8 checkpoint is incomplete: download "
+                                 f"it again")
+            if stored == FP4_PACKED_DTYPE:  # (DeepSeek-V4's routed experts)
+                width = 2 * shape[-1] if shape else 0
+                want, what = (*shape[:-1], -(-width // FP4_GROUP)), f"in groups of {FP4_GROUP} values a row"
+                decode, shapes[key] = partial(dequantize_fp4_rows, dtype=dtype), (*shape[:-1], width)
+                stored = "FP4 (I8, two values a byte)"
+            else:
+                want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
+                what = f"in blocks of {list(block)}"
+                decode, shapes[key] = partial(dequantize_fp8_blocks, block=block, dtype=dtype), tuple(shape)
             if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in FP8_SCALE_DTYPES:
                 raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
                                  f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {stored} {list(shape)} "
-                                 f"in blocks of {list(block)} needs")
-            decoders[key] = ((key, scale), partial(dequantize_fp8_blocks, block=block, dtype=dtype))
-            shapes[key] = tuple(shape)
+                                 f"{what} needs")
+            decoders[key] = ((key, scale), decode)
     else:
         for key, (stored, shape) in headers.items():
             if not key.endswith("_blocks"):
@@ -118,7 +146,9 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
             decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
             shapes[base] = (shape[0], 32 * shape[2], shape[1])
     consumed = {k for keys, _ in decoders.values() for k in keys}
-    stray = sorted(k for k in headers if k.endswith(("_scale_inv", "_scales", "_blocks")) and k not in consumed)
+    # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters)
+    stray = sorted(k for k in headers if k not in consumed and (k.endswith(("_scale_inv", "_scales", "_blocks")) or (
+        k.endswith(".scale") and f"{k.removesuffix('.scale')}.weight" in headers)))
     if stray:
         raise ValueError(f"{stray[0]} belongs to no {qc['quant_method']} weight of the checkpoint; it is "
                          f"incomplete or not what its config.json says")
@@ -126,3 +156,12 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
         del headers[k]
     headers.update({key: (dtype_name, shape) for key, shape in shapes.items()})
     return decoders
+
+
+def _fp8_scale_key(key: str, headers: dict) -> Optional[str]:
+    """The factors of an FP8 release's weight ``key``: ``<key>_scale_inv`` (DeepSeek-V3's layout, which
+    transformers reads) or ``<name>.scale`` (DeepSeek-V4's); None where the checkpoint has neither."""
+    for scale in (f"{key}_scale_inv", f"{key.removesuffix('.weight')}.scale"):
+        if scale in headers and scale != key:
+            return scale
+    return None
