@@ -690,7 +690,7 @@ def _deepseek_v4_release(float_dir, out, block=(8, 32)):
     """``float_dir``'s DeepSeek-V4 checkpoint in its release's own layout: names without ``model.``
     (``embed.weight``), routed experts in FP4 (I8 ``[N, K/2]``, two e2m1 codes a byte, low first, and ``.scale``
     F8_E8M0 ``[N, K/32]``: each group's amax over 6 rounded up to a power of two), the other linears in e4m3 with
-    ``.scale`` F8_E8M0 block factors, ``expert_dtype: fp4`` in config.json. Returns the float state (under the
+    ``.scale`` F8_E8M0 block factors, a draft block under ``mtp.0``, ``expert_dtype: fp4`` in config.json. Returns the float state (under the
     release's names) that transformers' own FP8 decoder makes of it (the converter's reference)."""
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
@@ -698,8 +698,11 @@ def _deepseek_v4_release(float_dir, out, block=(8, 32)):
     for f in glob.glob(str(out / "*.safetensors")):
         os.remove(f)
     grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
-    stored, decoded = {}, {}
-    for key, w in tensors(float_dir).items():
+    stored, decoded, state = {}, {}, tensors(float_dir)
+    # (and a draft block as the release's: transformers' model skips it, the converter quantizes its experts too)
+    state.update({k.replace("model.layers.1.", "mtp.0."): w.clone() for k, w in state.items() if ".layers.1.ffn." in k})
+    state["mtp.0.e_proj.weight"] = torch.randn(64, 128, generator=torch.Generator().manual_seed(0)).bfloat16()
+    for key, w in state.items():
         key = re.sub(r"^model\.", "", key).replace("embed_tokens.weight", "embed.weight")
         if ".experts." in key and ".shared_experts." not in key:
             groups = w.float().unflatten(-1, (-1, 32))  # [N, K/32, 32]
@@ -749,7 +752,7 @@ def test_quantize_reads_deepseek_v4s_release_layout(bf16_checkpoint, tmp_path):
         "torch.int8", "torch.float8_e8m0fnu"}
     ours, theirs = _convert_both(release, bf16_checkpoint("deepseek_v4"), decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith(".scale") for k in ours)
-    assert any(k.endswith("ffn.experts.gate_up_proj") for k in ours)
+    assert {"layers.1.ffn.experts.gate_up_proj", "mtp.0.ffn.experts.gate_up_proj"} <= set(ours)
     for key in ours:
         assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
     config = json.loads((tmp_path / "int8_v4" / "config.json").read_text())

@@ -1452,7 +1452,9 @@ def test_int8_load_keeps_the_models_keep_in_fp32_tensors_in_fp32(arch, tmp_path)
 
 def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
     """A model's name is found under the checkpoint's own module names by its layer indices and last two parts;
-    two candidates (another stack's layer 0) are ambiguous: none is taken, rather than either one's tensor."""
+    of two candidates (another stack's layer 0, as DeepSeek-V4's draft block mtp.0 beside layers.0) the one
+    sharing the most words with the name is taken; two that share as many are ambiguous: none is taken, rather
+    than either one's tensor."""
     from experts_int8.checkpoint import CheckpointKeys, check_int8_checkpoint
 
     name = "model.layers.0.mlp.experts.down_proj"
@@ -1460,9 +1462,11 @@ def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
     assert one.find(name) == "model.layers.0.block_sparse_moe.experts.down_proj"
     assert one.find("model.layers.1.mlp.experts.down_proj") == "model.layers.1.mlp.experts.down_proj"
     assert one.find("model.layers.2.mlp.experts.down_proj") is None
-    two = CheckpointKeys(["model.layers.0.block_sparse_moe.experts.down_proj", "mtp.layers.0.moe.experts.down_proj"])
+    draft = CheckpointKeys(["layers.0.ffn.experts.down_proj", "mtp.0.ffn.experts.down_proj"])
+    assert draft.find(name) == "layers.0.ffn.experts.down_proj"
+    two = CheckpointKeys(["text.layers.0.moe.experts.down_proj", "mtp.layers.0.moe.experts.down_proj"])
     assert two.find(name) is None
-    headers = {"model.layers.0.block_sparse_moe.experts.down_proj": ("I8", (2, 4, 3)),
+    headers = {"text.layers.0.moe.experts.down_proj": ("I8", (2, 4, 3)),
                "mtp.layers.0.moe.experts.down_proj": ("I8", (2, 4, 3))}
     with pytest.raises(ValueError, match=re.escape(f"{name}: not found in the checkpoint (expected I8 [2, 4, 3])")):
         check_int8_checkpoint(headers, {name: ("I8", (2, 4, 3))})

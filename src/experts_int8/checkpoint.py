@@ -37,7 +37,7 @@ def _signature(name: str) -> tuple:
 class CheckpointKeys:
     """Finds the checkpoint key of an in-memory tensor name: the name itself, or the one key with its
     layer indices and last two parts (``save_pretrained`` may write a model's renamed modules under their
-    original names)."""
+    original names); of several such keys, the one that shares the most words with the name."""
 
     def __init__(self, keys: Iterable[str]):
         self.keys = set(keys)
@@ -49,6 +49,10 @@ class CheckpointKeys:
         if name in self.keys:
             return name
         candidates = self.by_signature.get(_signature(name), [])
+        if len(candidates) > 1:  # (DeepSeek-V4's layers.0 and its draft block mtp.0: the one sharing most words)
+            words = set(name.split("."))
+            shared = [len(words & set(key.split("."))) for key in candidates]
+            candidates = [key for key, n in zip(candidates, shared) if n == max(shared)]
         return candidates[0] if len(candidates) == 1 else None
 
 
