@@ -780,6 +780,10 @@ def test_fp4_rows_decode_as_transformers_decodes_them():
         for e in range(3):
             want = Fp8Dequantize(None)._dequantize_one(packed[e], exponents[e], output_dtype=torch.bfloat16)
             assert torch.equal(got[e], want)
+    # (rows of 40 values: a last group of 8 takes its own factor)
+    ragged = dequantize_fp4_rows(packed[0, :, :20], exponents[0, :, :2], dtype=torch.float32)
+    full = Fp8Dequantize(None)._dequantize_one(packed[0], exponents[0], output_dtype=torch.float32)
+    assert ragged.shape == (8, 40) and torch.equal(ragged, full[:, :40])
     # (a byte's low nibble first: 0x21 holds 0.5 then 1.0, 0x7F holds -6 then 6; exponent byte 128 doubles them)
     two = dequantize_fp4_rows(torch.tensor([[0x21, 0x7F]], dtype=torch.uint8).view(torch.int8),
                               torch.tensor([[128]], dtype=torch.uint8), dtype=torch.float32)
