@@ -591,16 +591,16 @@ def _fp8_release(float_dir, out, block, scales="F32"):
     return {**state, **encoded}
 
 
-def _convert_both(release, float_dir, decoded: dict, tmp_path, *args):
+def _convert_both(release, float_dir, decoded: dict, tmp_path, *args, device="cpu"):
     """Convert ``release`` and the float checkpoint it encodes (``float_dir``'s files with the ``decoded``
-    weights) alike; returns the two results' tensors."""
+    weights) alike on ``device``; returns the two results' tensors."""
     ref = tmp_path / "decoded"
     shutil.copytree(float_dir, ref)
     for f in glob.glob(str(ref / "*.safetensors")):
         os.remove(f)
     save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
     for src in (release, ref):
-        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", "cpu", "--no-progress", *args)
+        result = invoke("quantize", src, tmp_path / f"int8_{src.name}", "--device", device, "--no-progress", *args)
         assert result.exit_code == 0, result.output
     return tensors(tmp_path / f"int8_{release.name}"), tensors(ref.parent / "int8_decoded")
 
@@ -763,6 +763,22 @@ def test_quantize_reads_deepseek_v4s_release_layout(bf16_checkpoint, tmp_path):
     ids = torch.randint(3, 96, (2, 11), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(converted(ids).logits, loaded(ids).logits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("release", ["deepseek_v4", "fp8", "mxfp4"])
+def test_releases_decode_on_the_gpu_to_the_cpus_values(bf16_checkpoint, tmp_path, release):
+    """With --device cuda a release's weights decode on the GPU: the output equals what its decoded float
+    checkpoint converts to there, as on the CPU (exact products, one rounding)."""
+    arch = {"deepseek_v4": "deepseek_v4", "fp8": "deepseek_v3", "mxfp4": "gpt_oss"}[release]
+    src = tmp_path / release
+    make = {"deepseek_v4": _deepseek_v4_release, "mxfp4": _mxfp4_release,
+            "fp8": lambda f, o: _fp8_release(f, o, block=(16, 24), scales="U8")}[release]
+    decoded = make(bf16_checkpoint(arch), src)
+    ours, theirs = _convert_both(src, bf16_checkpoint(arch), decoded, tmp_path, device="cuda")
+    assert set(ours) == set(theirs)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
 
 
 def test_fp4_rows_decode_as_transformers_decodes_them():

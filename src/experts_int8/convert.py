@@ -354,7 +354,7 @@ class _Writer:
         size = tensor.numel() * tensor.element_size()
         if self.buffer and self.buffered + size > self.max_bytes:
             self.flush()
-        self.buffer[name] = tensor.contiguous()
+        self.buffer[name] = tensor.contiguous().cpu()  # (a tensor decoded on the device: held here, not there)
         self.buffered += size
         self.total += size
 
@@ -478,9 +478,9 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
         if key in merges:
             keys, merge = merges[key]
             return merge(*(read(k) for k in keys))
-        if key in decoders:
+        if key in decoders:  # (on the conversion's device: a release's every weight decodes, most of the work)
             keys, decode = decoders[key]
-            return decode(*(load(k) for k in keys))
+            return decode(*(load(k).to(device) for k in keys))
         return load(key)
 
     if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:

@@ -13,7 +13,8 @@ Two encodings cover the large MoE releases that ship no float weights:
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
 
 Each decodes in float32 and is rounded to the config's dtype (as transformers' own decoders do: MXFP4's values
-are exact in float32, FP8's products with float32 scales are rounded there first).
+are exact in float32, FP8's products with float32 scales are rounded there first), on the device its stored
+tensors are on (exact products and one rounding: the same values on a GPU as on the CPU).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dt
     n, k = w.shape[-2:]
     if scale_inv.dtype == torch.uint8:
         scale_inv = scale_inv.view(torch.float8_e8m0fnu)
-    out = torch.empty(w.shape, dtype=dtype)
+    out = torch.empty(w.shape, dtype=dtype, device=w.device)
     for o, q, s in zip(out.view(-1, n, k), w.reshape(-1, n, k), scale_inv.reshape(-1, *scale_inv.shape[-2:])):
         factors = s.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
         o.copy_(q.float() * factors)
@@ -75,9 +76,9 @@ def dequantize_fp4_rows(packed: torch.Tensor, scales: torch.Tensor, *, dtype) ->
     n, half = packed.shape[-2:]
     if scales.dtype == torch.uint8:
         scales = scales.view(torch.float8_e8m0fnu)
-    lut = torch.tensor(MXFP4_VALUES)
+    lut = torch.tensor(MXFP4_VALUES, device=packed.device)
     pairs = torch.stack((lut.repeat(16), lut.repeat_interleave(16)), dim=-1)  # byte -> (low, high) values
-    out = torch.empty(*packed.shape[:-1], 2 * half, dtype=dtype)
+    out = torch.empty(*packed.shape[:-1], 2 * half, dtype=dtype, device=packed.device)
     for o, q, s in zip(out.view(-1, n, 2 * half), packed.reshape(-1, n, half),
                        scales.reshape(-1, *scales.shape[-2:])):
         values = pairs[q.view(torch.uint8).int()].view(n, 2 * half)
@@ -92,8 +93,8 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> to
     """MXFP4 ``blocks`` ``[E, N, G, 16]`` and ``scales`` ``[E, N, G]`` -> ``[E, 32 G, N]`` in ``dtype``, one
     expert at a time (the codes of a whole tensor as indices would take 16 bytes a value)."""
     e, n, g, _ = blocks.shape
-    lut = torch.tensor(MXFP4_VALUES)
-    out = torch.empty(e, 32 * g, n, dtype=dtype)
+    lut = torch.tensor(MXFP4_VALUES, device=blocks.device)
+    out = torch.empty(e, 32 * g, n, dtype=dtype, device=blocks.device)
     for x in range(e):
         codes = torch.stack((blocks[x] & 15, blocks[x] >> 4), dim=-1).long()  # [N, G, 16, 2]: low nibble first
         values = torch.ldexp(lut[codes].flatten(-2), scales[x].long().sub(127)[..., None])  # [N, G, 32]
