@@ -765,6 +765,21 @@ def test_quantize_reads_deepseek_v4s_release_layout(bf16_checkpoint, tmp_path):
         assert torch.equal(converted(ids).logits, loaded(ids).logits)
 
 
+def test_a_deepseek_v4_release_missing_an_fp4_weights_factors_is_refused_by_name(bf16_checkpoint, tmp_path):
+    """An FP4 weight (I8) whose ``.scale`` is missing is named as one without its factors, before any work: it was
+    taken for a float checkpoint's int8 tensor (an expert: "is this checkpoint already quantized?"; any other
+    weight: copied as int8 codes, which a load reads as numbers)."""
+    release = tmp_path / "v4"
+    _deepseek_v4_release(bf16_checkpoint("deepseek_v4"), release)
+    state = load_file(release / "model.safetensors")
+    del state["layers.1.ffn.experts.3.w2.scale"]
+    save_file(state, str(release / "model.safetensors"), metadata={"format": "pt"})
+    assert_one_line_error(invoke("quantize", release, tmp_path / "o", "--no-progress"),
+                          "layers.1.ffn.experts.3.w2.weight is I8 without its block scales",
+                          "layers.1.ffn.experts.3.w2.scale", "incomplete")
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("release", ["deepseek_v4", "fp8", "mxfp4"])
 def test_releases_decode_on_the_gpu_to_the_cpus_values(bf16_checkpoint, tmp_path, release):
@@ -1909,6 +1924,9 @@ def test_release_decoders_refuse_what_they_cannot_read():
     with pytest.raises(ValueError, match=r"a.weight is F8_E4M3 without its block scales a.weight_scale_inv \(or "
                                          r"a.scale\)"):
         float_decoders(fp8, {"a.weight": ("F8_E4M3", (4, 8))}, {})
+    with pytest.raises(ValueError, match=r"e.w2.weight is I8 without its block scales e.w2.weight_scale_inv \(or "
+                                         r"e.w2.scale\)"):  # (an FP4 weight without its factors, not int8 values)
+        float_decoders(fp8, {"e.w2.weight": ("I8", (4, 8))}, {})
     # (FP4 beside its factors; an int8 tensor without any, and a .scale that is no weight's, left as they are)
     headers = {"e.w1.weight": ("I8", (4, 24)), "e.w1.scale": ("F8_E8M0", (4, 2)), "ids": ("I8", (3,)),
                "norm.scale": ("BF16", (8,))}

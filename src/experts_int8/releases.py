@@ -116,8 +116,9 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
             if stored not in FP8_DTYPES and stored != FP4_PACKED_DTYPE:
                 continue
             scale = _fp8_scale_key(key, headers)
-            if scale is None and stored == FP4_PACKED_DTYPE:
-                continue  # (an int8 tensor without factors: not an encoded weight)
+            if scale is None and stored == FP4_PACKED_DTYPE and not key.endswith(".weight"):
+                continue  # (an int8 tensor without factors, not a weight: not an encoded one; an I8 weight without
+                # them is FP4 missing its factors, which as int8 became an "already quantized" expert or int8 codes)
             if scale is None:
                 raise ValueError(f"{key} is {stored} without its block scales {key}_scale_inv (or "
                                  f"{key.removesuffix('.weight')}.scale); the FP8 checkpoint is incomplete: download "
