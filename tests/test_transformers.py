@@ -1452,9 +1452,9 @@ def test_int8_load_keeps_the_models_keep_in_fp32_tensors_in_fp32(arch, tmp_path)
 
 def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
     """A model's name is found under the checkpoint's own module names by its layer indices and last two parts;
-    of two candidates (another stack's layer 0, as DeepSeek-V4's draft block mtp.0 beside layers.0) the one
-    sharing the most words with the name is taken; two that share as many are ambiguous: none is taken, rather
-    than either one's tensor."""
+    of two candidates (another stack's layer 0, as DeepSeek-V4's draft block mtp.0 beside layers.0) the one whose
+    stack is the name's up to a base prefix is taken, else the one sharing the most words with the name; two that
+    share as many are ambiguous: none is taken, rather than either one's tensor."""
     from experts_int8.checkpoint import CheckpointKeys, check_int8_checkpoint
 
     name = "model.layers.0.mlp.experts.down_proj"
@@ -1464,6 +1464,10 @@ def test_checkpoint_keys_find_a_renamed_key_only_when_one_matches():
     assert one.find("model.layers.2.mlp.experts.down_proj") is None
     draft = CheckpointKeys(["layers.0.ffn.experts.down_proj", "mtp.0.ffn.experts.down_proj"])
     assert draft.find(name) == "layers.0.ffn.experts.down_proj"
+    # (the stack first: model.mtp.layers shares more words with the name, but is another stack than model.layers)
+    nested = CheckpointKeys(["model.layers.0.block_sparse_moe.experts.down_proj",
+                             "model.mtp.layers.0.mlp.experts.down_proj"])
+    assert nested.find(name) == "model.layers.0.block_sparse_moe.experts.down_proj"
     two = CheckpointKeys(["text.layers.0.moe.experts.down_proj", "mtp.layers.0.moe.experts.down_proj"])
     assert two.find(name) is None
     headers = {"text.layers.0.moe.experts.down_proj": ("I8", (2, 4, 3)),

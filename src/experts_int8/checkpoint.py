@@ -37,7 +37,8 @@ def _signature(name: str) -> tuple:
 class CheckpointKeys:
     """Finds the checkpoint key of an in-memory tensor name: the name itself, or the one key with its
     layer indices and last two parts (``save_pretrained`` may write a model's renamed modules under their
-    original names); of several such keys, the one that shares the most words with the name."""
+    original names); of several such keys, the one whose stack differs from the name's by a base prefix alone,
+    else the one sharing the most words with the name."""
 
     def __init__(self, keys: Iterable[str]):
         self.keys = set(keys)
@@ -49,11 +50,26 @@ class CheckpointKeys:
         if name in self.keys:
             return name
         candidates = self.by_signature.get(_signature(name), [])
-        if len(candidates) > 1:  # (DeepSeek-V4's layers.0 and its draft block mtp.0: the one sharing most words)
+        if len(candidates) > 1:  # (DeepSeek-V4's layers.0 and its draft block mtp.0)
+            # the stack whose path to the layer index differs from the name's by a base prefix alone
+            # (``layers.0`` for ``model.layers.0``), else the one sharing the most words with it
+            stacks = [key for key in candidates if _prefix_compatible(_stack(key), _stack(name))]
+            candidates = stacks or candidates
             words = set(name.split("."))
             shared = [len(words & set(key.split("."))) for key in candidates]
             candidates = [key for key, n in zip(candidates, shared) if n == max(shared)]
         return candidates[0] if len(candidates) == 1 else None
+
+
+def _stack(name: str) -> list[str]:
+    """The words of a name before its first layer index (``model.layers`` of ``model.layers.3.mlp...``)."""
+    parts = name.split(".")
+    return parts[:next((i for i, p in enumerate(parts) if p.isdigit()), len(parts))]
+
+
+def _prefix_compatible(a: list[str], b: list[str]) -> bool:
+    short, long = sorted((a, b), key=len)
+    return long[len(long) - len(short):] == short
 
 
 def check_int8_checkpoint(headers: dict, expected: dict[str, tuple[str, tuple[int, ...]]]) -> None:
