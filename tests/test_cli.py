@@ -849,6 +849,24 @@ def test_fp8_block_scales_in_every_stored_dtype(bf16_checkpoint, tmp_path, scale
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+@pytest.mark.parametrize("name", [".scale", ".qscale_weight"])
+def test_fp8_block_scales_under_the_other_names_transformers_reads(bf16_checkpoint, tmp_path, name):
+    """Block factors stored as ``<module>.scale`` (DeepSeek-V4) or ``<module>.qscale_weight`` (Mistral Large 4)
+    instead of ``<module>.weight_scale_inv`` convert as the decoded float checkpoint does."""
+    fp8 = tmp_path / "fp8"
+    decoded = _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 24))
+    for path in glob.glob(str(fp8 / "*.safetensors")):
+        part = load_file(path)
+        save_file({re.sub(r"\.weight_scale_inv$", name, k): v for k, v in part.items()}, path,
+                  metadata={"format": "pt"})
+    index = json.loads((fp8 / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {re.sub(r"\.weight_scale_inv$", name, k): f for k, f in index["weight_map"].items()}
+    (fp8 / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert any(k.endswith(name) for k in tensors(fp8))
+    ours, theirs = _convert_both(fp8, bf16_checkpoint("qwen3_moe"), decoded, tmp_path)
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     fp8 = tmp_path / "fp8"
     _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))

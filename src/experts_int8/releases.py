@@ -5,8 +5,9 @@ Two encodings cover the large MoE releases that ship no float weights:
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
   ``[..., ceil(N/bn), ceil(K/bk)]``, one factor per block of rows and columns; the weight is their product.
-  DeepSeek-V4's releases keep the factors in ``<name>.scale`` instead, and store the routed experts in FP4:
-  an I8 ``<name>.weight`` ``[..., N, K/2]`` (two e2m1 codes a byte, low nibble first) beside ``<name>.scale``
+  DeepSeek-V4's releases keep the factors in ``<name>.scale`` instead (and some in ``<name>.qscale_weight``,
+  which transformers reads for Mistral Large 4), and DeepSeek-V4 stores its routed experts in FP4: an I8
+  ``<name>.weight`` ``[..., N, K/2]`` (two e2m1 codes a byte, low nibble first) beside ``<name>.scale``
   ``[..., N, K/32]``, one factor per 32 values of a row (UE8M0 powers of two).
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
@@ -152,7 +153,8 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
             shapes[base] = (shape[0], 32 * shape[2], shape[1])
     consumed = {k for keys, _ in decoders.values() for k in keys}
     # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters)
-    stray = sorted(k for k in headers if k not in consumed and (k.endswith(("_scale_inv", "_scales", "_blocks")) or (
+    stray = sorted(k for k in headers if k not in consumed and (k.endswith(("_scale_inv", "_scales", "_blocks",
+                                                                            ".qscale_weight")) or (
         k.endswith(".scale") and f"{k.removesuffix('.scale')}.weight" in headers)))
     if stray:
         raise ValueError(f"{stray[0]} belongs to no {qc['quant_method']} weight of the checkpoint; it is "
@@ -164,9 +166,10 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
 
 
 def _fp8_scale_key(key: str, headers: dict) -> Optional[str]:
-    """The factors of an FP8 release's weight ``key``: ``<key>_scale_inv`` (DeepSeek-V3's layout, which
-    transformers reads) or ``<name>.scale`` (DeepSeek-V4's); None where the checkpoint has neither."""
-    for scale in (f"{key}_scale_inv", f"{key.removesuffix('.weight')}.scale"):
+    """The factors of an FP8 release's weight ``key``: ``<key>_scale_inv`` (DeepSeek-V3's layout), ``<name>.scale``
+    (DeepSeek-V4's) or ``<name>.qscale_weight`` (Mistral Large 4's), as transformers reads them; None for none."""
+    base = key.removesuffix(".weight")
+    for scale in (f"{key}_scale_inv", f"{base}.scale", f"{base}.qscale_weight"):
         if scale in headers and scale != key:
             return scale
     return None
