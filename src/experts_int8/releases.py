@@ -118,8 +118,7 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                 continue
             scale = _fp8_scale_key(key, headers)
             if scale is None and stored == FP4_PACKED_DTYPE and not key.endswith(".weight"):
-                continue  # (an int8 tensor without factors, not a weight: not an encoded one; an I8 weight without
-                # them is FP4 missing its factors, which as int8 became an "already quantized" expert or int8 codes)
+                continue  # (an int8 tensor that is no weight: kept as it is; an I8 weight is FP4 missing its factors)
             if scale is None:
                 raise ValueError(f"{key} is {stored} without its block scales {key}_scale_inv (or "
                                  f"{key.removesuffix('.weight')}.scale); the FP8 checkpoint is incomplete: download "
@@ -128,14 +127,14 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                 width = 2 * shape[-1] if shape else 0
                 want, what = (*shape[:-1], -(-width // FP4_GROUP)), f"in groups of {FP4_GROUP} values a row"
                 decode, shapes[key] = partial(dequantize_fp4_rows, dtype=dtype), (*shape[:-1], width)
-                stored = "FP4 (I8, two values a byte)"
+                encoded = "FP4 (I8, two values a byte)"
             else:
                 want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
-                what = f"in blocks of {list(block)}"
+                what, encoded = f"in blocks of {list(block)}", stored
                 decode, shapes[key] = partial(dequantize_fp8_blocks, block=block, dtype=dtype), tuple(shape)
             if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in FP8_SCALE_DTYPES:
                 raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
-                                 f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {stored} {list(shape)} "
+                                 f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {encoded} {list(shape)} "
                                  f"{what} needs")
             decoders[key] = ((key, scale), decode)
     else:
