@@ -867,6 +867,112 @@ def test_fp8_block_scales_under_the_other_names_transformers_reads(bf16_checkpoi
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16", scalar=False, static=False):
+    """``float_dir``'s checkpoint as a compressed-tensors float-quantized FP8 release, made as llm-compressor makes
+    RedHatAI's: each Linear weight (not the router or lm_head) in e4m3 by compressed-tensors' own compressor, its
+    ``weight_scale`` (amax / 448 of the tensor: ``[1]``, or ``[]`` where ``scalar``; of each row: ``[N, 1]``; of
+    each block: ``[ceil(N/bn), ceil(K/bk)]``) in ``scales`` (BF16 as those releases, or F32), and with ``static``
+    an ``input_scale`` ``[1]`` (the -FP8 releases' static activations). Returns the float state that
+    compressed-tensors' own decompression makes of it, in the checkpoint's dtype (the converter's reference)."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+    weights = QuantizationArgs(num_bits=8, type="float", strategy=strategy, symmetric=True, dynamic=False,
+                               block_structure=list(block) if block else None)
+    activations = QuantizationArgs(num_bits=8, type="float", strategy="tensor" if static else "token",
+                                   symmetric=True, dynamic=not static)
+    scheme = QuantizationScheme(targets=["Linear"], weights=weights, input_activations=activations)
+    compressor = BaseCompressor.get_value_from_registry("float-quantized")
+    shutil.copytree(float_dir, out)
+    for f in glob.glob(str(out / "*.safetensors")):
+        os.remove(f)
+    state, stored, decoded = tensors(float_dir), {}, {}
+    dtype = {"BF16": torch.bfloat16, "F32": torch.float32}[scales]
+    for key, w in state.items():
+        if not FP8_LINEAR.search(key):
+            stored[key] = w
+            continue
+        if strategy == "block":
+            amax = _block_amax(w, block)
+        else:
+            amax = w.float().abs().amax(dim=-1, keepdim=True) if strategy == "channel" else w.float().abs().amax()
+        scale = (amax.clamp(min=1e-12) / 448).to(dtype)
+        scale = scale.reshape(() if scalar else (1,)) if strategy == "tensor" else scale
+        base = key.removesuffix(".weight")
+        stored[key] = compressor.compress({"weight": w, "weight_scale": scale}, scheme)["weight"]
+        stored[f"{base}.weight_scale"] = scale
+        if static:
+            stored[f"{base}.input_scale"] = torch.tensor([0.02])
+        decoded[key] = compressor.decompress({"weight": stored[key], "weight_scale": scale}, scheme)["weight"].to(
+            w.dtype).contiguous()  # (a ragged block's: a slice of the padded blocks)
+        assert stored[key].dtype == torch.float8_e4m3fn and decoded[key].shape == w.shape
+        assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 8, key
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": json.loads(scheme.model_dump_json())}, "kv_cache_scheme": None,
+        "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None,
+        "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]}
+    (out / "config.json").write_text(json.dumps(config))
+    return {**state, **decoded}
+
+
+CT_RELEASES = {"channel": dict(strategy="channel"), "tensor": dict(strategy="tensor"),
+               "block": dict(strategy="block", block=(24, 40)),
+               "block_f32": dict(strategy="block", block=(16, 128), scales="F32"),
+               "tensor_scalar_static": dict(strategy="tensor", scalar=True, static=True),
+               "channel_static": dict(strategy="channel", static=True)}
+
+
+@pytest.mark.parametrize("arch, release", [("qwen3_moe", r) for r in ("channel", "tensor", "block", "block_f32",
+                                                                      "tensor_scalar_static")]
+                         + [("mixtral", "channel_static"), ("mixtral", "tensor_scalar_static")])
+def test_quantize_reads_a_compressed_tensors_fp8_release_as_the_float_checkpoint_it_encodes(
+        bf16_checkpoint, tmp_path, arch, release):
+    """A compressed-tensors float-quantized FP8 release (RedHatAI's -FP8-dynamic: per-row scales; -FP8: one scale a
+    tensor, static input scales; FP8_BLOCK: ragged blocks here) converts bit for bit to what the float checkpoint
+    compressed-tensors decompresses from it converts to: experts int8, its other FP8 weights in the config's bf16,
+    no weight or input scales left, our quantization_config; it reloads and runs."""
+    ct = tmp_path / "ct"
+    decoded = _compressed_fp8_release(bf16_checkpoint(arch), ct, **CT_RELEASES[release])
+    assert any(k.endswith(".input_scale") for k in tensors(ct)) == ("static" in release)
+    ours, theirs = _convert_both(ct, bf16_checkpoint(arch), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(("_scale", "input_scale")) and "experts" not in k
+                                                for k in ours)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    config = json.loads((tmp_path / "int8_ct" / "config.json").read_text())
+    assert config["quantization_config"] == json.loads(
+        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
+    model = auto_class(arch).from_pretrained(tmp_path / "int8_ct", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+
+
+@pytest.mark.parametrize("release", ["channel", "tensor", "tensor_scalar_static"])
+def test_compressed_tensors_fp8_reference_is_what_transformers_loads(bf16_checkpoint, tmp_path, release):
+    """The reference above is transformers' own: the release loaded by transformers with compressed-tensors
+    decompressing it (``CompressedTensorsConfig(run_compressed=False)``) holds the weights of the decoded float
+    checkpoint, experts fused as it fuses them. (Not block scales: transformers 5.25 multiplies an expert's FP8
+    weight by its scales without expanding the blocks, and fails; compressed-tensors' decompression is the reference
+    there.)"""
+    from transformers import CompressedTensorsConfig
+
+    ct = tmp_path / "ct"
+    decoded = _compressed_fp8_release(bf16_checkpoint("qwen3_moe"), ct, **CT_RELEASES[release])
+    ref = tmp_path / "decoded"
+    shutil.copytree(bf16_checkpoint("qwen3_moe"), ref)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    loaded = auto_class("qwen3_moe").from_pretrained(
+        ct, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)).state_dict()
+    want = auto_class("qwen3_moe").from_pretrained(ref, dtype=torch.bfloat16).state_dict()
+    weights = [k for k in want if k.endswith(("_proj.weight", "experts.gate_up_proj", "experts.down_proj"))]
+    assert any("experts" in k for k in weights) and any("self_attn" in k for k in weights)
+    for key in weights:
+        assert loaded[key].dtype == want[key].dtype and torch.equal(loaded[key], want[key]), key
+
+
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     fp8 = tmp_path / "fp8"
     _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))

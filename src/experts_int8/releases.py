@@ -9,6 +9,12 @@ Two encodings cover the large MoE releases that ship no float weights:
   which transformers reads for Mistral Large 4), and DeepSeek-V4 stores its routed experts in FP4: an I8
   ``<name>.weight`` ``[..., N, K/2]`` (two e2m1 codes a byte, low nibble first) beside ``<name>.scale``
   ``[..., N, K/32]``, one factor per 32 values of a row (UE8M0 powers of two).
+* compressed-tensors' FP8 (``quant_method: compressed-tensors``, ``format: float-quantized``: RedHatAI's and
+  neuralmagic's -FP8-dynamic and -FP8 releases): each quantized Linear's F8 ``<module>.weight`` ``[N, K]`` beside
+  ``<module>.weight_scale``, one factor for the tensor (``[]`` or ``[1]``), per row (``[N, 1]``, ``channel``) or per
+  block of the config's ``block_structure [bn, bk]`` (``[ceil(N/bn), ceil(K/bk)]``); the weight is their product
+  (as compressed-tensors' own decompression makes it). Static activation scales (``<module>.input_scale``) are
+  dropped: an int8-weight model runs its activations in float.
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
@@ -31,6 +37,10 @@ FP8_SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0", "U8")  # (the last two: UE8
 MXFP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FP4_PACKED_DTYPE = "I8"  # (an FP8 release's FP4 weights: two e2m1 codes a byte, in int8 as transformers reads them)
 FP4_GROUP = 32  # values of a row that share one factor
+CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and scales stored as they are, not packed)
+CT_STRATEGIES = ("tensor", "channel", "block")
+CT_SCALE_DTYPES = ("F32", "BF16", "F16")
+CT_ACTIVATION_SCALES = (".input_scale", ".input_zero_point")  # (static activations': no use without FP8 matmuls)
 FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
                 "float32": (torch.float32, "F32")}
 
@@ -47,13 +57,61 @@ def release_encoding(config: dict, src) -> Optional[dict]:
     if qc.get("quant_method") == "fp8" and qc.get("activation_scheme") == "static":
         raise ValueError(f"{src} is FP8 with static activation scales, which an int8-weight model has no use for; "
                          f"convert the original float checkpoint instead")
-    if qc.get("quant_method") == "mxfp4" or (qc.get("quant_method") == "fp8" and isinstance(block, list) and len(
-            block) == 2 and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):
+    if qc.get("quant_method") == "compressed-tensors":
+        compressed_fp8_weights(qc, src)  # (its refusal, naming what it does not decode)
+        return qc
+    if qc.get("quant_method") == "mxfp4" or (qc.get("quant_method") == "fp8" and _two_sizes(block)):
         return qc
     raise ValueError(f"{src} is already quantized (quant_method {qc.get('quant_method')!r}"
                      + (f", weight_block_size {block!r}" if qc.get("quant_method") == "fp8" else "")
                      + "); convert the original float checkpoint instead (FP8 releases with block scales, "
-                     "quant_method fp8 and a weight_block_size of two sizes, and MXFP4 ones are read directly)")
+                     "quant_method fp8 and a weight_block_size of two sizes, compressed-tensors' float-quantized "
+                     "FP8 ones and MXFP4 ones are read directly)")
+
+
+def compressed_fp8_weights(qc: dict, src="") -> tuple[str, Optional[tuple[int, int]]]:
+    """(strategy, block size or None) of a compressed-tensors release's weights, where it is one this module
+    decodes: format float-quantized, every config group's weights 8-bit symmetric floats with one factor per
+    tensor, row or block, alike in all groups (which group a module is in is then of no matter). Raises for
+    others, saying what is not read."""
+    instead = "convert the original float checkpoint instead (compressed-tensors' float-quantized FP8 releases " \
+              "are read directly: 8-bit symmetric float weights with tensor, channel or block scales)"
+    fmt = qc.get("format")
+    if fmt != CT_FORMAT:
+        raise ValueError(f"{src} is compressed-tensors in format {fmt!r}, not {CT_FORMAT!r}; {instead}")
+    sparsity = qc.get("sparsity_config")
+    for what, used in (("sparsity_config", sparsity and not (isinstance(sparsity, dict) and sparsity.get(
+            "format") in (None, "dense"))), ("transform_config", qc.get("transform_config"))):
+        if used:  # (sparse or rotated weights: not the plain products decoded here)
+            raise ValueError(f"{src} is compressed-tensors with a {what} as well as FP8 weights; {instead}")
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ValueError(f"{src} is compressed-tensors without config_groups that say how its weights are "
+                         f"quantized; the config.json is damaged: download it again")
+    schemes = set()
+    for name, group in groups.items():
+        w = group.get("weights") if isinstance(group, dict) else None
+        if not isinstance(w, dict):
+            raise ValueError(f"{src}: compressed-tensors config group {name!r} quantizes no weights; {instead}")
+        block = w.get("block_structure") if w.get("strategy") == "block" else None
+        if (w.get("num_bits") != 8 or w.get("type") != "float" or w.get("symmetric", True) is not True
+                or w.get("strategy") not in CT_STRATEGIES or group.get("format") not in (None, CT_FORMAT)
+                or (w.get("strategy") == "block" and not _two_sizes(block))):
+            said = ", ".join(f"{k} {w.get(k)!r}" for k in ("num_bits", "type", "strategy", "symmetric")
+                             + (("block_structure",) if w.get("strategy") == "block" else ()))
+            raise ValueError(f"{src}: compressed-tensors config group {name!r} quantizes weights with {said}"
+                             + (f", format {group['format']!r}" if group.get("format") not in (None, CT_FORMAT)
+                                else "") + f"; {instead}")
+        schemes.add((w["strategy"], tuple(block) if block else None))
+    if len(schemes) > 1:
+        raise ValueError(f"{src}: compressed-tensors config groups quantize weights in different ways "
+                         f"({', '.join(sorted(str(s) for s in schemes))}); {instead}")
+    return schemes.pop()
+
+
+def _two_sizes(block) -> bool:
+    return isinstance(block, list) and len(block) == 2 and all(
+        isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)
 
 
 def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dtype) -> torch.Tensor:
@@ -68,6 +126,14 @@ def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dt
         factors = s.float().repeat_interleave(block[0], 0)[:n].repeat_interleave(block[1], 1)[:, :k]
         o.copy_(q.float() * factors)
     return out
+
+
+def dequantize_fp8_scaled(w: torch.Tensor, scale: torch.Tensor, *, block, dtype) -> torch.Tensor:
+    """compressed-tensors' FP8 ``w`` ``[N, K]`` times its ``scale``: one factor for the tensor, a row or a block,
+    all blocks of factors (of ``[N, K]``, ``[1, K]`` or the config's size) as :func:`dequantize_fp8_blocks` reads
+    them."""
+    n, k = w.shape
+    return dequantize_fp8_blocks(w, scale.reshape(-(-n // block[0]), -(-k // block[1])), block=block, dtype=dtype)
 
 
 def dequantize_fp4_rows(packed: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
@@ -137,6 +203,28 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                                  f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {encoded} {list(shape)} "
                                  f"{what} needs")
             decoders[key] = ((key, scale), decode)
+    elif qc["quant_method"] == "compressed-tensors":
+        strategy, block = compressed_fp8_weights(qc)
+        for key, (stored, shape) in headers.items():
+            if stored not in FP8_DTYPES:
+                continue
+            scale = f"{key}_scale"
+            if scale not in headers:
+                raise ValueError(f"{key} is {stored} without its scales {scale}; the compressed-tensors checkpoint is "
+                                 f"incomplete: download it again")
+            n, k = (max(size, 1) for size in shape) if len(shape) == 2 else (1, 1)
+            size, want = {"tensor": ((n, k), ((), (1,))), "channel": ((1, k), ((n, 1),)),
+                          "block": (block, ((-(-n // block[0]), -(-k // block[1])),) if block else ())}[strategy]
+            if len(shape) != 2 or tuple(headers[scale][1]) not in want or headers[scale][0] not in CT_SCALE_DTYPES:
+                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
+                                 f"{' or '.join(str(list(s)) for s in want)} scales ({', '.join(CT_SCALE_DTYPES)}) "
+                                 f"that {stored} {list(shape)} with {strategy} scales"
+                                 + (f" of blocks {list(block)}" if block else "") + " needs")
+            decoders[key] = ((key, scale), partial(dequantize_fp8_scaled, block=size, dtype=dtype))
+            shapes[key] = tuple(shape)
+        for key in [k for k in headers if k.endswith(CT_ACTIVATION_SCALES)]:
+            if f"{key.rsplit('.', 1)[0]}.weight" in decoders:
+                del headers[key]  # (an int8-weight model runs its activations in float)
     else:
         for key, (stored, shape) in headers.items():
             if not key.endswith("_blocks"):
@@ -152,8 +240,10 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
             shapes[base] = (shape[0], 32 * shape[2], shape[1])
     consumed = {k for keys, _ in decoders.values() for k in keys}
     # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters)
-    stray = sorted(k for k in headers if k not in consumed and (k.endswith(("_scale_inv", "_scales", "_blocks",
-                                                                            ".qscale_weight")) or (
+    factors = ("_scale_inv", "_scales", "_blocks", ".qscale_weight")
+    if qc["quant_method"] == "compressed-tensors":
+        factors += (".weight_scale", ".weight_zero_point", *CT_ACTIVATION_SCALES)
+    stray = sorted(k for k in headers if k not in consumed and (k.endswith(factors) or (
         k.endswith(".scale") and f"{k.removesuffix('.scale')}.weight" in headers)))
     if stray:
         raise ValueError(f"{stray[0]} belongs to no {qc['quant_method']} weight of the checkpoint; it is "
