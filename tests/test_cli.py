@@ -973,6 +973,57 @@ def test_compressed_tensors_fp8_reference_is_what_transformers_loads(bf16_checkp
         assert loaded[key].dtype == want[key].dtype and torch.equal(loaded[key], want[key]), key
 
 
+def test_compressed_tensors_releases_it_cannot_decode_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
+    """compressed-tensors' other formats (int4 pack-quantized, naive-quantized, NVFP4...) and float-quantized
+    weights it does not decode (not 8 bits, not float, group scales, asymmetric, blocks without a size, groups
+    quantized differently, sparse) are refused before anything is written, in one line that says what and the way
+    that works; so are scales of the wrong shape, missing ones and a zero point."""
+    ct = tmp_path / "ct"
+    _compressed_fp8_release(bf16_checkpoint("qwen3_moe"), ct, strategy="channel")
+    assert_one_line_error(invoke("generate", ct, "--prompt", "a", "--device", "cpu"),
+                          "quantized with 'compressed-tensors'", "experts-int8 quantize SRC DST")
+    config = json.loads((ct / "config.json").read_text())
+    qc = config["quantization_config"]
+
+    def weights(**changes):
+        group = json.loads(json.dumps(qc["config_groups"]["group_0"]))
+        group["weights"].update(changes)
+        return dict(qc, config_groups={"group_0": group})
+
+    int4 = weights(num_bits=4, type="int", strategy="group", group_size=128)
+    for bad, needle in ((dict(int4, format="pack-quantized"), "format 'pack-quantized', not 'float-quantized'"),
+                        (dict(qc, format="naive-quantized"), "format 'naive-quantized'"),
+                        (dict(qc, format="nvfp4-pack-quantized"), "format 'nvfp4-pack-quantized'"),
+                        (weights(num_bits=4), "'group_0' quantizes weights with num_bits 4"),
+                        (weights(type="int"), "type 'int'"),
+                        (weights(strategy="group", group_size=128), "strategy 'group'"),
+                        (weights(symmetric=False), "symmetric False"),
+                        (weights(strategy="block", block_structure=None), "block_structure None"),
+                        (dict(qc, config_groups={**qc["config_groups"], "group_1": weights(
+                            strategy="tensor")["config_groups"]["group_0"]}), "quantize weights in different ways"),
+                        (dict(qc, sparsity_config={"format": "sparse-24-bitmask"}), "with a sparsity_config")):
+        (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
+        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle,
+                              "convert the original float checkpoint instead")
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    (ct / "config.json").write_text(json.dumps(config))
+    state = tensors(ct)
+    key = "model.layers.1.mlp.experts.2.down_proj.weight"
+    for broken, needle in ((lambda st: st.pop(f"{key}_scale"),
+                            f"{key} is F8_E4M3 without its scales {key}_scale; the compressed-tensors checkpoint is "
+                            f"incomplete"),
+                           (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"][:, 0].contiguous()),
+                            f"{key}_scale is BF16 [64], not the [64, 1] scales (F32, BF16, F16) that F8_E4M3 [64, 32] "
+                            f"with channel scales needs"),
+                           (lambda st: st.__setitem__(f"{key}_zero_point", torch.zeros(64, 1)),
+                            f"{key}_zero_point belongs to no compressed-tensors weight")):
+        bad = dict(state)
+        broken(bad)
+        save_file(bad, str(ct / "model.safetensors"), metadata={"format": "pt"})
+        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle)
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+
+
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     fp8 = tmp_path / "fp8"
     _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 16))
@@ -2056,6 +2107,23 @@ def test_release_decoders_refuse_what_they_cannot_read():
                "norm.scale": ("BF16", (8,))}
     assert set(float_decoders(fp8, headers, {})) == {"e.w1.weight"}
     assert headers == {"e.w1.weight": ("BF16", (4, 48)), "ids": ("I8", (3,)), "norm.scale": ("BF16", (8,))}
+    # compressed-tensors' FP8: one scale a tensor ([] or [1]), a row or a block; input scales dropped with their weight
+    group = {"targets": ["Linear"],
+             "weights": {"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": True}}
+    ct = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": group}}
+    headers = {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F32", ()), "a.input_scale": ("F32", (1,)),
+               "b.weight": ("F8_E4M3", (4, 8)), "b.weight_scale": ("BF16", (1,)), "c.weight": ("BF16", (4, 8))}
+    assert set(float_decoders(ct, headers, {})) == {"a.weight", "b.weight"}
+    assert headers == {"a.weight": ("BF16", (4, 8)), "b.weight": ("BF16", (4, 8)), "c.weight": ("BF16", (4, 8))}
+    block = dict(group, weights=dict(group["weights"], strategy="block", block_structure=[3, 8]))
+    with pytest.raises(ValueError, match=r"a.weight_scale is F32 \[1, 1\], not the \[2, 1\] scales \(F32, BF16, F16\) "
+                                         r"that F8_E4M3 \[4, 8\] with block scales of blocks \[3, 8\] needs"):
+        float_decoders(dict(ct, config_groups={"g": block}), {"a.weight": ("F8_E4M3", (4, 8)),
+                                                              "a.weight_scale": ("F32", (1, 1))}, {})
+    with pytest.raises(ValueError, match=r"a.weight_scale is F8_E8M0 \[\], not the \[\] or \[1\] scales"):
+        float_decoders(ct, {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F8_E8M0", ())}, {})
+    with pytest.raises(ValueError, match="c.weight_scale belongs to no compressed-tensors weight"):
+        float_decoders(ct, {"c.weight": ("BF16", (4, 8)), "c.weight_scale": ("F32", ())}, {})
 
 
 def test_checkpoint_kind_offers_conversion_only_for_a_release_it_reads():
@@ -2064,6 +2132,13 @@ def test_checkpoint_kind_offers_conversion_only_for_a_release_it_reads():
         run_module.checkpoint_kind({"quantization_config": fp8})
     with pytest.raises(ValueError, match="'gptq'; experts-int8 loads float checkpoints") as info:
         run_module.checkpoint_kind({"quantization_config": {"quant_method": "gptq", "bits": 4}})
+    assert "convert this release" not in str(info.value)
+    group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}
+    ct = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": group}}
+    with pytest.raises(ValueError, match="'compressed-tensors'.*convert this release first"):
+        run_module.checkpoint_kind({"quantization_config": ct})
+    with pytest.raises(ValueError, match="'compressed-tensors'; experts-int8 loads float checkpoints") as info:
+        run_module.checkpoint_kind({"quantization_config": dict(ct, format="pack-quantized")})
     assert "convert this release" not in str(info.value)
 
 

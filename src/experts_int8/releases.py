@@ -105,7 +105,7 @@ def compressed_fp8_weights(qc: dict, src="") -> tuple[str, Optional[tuple[int, i
         schemes.add((w["strategy"], tuple(block) if block else None))
     if len(schemes) > 1:
         raise ValueError(f"{src}: compressed-tensors config groups quantize weights in different ways "
-                         f"({', '.join(sorted(str(s) for s in schemes))}); {instead}")
+                         f"({', '.join(sorted(f'{st} {list(b)}' if b else st for st, b in schemes))}); {instead}")
     return schemes.pop()
 
 
