@@ -1,6 +1,6 @@
 """Quantized releases read as the float checkpoints they encode (by ``experts-int8 quantize``).
 
-Two encodings cover the large MoE releases that ship no float weights:
+Three encodings cover the large MoE releases that ship no float weights:
 
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
@@ -21,7 +21,9 @@ Two encodings cover the large MoE releases that ship no float weights:
 
 Each decodes in float32 and is rounded to the config's dtype (as transformers' own decoders do: MXFP4's values
 are exact in float32, FP8's products with float32 scales are rounded there first), on the device its stored
-tensors are on (exact products and one rounding: the same values on a GPU as on the CPU).
+tensors are on (exact products and one rounding: the same values on a GPU as on the CPU). (compressed-tensors
+multiplies in its scales' dtype, then casts: the same values for float32 scales, and for bfloat16 ones in a
+bfloat16 model, its releases' two cases; transformers fuses their experts as products in float32, as here.)
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def release_encoding(config: dict, src) -> Optional[dict]:
         raise ValueError(f"{src} is FP8 with static activation scales, which an int8-weight model has no use for; "
                          f"convert the original float checkpoint instead")
     if qc.get("quant_method") == "compressed-tensors":
-        compressed_fp8_weights(qc, src)  # (its refusal, naming what it does not decode)
+        _compressed_fp8_weights(qc, src)  # (its refusal, naming what it does not decode)
         return qc
     if qc.get("quant_method") == "mxfp4" or (qc.get("quant_method") == "fp8" and _two_sizes(block)):
         return qc
@@ -69,13 +71,13 @@ def release_encoding(config: dict, src) -> Optional[dict]:
                      "FP8 ones and MXFP4 ones are read directly)")
 
 
-def compressed_fp8_weights(qc: dict, src="") -> tuple[str, Optional[tuple[int, int]]]:
+def _compressed_fp8_weights(qc: dict, src="") -> tuple[str, Optional[tuple[int, int]]]:
     """(strategy, block size or None) of a compressed-tensors release's weights, where it is one this module
     decodes: format float-quantized, every config group's weights 8-bit symmetric floats with one factor per
     tensor, row or block, alike in all groups (which group a module is in is then of no matter). Raises for
     others, saying what is not read."""
-    instead = "convert the original float checkpoint instead (compressed-tensors' float-quantized FP8 releases " \
-              "are read directly: 8-bit symmetric float weights with tensor, channel or block scales)"
+    instead = ("convert the original float checkpoint instead (compressed-tensors' float-quantized FP8 releases "
+               "are read directly: 8-bit symmetric float weights with tensor, channel or block scales)")
     fmt = qc.get("format")
     if fmt != CT_FORMAT:
         raise ValueError(f"{src} is compressed-tensors in format {fmt!r}, not {CT_FORMAT!r}; {instead}")
@@ -204,7 +206,7 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                                  f"{what} needs")
             decoders[key] = ((key, scale), decode)
     elif qc["quant_method"] == "compressed-tensors":
-        strategy, block = compressed_fp8_weights(qc)
+        strategy, block = _compressed_fp8_weights(qc)
         for key, (stored, shape) in headers.items():
             if stored not in FP8_DTYPES:
                 continue
