@@ -867,12 +867,14 @@ def test_fp8_block_scales_under_the_other_names_transformers_reads(bf16_checkpoi
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16", scalar=False, static=False):
+def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16", scalar=False, static=False,
+                            kv_cache=False):
     """``float_dir``'s checkpoint as a compressed-tensors float-quantized FP8 release, made as llm-compressor makes
     RedHatAI's: each Linear weight (not the router or lm_head) in e4m3 by compressed-tensors' own compressor, its
     ``weight_scale`` (amax / 448 of the tensor: ``[1]``, or ``[]`` where ``scalar``; of each row: ``[N, 1]``; of
     each block: ``[ceil(N/bn), ceil(K/bk)]``) in ``scales`` (BF16 as those releases, or F32), and with ``static``
-    an ``input_scale`` ``[1]`` (the -FP8 releases' static activations). Returns the float state that
+    an ``input_scale`` ``[1]`` (the -FP8 releases' static activations), with ``kv_cache`` an FP8 KV cache's
+    ``k_scale`` and ``v_scale`` on each attention module (and its ``kv_cache_scheme``). Returns the float state that
     compressed-tensors' own decompression makes of it, in the checkpoint's dtype (the converter's reference)."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
@@ -907,11 +909,17 @@ def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16",
             w.dtype).contiguous()  # (a ragged block's: a slice of the padded blocks)
         assert stored[key].dtype == torch.float8_e4m3fn and decoded[key].shape == w.shape
         assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 8, key
+    if kv_cache:
+        for key in [k for k in stored if k.endswith("self_attn.k_proj.weight")]:
+            attention = key.removesuffix(".k_proj.weight")
+            stored[f"{attention}.k_scale"], stored[f"{attention}.v_scale"] = torch.tensor(0.5), torch.tensor(0.25)
     save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
+    kv_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
     config["quantization_config"] = {
         "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": json.loads(scheme.model_dump_json())}, "kv_cache_scheme": None,
+        "config_groups": {"group_0": json.loads(scheme.model_dump_json())},
+        "kv_cache_scheme": kv_scheme if kv_cache else None,
         "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None,
         "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]}
     (out / "config.json").write_text(json.dumps(config))
@@ -922,12 +930,14 @@ CT_RELEASES = {"channel": dict(strategy="channel"), "tensor": dict(strategy="ten
                "block": dict(strategy="block", block=(24, 40)),
                "block_f32": dict(strategy="block", block=(16, 128), scales="F32"),
                "tensor_scalar_static": dict(strategy="tensor", scalar=True, static=True),
-               "channel_static": dict(strategy="channel", static=True)}
+               "channel_static": dict(strategy="channel", static=True),
+               "channel_static_kv": dict(strategy="channel", static=True, kv_cache=True)}
 
 
 @pytest.mark.parametrize("arch, release", [("qwen3_moe", r) for r in ("channel", "tensor", "block", "block_f32",
                                                                       "tensor_scalar_static")]
-                         + [("mixtral", "channel_static"), ("mixtral", "tensor_scalar_static")])
+                         + [("mixtral", "channel_static"), ("mixtral", "tensor_scalar_static"),
+                            ("qwen3_moe", "channel_static_kv")])
 def test_quantize_reads_a_compressed_tensors_fp8_release_as_the_float_checkpoint_it_encodes(
         bf16_checkpoint, tmp_path, arch, release):
     """A compressed-tensors float-quantized FP8 release (RedHatAI's -FP8-dynamic: per-row scales; -FP8: one scale a
@@ -937,6 +947,7 @@ def test_quantize_reads_a_compressed_tensors_fp8_release_as_the_float_checkpoint
     ct = tmp_path / "ct"
     decoded = _compressed_fp8_release(bf16_checkpoint(arch), ct, **CT_RELEASES[release])
     assert any(k.endswith(".input_scale") for k in tensors(ct)) == ("static" in release)
+    assert any(k.endswith(".k_scale") for k in tensors(ct)) == release.endswith("_kv")
     ours, theirs = _convert_both(ct, bf16_checkpoint(arch), decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith(("_scale", "input_scale")) and "experts" not in k
                                                 for k in ours)

@@ -43,6 +43,7 @@ CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and sc
 CT_STRATEGIES = ("tensor", "channel", "block")
 CT_SCALE_DTYPES = ("F32", "BF16", "F16")
 CT_ACTIVATION_SCALES = (".input_scale", ".input_zero_point")  # (static activations': no use without FP8 matmuls)
+CT_KV_CACHE_SCALES = (".k_scale", ".v_scale", ".q_scale")  # (an FP8 KV cache's, with kv_cache_scheme: none here)
 FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
                 "float32": (torch.float32, "F32")}
 
@@ -227,6 +228,9 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
         for key in [k for k in headers if k.endswith(CT_ACTIVATION_SCALES)]:
             if f"{key.rsplit('.', 1)[0]}.weight" in decoders:
                 del headers[key]  # (an int8-weight model runs its activations in float)
+        if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
+            for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
+                del headers[key]
     else:
         for key, (stored, shape) in headers.items():
             if not key.endswith("_blocks"):
