@@ -18,10 +18,10 @@ dtype quantizes them after rounding, which moves a few values by one step):
     other small files are copied.
 
 A quantized release whose encoding :mod:`experts_int8.releases` reads (FP8 with block scales: DeepSeek-V3/R1,
-MiniMax-M2, Qwen3's -FP8; compressed-tensors' float-quantized FP8: RedHatAI's -FP8-dynamic and -FP8; MXFP4:
-GPT-OSS) is read as the float checkpoint it encodes, in the config's dtype: its experts become int8 as above, its
-other encoded weights are written in that float dtype, its scale tensors (static input scales too) are dropped,
-and ``quantization_config`` is ours.
+MiniMax-M2, Qwen3's -FP8; AutoFP8's per-tensor FP8: neuralmagic's older -FP8; compressed-tensors' float-quantized
+FP8: RedHatAI's -FP8-dynamic and -FP8; MXFP4: GPT-OSS) is read as the float checkpoint it encodes, in the
+config's dtype: its experts become int8 as above, its other encoded weights are written in that float dtype, its
+scale tensors (static input scales too) are dropped, and ``quantization_config`` is ours.
 
 Recognised expert keys: per expert ``<prefix>.experts.{e}.{w1|w3|w2}.weight`` (Mixtral) or
 ``<prefix>.experts.{e}.{gate_proj|up_proj|down_proj}.weight``, and already fused float

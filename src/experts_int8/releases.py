@@ -1,6 +1,6 @@
 """Quantized releases read as the float checkpoints they encode (by ``experts-int8 quantize``).
 
-Three encodings cover the large MoE releases that ship no float weights:
+Four encodings cover the MoE releases that ship no float weights:
 
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
@@ -9,6 +9,12 @@ Three encodings cover the large MoE releases that ship no float weights:
   which transformers reads for Mistral Large 4), and DeepSeek-V4 stores its routed experts in FP4: an I8
   ``<name>.weight`` ``[..., N, K/2]`` (two e2m1 codes a byte, low nibble first) beside ``<name>.scale``
   ``[..., N, K/32]``, one factor per 32 values of a row (UE8M0 powers of two).
+* AutoFP8's per-tensor FP8 (``quant_method: fp8``, ``activation_scheme`` ``static`` or ``dynamic`` and no
+  ``weight_block_size``: neuralmagic's older -FP8 releases, Mixtral-8x7B-Instruct-v0.1-FP8..., as vLLM's fp8 loader
+  reads them): each quantized Linear's F8 ``<module>.weight`` ``[N, K]`` beside ``<module>.weight_scale``, one
+  factor for the tensor (``[]`` or ``[1]``); the weight is their product. Static activation scales
+  (``<module>.input_scale``) are dropped, as they are from a block-scaled release that has them (transformers'
+  own static FP8 names them ``<module>.activation_scale``): an int8-weight model runs its activations in float.
 * compressed-tensors' FP8 (``quant_method: compressed-tensors``, ``format: float-quantized``: RedHatAI's and
   neuralmagic's -FP8-dynamic and -FP8 releases): each quantized Linear's F8 ``<module>.weight`` ``[N, K]`` beside
   ``<module>.weight_scale``, one factor for the tensor (``[]`` or ``[1]``), per row (``[N, 1]``, ``channel``) or per
@@ -39,6 +45,8 @@ FP8_SCALE_DTYPES = ("F32", "BF16", "F16", "F8_E8M0", "U8")  # (the last two: UE8
 MXFP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FP4_PACKED_DTYPE = "I8"  # (an FP8 release's FP4 weights: two e2m1 codes a byte, in int8 as transformers reads them)
 FP4_GROUP = 32  # values of a row that share one factor
+FP8_ACTIVATION_SCHEMES = ("static", "dynamic")  # (a per-tensor release names one, as vLLM's fp8 loader needs)
+FP8_ACTIVATION_SCALES = (".input_scale", ".activation_scale")  # (static activations': vLLM's and transformers' names)
 CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and scales stored as they are, not packed)
 CT_STRATEGIES = ("tensor", "channel", "block")
 CT_SCALE_DTYPES = ("F32", "BF16", "F16")
@@ -56,19 +64,19 @@ def release_encoding(config: dict, src) -> Optional[dict]:
         return None
     if not isinstance(qc, dict):
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
-    block = qc.get("weight_block_size")
-    if qc.get("quant_method") == "fp8" and qc.get("activation_scheme") == "static":
-        raise ValueError(f"{src} is FP8 with static activation scales, which an int8-weight model has no use for; "
-                         f"convert the original float checkpoint instead")
-    if qc.get("quant_method") == "compressed-tensors":
+    method, block, scheme = qc.get("quant_method"), qc.get("weight_block_size"), qc.get("activation_scheme")
+    if method == "compressed-tensors":
         _compressed_fp8_weights(qc, src)  # (its refusal, naming what it does not decode)
         return qc
-    if qc.get("quant_method") == "mxfp4" or (qc.get("quant_method") == "fp8" and _two_sizes(block)):
+    # (static activation scales are no refusal: the weights decode alike, and the scales are dropped)
+    if method == "mxfp4" or (method == "fp8" and (_two_sizes(block) or (
+            block is None and scheme in FP8_ACTIVATION_SCHEMES))):
         return qc
-    raise ValueError(f"{src} is already quantized (quant_method {qc.get('quant_method')!r}"
-                     + (f", weight_block_size {block!r}" if qc.get("quant_method") == "fp8" else "")
-                     + "); convert the original float checkpoint instead (FP8 releases with block scales, "
-                     "quant_method fp8 and a weight_block_size of two sizes, compressed-tensors' float-quantized "
+    raise ValueError(f"{src} is already quantized (quant_method {method!r}"
+                     + (f", weight_block_size {block!r}, activation_scheme {scheme!r}" if method == "fp8" else "")
+                     + "); convert the original float checkpoint instead (quant_method fp8 releases with block "
+                     "scales, a weight_block_size of two sizes, or AutoFP8's with one scale a tensor, no "
+                     "weight_block_size and activation_scheme static or dynamic; compressed-tensors' float-quantized "
                      "FP8 ones and MXFP4 ones are read directly)")
 
 
@@ -132,9 +140,9 @@ def dequantize_fp8_blocks(w: torch.Tensor, scale_inv: torch.Tensor, *, block, dt
 
 
 def dequantize_fp8_scaled(w: torch.Tensor, scale: torch.Tensor, *, block, dtype) -> torch.Tensor:
-    """compressed-tensors' FP8 ``w`` ``[N, K]`` times its ``scale``: one factor for the tensor, a row or a block,
-    all blocks of factors (of ``[N, K]``, ``[1, K]`` or the config's size) as :func:`dequantize_fp8_blocks` reads
-    them."""
+    """compressed-tensors' or AutoFP8's FP8 ``w`` ``[N, K]`` times its ``scale``: one factor for the tensor, a row
+    or a block, all blocks of factors (of ``[N, K]``, ``[1, K]`` or the config's size) as
+    :func:`dequantize_fp8_blocks` reads them."""
     n, k = w.shape
     return dequantize_fp8_blocks(w, scale.reshape(-(-n // block[0]), -(-k // block[1])), block=block, dtype=dtype)
 
@@ -180,7 +188,8 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
         raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
     dtype, dtype_name = FLOAT_DTYPES[name]
     decoders, shapes = {}, {}
-    if qc["quant_method"] == "fp8":
+    per_tensor = qc["quant_method"] == "fp8" and qc.get("weight_block_size") is None  # (AutoFP8's)
+    if qc["quant_method"] == "fp8" and not per_tensor:
         block = tuple(qc["weight_block_size"])
         for key, (stored, shape) in headers.items():
             if stored not in FP8_DTYPES and stored != FP4_PACKED_DTYPE:
@@ -206,14 +215,15 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                                  f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {encoded} {list(shape)} "
                                  f"{what} needs")
             decoders[key] = ((key, scale), decode)
-    elif qc["quant_method"] == "compressed-tensors":
-        strategy, block = _compressed_fp8_weights(qc)
+    elif qc["quant_method"] in ("fp8", "compressed-tensors"):  # (one factor a tensor, a row or a block)
+        strategy, block = ("tensor", None) if per_tensor else _compressed_fp8_weights(qc)
+        release = "FP8" if per_tensor else "compressed-tensors"
         for key, (stored, shape) in headers.items():
             if stored not in FP8_DTYPES:
                 continue
             scale = f"{key}_scale"
             if scale not in headers:
-                raise ValueError(f"{key} is {stored} without its scales {scale}; the compressed-tensors checkpoint is "
+                raise ValueError(f"{key} is {stored} without its scales {scale}; the {release} checkpoint is "
                                  f"incomplete: download it again")
             n, k = (max(size, 1) for size in shape) if len(shape) == 2 else (1, 1)
             size, want = {"tensor": ((n, k), ((), (1,))), "channel": ((1, k), ((n, 1),)),
@@ -225,9 +235,6 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                                  + (f" of blocks {list(block)}" if block else "") + " needs")
             decoders[key] = ((key, scale), partial(dequantize_fp8_scaled, block=size, dtype=dtype))
             shapes[key] = tuple(shape)
-        for key in [k for k in headers if k.endswith(CT_ACTIVATION_SCALES)]:
-            if f"{key.rsplit('.', 1)[0]}.weight" in decoders:
-                del headers[key]  # (an int8-weight model runs its activations in float)
         if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
             for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
                 del headers[key]
@@ -244,13 +251,21 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                 raise ValueError(f"{scales} is {got}, not the U8 {list(shape[:3])} scales {key} needs")
             decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
             shapes[base] = (shape[0], 32 * shape[2], shape[1])
+    activations = {"fp8": FP8_ACTIVATION_SCALES, "compressed-tensors": CT_ACTIVATION_SCALES}.get(qc["quant_method"], ())
+    for key in [k for k in headers if k.endswith(activations)]:
+        if f"{key.rsplit('.', 1)[0]}.weight" in decoders:
+            del headers[key]  # (an int8-weight model runs its activations in float)
     consumed = {k for keys, _ in decoders.values() for k in keys}
-    # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters)
+    # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters;
+    # an FP8 release's activation scales likewise)
     factors = ("_scale_inv", "_scales", "_blocks", ".qscale_weight")
+    beside = (".scale", *FP8_ACTIVATION_SCALES) if qc["quant_method"] == "fp8" else (".scale",)
+    if qc["quant_method"] == "compressed-tensors" or per_tensor:
+        factors += (".weight_scale",)
     if qc["quant_method"] == "compressed-tensors":
-        factors += (".weight_scale", ".weight_zero_point", *CT_ACTIVATION_SCALES)
+        factors += (".weight_zero_point", *CT_ACTIVATION_SCALES)
     stray = sorted(k for k in headers if k not in consumed and (k.endswith(factors) or (
-        k.endswith(".scale") and f"{k.removesuffix('.scale')}.weight" in headers)))
+        k.endswith(beside) and f"{k.rsplit('.', 1)[0]}.weight" in headers)))
     if stray:
         raise ValueError(f"{stray[0]} belongs to no {qc['quant_method']} weight of the checkpoint; it is "
                          f"incomplete or not what its config.json says")
