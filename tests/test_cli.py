@@ -867,6 +867,123 @@ def test_fp8_block_scales_under_the_other_names_transformers_reads(bf16_checkpoi
     assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
+def _autofp8_release(float_dir, out, static, scalar=True):
+    """``float_dir``'s checkpoint as AutoFP8's per-tensor FP8 release (neuralmagic's older -FP8, as vLLM's fp8 loader
+    reads it): each Linear weight (not the router or lm_head, listed in ``ignored_layers``) in e4m3 with one fp32
+    ``weight_scale`` (its amax / 448: ``[]`` where ``scalar``, as AutoFP8 writes it, else ``[1]``), and with
+    ``static`` an fp32 ``input_scale`` ``[]`` beside it. Made as :func:`_fp8_release` makes block scales, with a block
+    larger than any matrix; returns the float state those products make (the converter's reference)."""
+    decoded = _fp8_release(float_dir, out, block=(1 << 20, 1 << 20))
+    state = tensors(out)
+    for f in glob.glob(str(out / "model*.safetensors*")):
+        os.remove(f)
+    stored = {}
+    for key, value in state.items():
+        if key.endswith(".weight_scale_inv"):
+            assert value.shape == (1, 1)
+            stored[key.removesuffix("_inv")] = value.reshape(() if scalar else (1,)).contiguous()
+            if static:
+                stored[f"{key.removesuffix('.weight_scale_inv')}.input_scale"] = torch.tensor(0.02)
+        else:
+            stored[key] = value
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "fp8", "activation_scheme": "static" if static else "dynamic",
+        "ignored_layers": ["lm_head"] + sorted({k.removesuffix(".weight") for k in state
+                                                 if k.endswith("gate.weight") and "proj" not in k})}
+    (out / "config.json").write_text(json.dumps(config))
+    return decoded
+
+
+@pytest.mark.parametrize("arch, static, scalar", [("mixtral", True, True), ("mixtral", False, False),
+                                                  ("qwen3_moe", True, False), ("qwen3_moe", False, True)])
+def test_quantize_reads_an_autofp8_per_tensor_release_as_the_float_checkpoint_it_encodes(bf16_checkpoint, tmp_path,
+                                                                                         arch, static, scalar):
+    """AutoFP8's per-tensor FP8 release (quant_method fp8, no weight_block_size; static or dynamic activations, its
+    scales [] or [1]) converts bit for bit to what its decoded float checkpoint converts to: experts int8, its other
+    FP8 weights in the config's bf16, no weight or input scales left, our quantization_config; it reloads and
+    runs."""
+    fp8 = tmp_path / "fp8"
+    decoded = _autofp8_release(bf16_checkpoint(arch), fp8, static=static, scalar=scalar)
+    stored = tensors(fp8)
+    assert {tuple(v.shape) for k, v in stored.items() if k.endswith(".weight_scale")} == {() if scalar else (1,)}
+    assert any(k.endswith(".input_scale") for k in stored) == static
+    ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith((".weight_scale", ".input_scale")) for k in ours)
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    config = json.loads((tmp_path / "int8_fp8" / "config.json").read_text())
+    assert config["quantization_config"] == json.loads(
+        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
+    model = auto_class(arch).from_pretrained(tmp_path / "int8_fp8", dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+
+
+@pytest.mark.parametrize("name", [".input_scale", ".activation_scale"])
+def test_a_block_scaled_fp8_release_with_static_activations_drops_their_scales(bf16_checkpoint, tmp_path, name):
+    """A block-scaled FP8 release with static activations (vLLM refuses the pair; transformers' own FP8 writes it,
+    naming the scales ``activation_scale``) converts as its dynamic twin does: the weights decode alike, the
+    activation scales are dropped (an int8-weight model runs its activations in float)."""
+    fp8 = tmp_path / "fp8"
+    decoded = _fp8_release(bf16_checkpoint("qwen3_moe"), fp8, block=(16, 24))
+    shard = fp8 / "model-00002-of-00002.safetensors"
+    part = load_file(shard)
+    part.update({f"{k.removesuffix('.weight_scale_inv')}{name}": torch.tensor(0.02) for k in list(part)})
+    save_file(part, str(shard), metadata={"format": "pt"})
+    index = json.loads((fp8 / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({k: shard.name for k in part})
+    (fp8 / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((fp8 / "config.json").read_text())
+    config["quantization_config"]["activation_scheme"] = "static"
+    (fp8 / "config.json").write_text(json.dumps(config))
+    ours, theirs = _convert_both(fp8, bf16_checkpoint("qwen3_moe"), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(name) for k in ours)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, tmp_path):
+    """A per-tensor FP8 release whose weight lacks its scale, whose scale is per row ([N, 1]: not a layout vLLM's
+    fp8 loader reads) or of another dtype, with a weight_scale or an input_scale beside a float weight, block
+    factors under a config without a weight_block_size, or no activation_scheme is refused in one line that says
+    what is wrong, before anything is written."""
+    fp8 = tmp_path / "fp8"
+    _autofp8_release(bf16_checkpoint("mixtral"), fp8, static=True)
+    state = tensors(fp8)
+    key = "model.layers.1.block_sparse_moe.experts.2.w2.weight"
+    gate = "model.layers.1.block_sparse_moe.gate"
+    for broken, needle in (
+            (lambda st: st.pop(f"{key}_scale"), f"{key} is F8_E4M3 without its scales {key}_scale; the FP8 checkpoint "
+                                                f"is incomplete: download it again"),
+            (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].expand(64, 1).contiguous()),
+             f"{key}_scale is F32 [64, 1], not the [] or [1] scales (F32, BF16, F16) that F8_E4M3 [64, 48] with "
+             f"tensor scales needs"),
+            (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].to(torch.float8_e8m0fnu)),
+             f"{key}_scale is F8_E8M0 [], not the [] or [1] scales"),
+            (lambda st: st.__setitem__(f"{gate}.weight_scale", torch.tensor(1.0)),
+             f"{gate}.weight_scale belongs to no fp8 weight"),
+            (lambda st: st.__setitem__(f"{gate}.input_scale", torch.tensor(1.0)),
+             f"{gate}.input_scale belongs to no fp8 weight"),
+            (lambda st: st.__setitem__(f"{key}_scale_inv", st.pop(f"{key}_scale").reshape(1, 1)),
+             f"{key} is F8_E4M3 without its scales {key}_scale")):
+        bad = dict(state)
+        broken(bad)
+        save_file(bad, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
+        assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle)
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    save_file(state, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((fp8 / "config.json").read_text())
+    for scheme in (None, "per-token"):
+        qc = {k: v for k, v in config["quantization_config"].items() if k != "activation_scheme"}
+        (fp8 / "config.json").write_text(json.dumps(dict(config, quantization_config=dict(
+            qc, **({"activation_scheme": scheme} if scheme else {})))))
+        assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"),
+                              f"weight_block_size None, activation_scheme {scheme!r}",
+                              "convert the original float checkpoint instead")
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+
+
 def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16", scalar=False, static=False,
                             kv_cache=False):
     """``float_dir``'s checkpoint as a compressed-tensors float-quantized FP8 release, made as llm-compressor makes
@@ -1043,9 +1160,9 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
                           "quantized with 'fp8'", "experts-int8 quantize SRC DST")
     config = json.loads((fp8 / "config.json").read_text())
     for qc, needle in (({"quant_method": "gptq", "bits": 4}, "already quantized (quant_method 'gptq')"),
-                       ({"quant_method": "fp8"}, "weight_block_size None"),
-                       ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [16, 16]},
-                        "static activation scales")):
+                       ({"quant_method": "fp8"}, "weight_block_size None, activation_scheme None"),
+                       ({"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": [16]},
+                        "weight_block_size [16], activation_scheme 'static'")):
         (fp8 / "config.json").write_text(json.dumps(dict(config, quantization_config=qc)))
         assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle,
                               "convert the original float checkpoint")
@@ -2135,6 +2252,28 @@ def test_release_decoders_refuse_what_they_cannot_read():
         float_decoders(ct, {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F8_E8M0", ())}, {})
     with pytest.raises(ValueError, match="c.weight_scale belongs to no compressed-tensors weight"):
         float_decoders(ct, {"c.weight": ("BF16", (4, 8)), "c.weight_scale": ("F32", ())}, {})
+    # AutoFP8's per-tensor FP8: one scale a tensor ([] or [1]); input scales dropped with their weight, refused beside
+    # a float one; a block release's input and activation scales dropped alike
+    autofp8 = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["c"]}
+    headers = {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F32", ()), "a.input_scale": ("F32", ()),
+               "b.weight": ("F8_E4M3", (4, 8)), "b.weight_scale": ("F32", (1,)), "c.weight": ("BF16", (4, 8)),
+               "other.input_scale": ("F32", ())}
+    assert set(float_decoders(autofp8, headers, {"dtype": "float16"})) == {"a.weight", "b.weight"}
+    assert headers == {"a.weight": ("F16", (4, 8)), "b.weight": ("F16", (4, 8)), "c.weight": ("BF16", (4, 8)),
+                       "other.input_scale": ("F32", ())}  # (an input_scale beside no weight: some other parameter)
+    with pytest.raises(ValueError, match=r"a.weight_scale is F32 \[4, 1\], not the \[\] or \[1\] scales \(F32, BF16, "
+                                         r"F16\) that F8_E4M3 \[4, 8\] with tensor scales needs"):
+        float_decoders(autofp8, {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F32", (4, 1))}, {})
+    with pytest.raises(ValueError, match="a.weight is F8_E4M3 without its scales a.weight_scale; the FP8 checkpoint"):
+        float_decoders(autofp8, {"a.weight": ("F8_E4M3", (4, 8))}, {})
+    for stray in ("c.weight_scale", "c.input_scale"):
+        with pytest.raises(ValueError, match=f"{stray} belongs to no fp8 weight"):
+            float_decoders(autofp8, {"c.weight": ("BF16", (4, 8)), stray: ("F32", ())}, {})
+    headers = {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale_inv": ("F32", (1, 1)), "a.input_scale": ("F32", ()),
+               "b.weight": ("F8_E4M3", (4, 8)), "b.weight_scale_inv": ("F32", (1, 1)),
+               "b.activation_scale": ("F32", ())}
+    assert set(float_decoders(dict(fp8, activation_scheme="static"), headers, {})) == {"a.weight", "b.weight"}
+    assert headers == {"a.weight": ("BF16", (4, 8)), "b.weight": ("BF16", (4, 8))}
 
 
 def test_checkpoint_kind_offers_conversion_only_for_a_release_it_reads():
@@ -2146,6 +2285,12 @@ def test_checkpoint_kind_offers_conversion_only_for_a_release_it_reads():
     assert "convert this release" not in str(info.value)
     group = {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}
     ct = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": group}}
+    for scheme in ("static", "dynamic"):  # (AutoFP8's per-tensor FP8)
+        with pytest.raises(ValueError, match="'fp8'.*convert this release first"):
+            run_module.checkpoint_kind({"quantization_config": {"quant_method": "fp8", "activation_scheme": scheme}})
+    with pytest.raises(ValueError, match="'fp8'; experts-int8 loads float checkpoints") as info:
+        run_module.checkpoint_kind({"quantization_config": {"quant_method": "fp8"}})
+    assert "convert this release" not in str(info.value)
     with pytest.raises(ValueError, match="'compressed-tensors'.*convert this release first"):
         run_module.checkpoint_kind({"quantization_config": ct})
     with pytest.raises(ValueError, match="'compressed-tensors'; experts-int8 loads float checkpoints") as info:
