@@ -605,6 +605,20 @@ def _convert_both(release, float_dir, decoded: dict, tmp_path, *args, device="cp
     return tensors(tmp_path / f"int8_{release.name}"), tensors(ref.parent / "int8_decoded")
 
 
+def _assert_converted_alike(ours: dict, theirs: dict, tmp_path, release: str, arch: str, reload: bool = True):
+    """The release's conversion (``int8_<release>``) equals the decoded checkpoint's tensor for tensor, bit for bit,
+    with its quantization_config; with ``reload`` it loads (the native format) and runs."""
+    for key in ours:
+        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+    config = json.loads((tmp_path / f"int8_{release}" / "config.json").read_text())
+    assert config["quantization_config"] == json.loads(
+        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
+    if reload:
+        model = auto_class(arch).from_pretrained(tmp_path / f"int8_{release}", dtype=torch.bfloat16)
+        with torch.no_grad():
+            assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+
+
 @pytest.mark.parametrize("arch, fmt", [(arch, fmt) for arch in ("deepseek_v3", "qwen3_moe")
                                        for fmt in ("native", "compressed-tensors")] + [("step3p7", "native")])
 def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_checkpoint, tmp_path, arch, fmt):
@@ -616,15 +630,7 @@ def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_c
     decoded = _fp8_release(bf16_checkpoint(arch), fp8, block=(24, 40))
     ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path, "--format", fmt)
     assert set(ours) == set(theirs) and not any(k.endswith("_scale_inv") for k in ours)
-    for key in ours:
-        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
-    config = json.loads((tmp_path / "int8_fp8" / "config.json").read_text())
-    assert config["quantization_config"] == json.loads(
-        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
-    if fmt == "native":
-        model = auto_class(arch).from_pretrained(tmp_path / "int8_fp8", dtype=torch.bfloat16)
-        with torch.no_grad():
-            assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+    _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch, reload=fmt == "native")
 
 
 def _mxfp4_release(float_dir, out):
@@ -911,14 +917,7 @@ def test_quantize_reads_an_autofp8_per_tensor_release_as_the_float_checkpoint_it
     assert any(k.endswith(".input_scale") for k in stored) == static
     ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith((".weight_scale", ".input_scale")) for k in ours)
-    for key in ours:
-        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
-    config = json.loads((tmp_path / "int8_fp8" / "config.json").read_text())
-    assert config["quantization_config"] == json.loads(
-        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
-    model = auto_class(arch).from_pretrained(tmp_path / "int8_fp8", dtype=torch.bfloat16)
-    with torch.no_grad():
-        assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+    _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
 
 
 @pytest.mark.parametrize("name", [".input_scale", ".activation_scale"])
@@ -1068,14 +1067,7 @@ def test_quantize_reads_a_compressed_tensors_fp8_release_as_the_float_checkpoint
     ours, theirs = _convert_both(ct, bf16_checkpoint(arch), decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith(("_scale", "input_scale")) and "experts" not in k
                                                 for k in ours)
-    for key in ours:
-        assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
-    config = json.loads((tmp_path / "int8_ct" / "config.json").read_text())
-    assert config["quantization_config"] == json.loads(
-        (tmp_path / "int8_decoded" / "config.json").read_text())["quantization_config"]
-    model = auto_class(arch).from_pretrained(tmp_path / "int8_ct", dtype=torch.bfloat16)
-    with torch.no_grad():
-        assert torch.isfinite(model(torch.tensor([[3, 5, 7, 9]])).logits).all()
+    _assert_converted_alike(ours, theirs, tmp_path, "ct", arch)
 
 
 @pytest.mark.parametrize("release", ["channel", "tensor", "tensor_scalar_static"])
