@@ -633,6 +633,17 @@ def test_quantize_reads_an_fp8_release_as_the_float_checkpoint_it_encodes(bf16_c
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch, reload=fmt == "native")
 
 
+def _assert_breakages_refused(src, state: dict, cases, tmp_path) -> None:
+    """For each (break, needle) of ``cases``: ``state`` broken so, written as ``src``'s one weights file, is refused
+    by the converter in one line holding ``needle``, with nothing written."""
+    for broken, needle in cases:
+        bad = dict(state)
+        broken(bad)
+        save_file(bad, str(src / "model.safetensors"), metadata={"format": "pt"})
+        assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), needle)
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+
+
 def _mxfp4_release(float_dir, out):
     """``float_dir``'s GPT-OSS checkpoint as its MXFP4 release: each experts tensor ``[E, K, N]`` stored as
     ``_blocks`` ``[E, N, K/32, 16]`` (two e2m1 codes a byte, low first) and ``_scales`` ``[E, N, K/32]`` (exponent +
@@ -696,8 +707,9 @@ def _deepseek_v4_release(float_dir, out, block=(8, 32)):
     """``float_dir``'s DeepSeek-V4 checkpoint in its release's own layout: names without ``model.``
     (``embed.weight``), routed experts in FP4 (I8 ``[N, K/2]``, two e2m1 codes a byte, low first, and ``.scale``
     F8_E8M0 ``[N, K/32]``: each group's amax over 6 rounded up to a power of two), the other linears in e4m3 with
-    ``.scale`` F8_E8M0 block factors, a draft block under ``mtp.0``, ``expert_dtype: fp4`` in config.json. Returns the float state (under the
-    release's names) that transformers' own FP8 decoder makes of it (the converter's reference)."""
+    ``.scale`` F8_E8M0 block factors, a draft block under ``mtp.0``, ``expert_dtype: fp4`` in config.json.
+    Returns the float state (under the release's names) that transformers' own FP8 decoder makes of it (the
+    converter's reference)."""
     from transformers.integrations.finegrained_fp8 import Fp8Dequantize
 
     shutil.copytree(float_dir, out)
@@ -952,25 +964,20 @@ def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, 
     state = tensors(fp8)
     key = "model.layers.1.block_sparse_moe.experts.2.w2.weight"
     gate = "model.layers.1.block_sparse_moe.gate"
-    for broken, needle in (
-            (lambda st: st.pop(f"{key}_scale"), f"{key} is F8_E4M3 without its scales {key}_scale; the FP8 checkpoint "
-                                                f"is incomplete: download it again"),
-            (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].expand(64, 1).contiguous()),
-             f"{key}_scale is F32 [64, 1], not the [] or [1] scales (F32, BF16, F16) that F8_E4M3 [64, 48] with "
-             f"tensor scales needs"),
-            (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].to(torch.float8_e8m0fnu)),
-             f"{key}_scale is F8_E8M0 [], not the [] or [1] scales"),
-            (lambda st: st.__setitem__(f"{gate}.weight_scale", torch.tensor(1.0)),
-             f"{gate}.weight_scale belongs to no fp8 weight"),
-            (lambda st: st.__setitem__(f"{gate}.input_scale", torch.tensor(1.0)),
-             f"{gate}.input_scale belongs to no fp8 weight"),
-            (lambda st: st.__setitem__(f"{key}_scale_inv", st.pop(f"{key}_scale").reshape(1, 1)),
-             f"{key} is F8_E4M3 without its scales {key}_scale")):
-        bad = dict(state)
-        broken(bad)
-        save_file(bad, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
-        assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle)
-        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    _assert_breakages_refused(fp8, state, (
+        (lambda st: st.pop(f"{key}_scale"),
+         f"{key} is F8_E4M3 without its scales {key}_scale; the FP8 checkpoint is incomplete: download it again"),
+        (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].expand(64, 1).contiguous()),
+         f"{key}_scale is F32 [64, 1], not the [] or [1] scales (F32, BF16, F16) that F8_E4M3 [64, 48] with tensor "
+         f"scales needs"),
+        (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].to(torch.float8_e8m0fnu)),
+         f"{key}_scale is F8_E8M0 [], not the [] or [1] scales"),
+        (lambda st: st.__setitem__(f"{gate}.weight_scale", torch.tensor(1.0)),
+         f"{gate}.weight_scale belongs to no fp8 weight"),
+        (lambda st: st.__setitem__(f"{gate}.input_scale", torch.tensor(1.0)),
+         f"{gate}.input_scale belongs to no fp8 weight"),
+        (lambda st: st.__setitem__(f"{key}_scale_inv", st.pop(f"{key}_scale").reshape(1, 1)),
+         f"{key} is F8_E4M3 without its scales {key}_scale")), tmp_path)
     save_file(state, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((fp8 / "config.json").read_text())
     for scheme in (None, "per-token"):
@@ -1129,19 +1136,14 @@ def test_compressed_tensors_releases_it_cannot_decode_are_refused_with_the_way_t
     (ct / "config.json").write_text(json.dumps(config))
     state = tensors(ct)
     key = "model.layers.1.mlp.experts.2.down_proj.weight"
-    for broken, needle in ((lambda st: st.pop(f"{key}_scale"),
-                            f"{key} is F8_E4M3 without its scales {key}_scale; the compressed-tensors checkpoint is "
-                            f"incomplete"),
-                           (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"][:, 0].contiguous()),
-                            f"{key}_scale is BF16 [64], not the [64, 1] scales (F32, BF16, F16) that F8_E4M3 [64, 32] "
-                            f"with channel scales needs"),
-                           (lambda st: st.__setitem__(f"{key}_zero_point", torch.zeros(64, 1)),
-                            f"{key}_zero_point belongs to no compressed-tensors weight")):
-        bad = dict(state)
-        broken(bad)
-        save_file(bad, str(ct / "model.safetensors"), metadata={"format": "pt"})
-        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle)
-        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    _assert_breakages_refused(ct, state, (
+        (lambda st: st.pop(f"{key}_scale"),
+         f"{key} is F8_E4M3 without its scales {key}_scale; the compressed-tensors checkpoint is incomplete"),
+        (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"][:, 0].contiguous()),
+         f"{key}_scale is BF16 [64], not the [64, 1] scales (F32, BF16, F16) that F8_E4M3 [64, 32] with channel "
+         f"scales needs"),
+        (lambda st: st.__setitem__(f"{key}_zero_point", torch.zeros(64, 1)),
+         f"{key}_zero_point belongs to no compressed-tensors weight")), tmp_path)
 
 
 def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
@@ -1164,18 +1166,12 @@ def test_fp8_and_other_quantized_sources_are_refused_with_the_way_that_works(bf1
     os.remove(fp8 / "model.safetensors.index.json")
     state = dict(stored)
     key = next(k for k in state if k.endswith("experts.1.down_proj.weight"))
-    for broken, needle in ((lambda st: st.pop(f"{key}_scale_inv"), f"{key} is F8_E4M3 without its block scales"),
-                           (lambda st: st.__setitem__(f"{key}_scale_inv",
-                                                      st[f"{key}_scale_inv"][:, :1].contiguous()),
-                            f"{key}_scale_inv is F32"),
-                           (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale",
-                                                      st[f"{key}_scale_inv"].clone()),
-                            f"{key.removesuffix('.weight')}.scale belongs to no fp8 weight")):
-        bad = dict(state)
-        broken(bad)
-        save_file(bad, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
-        assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), needle)
-    assert not (tmp_path / "o").exists()
+    _assert_breakages_refused(fp8, state, (
+        (lambda st: st.pop(f"{key}_scale_inv"), f"{key} is F8_E4M3 without its block scales"),
+        (lambda st: st.__setitem__(f"{key}_scale_inv", st[f"{key}_scale_inv"][:, :1].contiguous()),
+         f"{key}_scale_inv is F32"),
+        (lambda st: st.__setitem__(f"{key.removesuffix('.weight')}.scale", st[f"{key}_scale_inv"].clone()),
+         f"{key.removesuffix('.weight')}.scale belongs to no fp8 weight")), tmp_path)
 
 
 def test_quantize_refuses_transposed_fused_experts_with_the_way_that_works(tmp_path):
