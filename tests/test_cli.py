@@ -889,7 +889,8 @@ def _autofp8_release(float_dir, out, static, scalar=True):
     """``float_dir``'s checkpoint as AutoFP8's per-tensor FP8 release (neuralmagic's older -FP8, as vLLM's fp8 loader
     reads it): each Linear weight (not the router or lm_head, listed in ``ignored_layers``) in e4m3 with one fp32
     ``weight_scale`` (its amax / 448: ``[]`` where ``scalar``, as AutoFP8 writes it, else ``[1]``), and with
-    ``static`` an fp32 ``input_scale`` ``[]`` beside it. Made as :func:`_fp8_release` makes block scales, with a block
+    ``static`` an fp32 ``input_scale`` ``[]`` beside it and an FP8 KV cache's (``k_proj``'s and ``v_proj``'s
+    ``output_scale``, ``kv_cache_scheme static``). Made as :func:`_fp8_release` makes block scales, with a block
     larger than any matrix; returns the float state those products make (the converter's reference)."""
     decoded = _fp8_release(float_dir, out, block=(1 << 20, 1 << 20))
     state = tensors(out)
@@ -902,6 +903,8 @@ def _autofp8_release(float_dir, out, static, scalar=True):
             stored[key.removesuffix("_inv")] = value.reshape(() if scalar else (1,)).contiguous()
             if static:
                 stored[f"{key.removesuffix('.weight_scale_inv')}.input_scale"] = torch.tensor(0.02)
+            if static and key.endswith(("k_proj.weight_scale_inv", "v_proj.weight_scale_inv")):
+                stored[f"{key.removesuffix('.weight_scale_inv')}.output_scale"] = torch.tensor(0.05)
         else:
             stored[key] = value
     save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
@@ -910,6 +913,8 @@ def _autofp8_release(float_dir, out, static, scalar=True):
         "quant_method": "fp8", "activation_scheme": "static" if static else "dynamic",
         "ignored_layers": ["lm_head"] + sorted({k.removesuffix(".weight") for k in state
                                                  if k.endswith("gate.weight") and "proj" not in k})}
+    if static:
+        config["quantization_config"]["kv_cache_scheme"] = "static"
     (out / "config.json").write_text(json.dumps(config))
     return decoded
 
@@ -920,15 +925,17 @@ def test_quantize_reads_an_autofp8_per_tensor_release_as_the_float_checkpoint_it
                                                                                          arch, static, scalar):
     """AutoFP8's per-tensor FP8 release (quant_method fp8, no weight_block_size; static or dynamic activations, its
     scales [] or [1]) converts bit for bit to what its decoded float checkpoint converts to: experts int8, its other
-    FP8 weights in the config's bf16, no weight or input scales left, our quantization_config; it reloads and
-    runs."""
+    FP8 weights in the config's bf16, no weight, input or KV-cache scales left, our quantization_config; it reloads
+    and runs."""
     fp8 = tmp_path / "fp8"
     decoded = _autofp8_release(bf16_checkpoint(arch), fp8, static=static, scalar=scalar)
     stored = tensors(fp8)
     assert {tuple(v.shape) for k, v in stored.items() if k.endswith(".weight_scale")} == {() if scalar else (1,)}
     assert any(k.endswith(".input_scale") for k in stored) == static
+    assert any(k.endswith("k_proj.output_scale") for k in stored) == static
     ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path)
-    assert set(ours) == set(theirs) and not any(k.endswith((".weight_scale", ".input_scale")) for k in ours)
+    assert set(ours) == set(theirs)
+    assert not any(k.endswith((".weight_scale", ".input_scale", ".output_scale")) for k in ours)
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
 
 
@@ -2254,7 +2261,11 @@ def test_release_decoders_refuse_what_they_cannot_read():
         float_decoders(autofp8, {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F32", (4, 1))}, {})
     with pytest.raises(ValueError, match="a.weight is F8_E4M3 without its scales a.weight_scale; the FP8 checkpoint"):
         float_decoders(autofp8, {"a.weight": ("F8_E4M3", (4, 8))}, {})
-    for stray in ("c.weight_scale", "c.input_scale"):
+    headers = {"k.weight": ("F8_E4M3", (4, 8)), "k.weight_scale": ("F32", ()), "k.output_scale": ("F32", ()),
+               "o.output_scale": ("F32", ())}  # (an FP8 KV cache's scale dropped with its weight)
+    assert set(float_decoders(autofp8, headers, {})) == {"k.weight"}
+    assert headers == {"k.weight": ("BF16", (4, 8)), "o.output_scale": ("F32", ())}
+    for stray in ("c.weight_scale", "c.input_scale", "c.output_scale"):
         with pytest.raises(ValueError, match=f"{stray} belongs to no fp8 weight"):
             float_decoders(autofp8, {"c.weight": ("BF16", (4, 8)), stray: ("F32", ())}, {})
     headers = {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale_inv": ("F32", (1, 1)), "a.input_scale": ("F32", ()),

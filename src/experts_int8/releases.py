@@ -14,7 +14,8 @@ Four encodings cover the MoE releases that ship no float weights:
   reads them): each quantized Linear's F8 ``<module>.weight`` ``[N, K]`` beside ``<module>.weight_scale``, one
   factor for the tensor (``[]`` or ``[1]``); the weight is their product. Static activation scales
   (``<module>.input_scale``) are dropped, as they are from a block-scaled release that has them (transformers'
-  own static FP8 names them ``<module>.activation_scale``): an int8-weight model runs its activations in float.
+  own static FP8 names them ``<module>.activation_scale``), and so are an FP8 KV cache's scales (``k_proj``'s and
+  ``v_proj``'s ``output_scale``): an int8-weight model runs its activations and its KV cache in float.
 * compressed-tensors' FP8 (``quant_method: compressed-tensors``, ``format: float-quantized``: RedHatAI's and
   neuralmagic's -FP8-dynamic and -FP8 releases): each quantized Linear's F8 ``<module>.weight`` ``[N, K]`` beside
   ``<module>.weight_scale``, one factor for the tensor (``[]`` or ``[1]``), per row (``[N, 1]``, ``channel``) or per
@@ -47,6 +48,7 @@ FP4_PACKED_DTYPE = "I8"  # (an FP8 release's FP4 weights: two e2m1 codes a byte,
 FP4_GROUP = 32  # values of a row that share one factor
 FP8_ACTIVATION_SCHEMES = ("static", "dynamic")  # (a per-tensor release names one, as vLLM's fp8 loader needs)
 FP8_ACTIVATION_SCALES = (".input_scale", ".activation_scale")  # (static activations': vLLM's and transformers' names)
+FP8_KV_CACHE_SCALES = (".output_scale",)  # (AutoFP8's FP8 KV cache: k_proj's and v_proj's outputs, vLLM's k/v scales)
 CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and scales stored as they are, not packed)
 CT_STRATEGIES = ("tensor", "channel", "block")
 CT_SCALE_DTYPES = ("F32", "BF16", "F16")
@@ -251,15 +253,16 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                 raise ValueError(f"{scales} is {got}, not the U8 {list(shape[:3])} scales {key} needs")
             decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
             shapes[base] = (shape[0], 32 * shape[2], shape[1])
-    activations = {"fp8": FP8_ACTIVATION_SCALES, "compressed-tensors": CT_ACTIVATION_SCALES}.get(qc["quant_method"], ())
+    activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES,
+                   "compressed-tensors": CT_ACTIVATION_SCALES}.get(qc["quant_method"], ())
     for key in [k for k in headers if k.endswith(activations)]:
         if f"{key.rsplit('.', 1)[0]}.weight" in decoders:
-            del headers[key]  # (an int8-weight model runs its activations in float)
+            del headers[key]  # (an int8-weight model runs its activations and its KV cache in float)
     consumed = {k for keys, _ in decoders.values() for k in keys}
     # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters;
     # an FP8 release's activation scales likewise)
     factors = ("_scale_inv", "_scales", "_blocks", ".qscale_weight")
-    beside = (".scale", *FP8_ACTIVATION_SCALES) if qc["quant_method"] == "fp8" else (".scale",)
+    beside = (".scale", *FP8_ACTIVATION_SCALES, *FP8_KV_CACHE_SCALES) if qc["quant_method"] == "fp8" else (".scale",)
     if qc["quant_method"] == "compressed-tensors" or per_tensor:
         factors += (".weight_scale",)
     if qc["quant_method"] == "compressed-tensors":
