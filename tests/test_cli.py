@@ -939,6 +939,56 @@ def test_quantize_reads_an_autofp8_per_tensor_release_as_the_float_checkpoint_it
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
 
 
+def _transformers_fp8_release(float_dir, out, scheme, monkeypatch):
+    """``float_dir``'s checkpoint as transformers' own per-tensor FP8 writes it (``FineGrainedFP8Config`` without a
+    ``weight_block_size``, quantized while loading, then ``save_pretrained``; its check for a GPU skipped: the
+    quantization itself is plain torch): each Linear's e4m3 ``weight`` beside ``weight_scale_inv`` ``[1, 1]``, the
+    experts' weights split back per expert without factors, which stay in the merged tensors' names
+    (``experts.gate_up_proj_scale_inv`` and ``experts.down_proj_scale_inv`` ``[E, 1, 1]``). Returns the float state
+    those products make, as transformers' ``Fp8Dequantize`` makes them (in float32, rounded once to the weight's
+    bf16; the converter's reference)."""
+    from transformers import FineGrainedFP8Config
+    from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
+
+    monkeypatch.setattr(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None)
+    config = FineGrainedFP8Config(weight_block_size=None, activation_scheme=scheme)
+    AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=config, dtype=torch.bfloat16).save_pretrained(
+        out)
+    stored, decoded, merged = tensors(out), {}, {"w1": "gate_up", "w3": "gate_up", "gate_proj": "gate_up",
+                                                 "up_proj": "gate_up", "w2": "down", "down_proj": "down"}
+    for key, value in stored.items():
+        if key.endswith(("_scale_inv", "activation_scale")):
+            continue
+        expert = re.match(r"(.+\.experts)\.(\d+)\.(\w+)\.weight$", key)
+        if value.dtype == torch.float8_e4m3fn:
+            scale = (stored[f"{key}_scale_inv"] if not expert else
+                     stored[f"{expert[1]}.{merged[expert[3]]}_proj_scale_inv"][int(expert[2])])
+            value = (value.float() * scale.float()).bfloat16()
+        decoded[key] = value
+    return decoded
+
+
+@pytest.mark.parametrize("arch, scheme", [("mixtral", "dynamic"), ("qwen3_moe", "static")])
+def test_quantize_reads_transformers_per_tensor_fp8_release_as_the_float_checkpoint_it_encodes(
+        bf16_checkpoint, tmp_path, monkeypatch, arch, scheme):
+    """transformers' own per-tensor FP8 (quant_method fp8, weight_block_size null), as its save_pretrained writes it
+    (Linear factors [1, 1] in weight_scale_inv; the experts' in the merged tensors' names, [E, 1, 1]), converts bit
+    for bit to what its decoded float checkpoint converts to: no weight or activation scales left, our
+    quantization_config; it reloads and runs."""
+    fp8 = tmp_path / "fp8"
+    decoded = _transformers_fp8_release(bf16_checkpoint(arch), fp8, scheme, monkeypatch)
+    stored = tensors(fp8)
+    experts = len({k.split(".experts.")[1].split(".")[0] for k in stored if ".experts.0." in k or ".experts.1." in k})
+    assert experts == 2  # (the weights per expert, as the float checkpoint holds them)
+    assert {tuple(v.shape) for k, v in stored.items() if k.endswith(".weight_scale_inv")} == {(1, 1)}
+    assert {tuple(v.shape)[1:] for k, v in stored.items() if k.endswith("experts.gate_up_proj_scale_inv")} == {(1, 1)}
+    assert any(k.endswith("activation_scale") for k in stored) == (scheme == "static")
+    assert json.loads((fp8 / "config.json").read_text())["quantization_config"]["weight_block_size"] is None
+    ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(("_scale_inv", "activation_scale")) for k in ours)
+    _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
+
+
 @pytest.mark.parametrize("name", [".input_scale", ".activation_scale"])
 def test_a_block_scaled_fp8_release_with_static_activations_drops_their_scales(bf16_checkpoint, tmp_path, name):
     """A block-scaled FP8 release with static activations (vLLM refuses the pair; transformers' own FP8 writes it,
@@ -963,9 +1013,9 @@ def test_a_block_scaled_fp8_release_with_static_activations_drops_their_scales(b
 
 def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, tmp_path):
     """A per-tensor FP8 release whose weight lacks its scale, whose scale is per row ([N, 1]: not a layout vLLM's
-    fp8 loader reads) or of another dtype, with a weight_scale or an input_scale beside a float weight, block
-    factors under a config without a weight_block_size, or no activation_scheme is refused in one line that says
-    what is wrong, before anything is written."""
+    fp8 loader reads) or of another dtype, with a weight_scale or an input_scale beside a float weight, factors
+    under both AutoFP8's name and transformers' (weight_scale_inv), or no activation_scheme is refused in one line
+    that says what is wrong, before anything is written."""
     fp8 = tmp_path / "fp8"
     _autofp8_release(bf16_checkpoint("mixtral"), fp8, static=True)
     state = tensors(fp8)
@@ -973,7 +1023,8 @@ def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, 
     gate = "model.layers.1.block_sparse_moe.gate"
     _assert_breakages_refused(fp8, state, (
         (lambda st: st.pop(f"{key}_scale"),
-         f"{key} is F8_E4M3 without its scales {key}_scale; the FP8 checkpoint is incomplete: download it again"),
+         f"{key} is F8_E4M3 without its scales {key}_scale or {key}_scale_inv (or model.layers.1.block_sparse_moe."
+         f"experts.down_proj_scale_inv); the FP8 checkpoint is incomplete: download it again"),
         (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].expand(64, 1).contiguous()),
          f"{key}_scale is F32 [64, 1], not the [] or [1] scales (F32, BF16, F16) that F8_E4M3 [64, 48] with tensor "
          f"scales needs"),
@@ -983,8 +1034,8 @@ def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, 
          f"{gate}.weight_scale belongs to no fp8 weight"),
         (lambda st: st.__setitem__(f"{gate}.input_scale", torch.tensor(1.0)),
          f"{gate}.input_scale belongs to no fp8 weight"),
-        (lambda st: st.__setitem__(f"{key}_scale_inv", st.pop(f"{key}_scale").reshape(1, 1)),
-         f"{key} is F8_E4M3 without its scales {key}_scale")), tmp_path)
+        (lambda st: st.__setitem__(f"{key}_scale_inv", st[f"{key}_scale"].reshape(1, 1).clone()),
+         f"{key}_scale_inv belongs to no fp8 weight")), tmp_path)  # (both scales: one is no weight's)
     save_file(state, str(fp8 / "model.safetensors"), metadata={"format": "pt"})
     config = json.loads((fp8 / "config.json").read_text())
     for scheme in (None, "per-token"):
@@ -2259,8 +2310,53 @@ def test_release_decoders_refuse_what_they_cannot_read():
     with pytest.raises(ValueError, match=r"a.weight_scale is F32 \[4, 1\], not the \[\] or \[1\] scales \(F32, BF16, "
                                          r"F16\) that F8_E4M3 \[4, 8\] with tensor scales needs"):
         float_decoders(autofp8, {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale": ("F32", (4, 1))}, {})
-    with pytest.raises(ValueError, match="a.weight is F8_E4M3 without its scales a.weight_scale; the FP8 checkpoint"):
+    with pytest.raises(ValueError, match="a.weight is F8_E4M3 without its scales a.weight_scale or "
+                                         "a.weight_scale_inv; the FP8 checkpoint"):
         float_decoders(autofp8, {"a.weight": ("F8_E4M3", (4, 8))}, {})
+    # transformers' own per-tensor FP8 (weight_scale_inv): [] or [1], or equal blocks [..., a, b] (a Linear's [1, 1],
+    # fused experts' [E, 2, 1] and [E, 1, 1]); a per-expert weight's factors in its merged tensor's name, as
+    # transformers saves them, the gate's and up's halves of gate_up_proj's rows; their activation scales dropped
+    tf = {"quant_method": "fp8", "activation_scheme": "static", "weight_block_size": None}
+    headers = {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale_inv": ("F32", ()), "a.activation_scale": ("F32", ()),
+               "b.weight": ("F8_E4M3", (4, 8)), "b.weight_scale_inv": ("F32", (1,)),
+               "c.weight": ("F8_E4M3", (4, 8)), "c.weight_scale_inv": ("F32", (1, 1)),
+               "d.weight": ("F8_E4M3", (4, 8)), "d.weight_scale_inv": ("BF16", (2, 4)),
+               "f.experts.gate_up_proj": ("F8_E4M3", (3, 8, 4)),
+               "f.experts.gate_up_proj_scale_inv": ("F32", (3, 2, 1)),
+               "f.experts.down_proj": ("F8_E4M3", (3, 4, 4)), "f.experts.down_proj_scale_inv": ("F32", (3, 1, 1)),
+               "m.experts.1.w1.weight": ("F8_E4M3", (4, 8)), "m.experts.1.w3.weight": ("F8_E4M3", (4, 8)),
+               "m.experts.0.w2.weight": ("F8_E4M3", (8, 4)), "m.experts.gate_up_proj_scale_inv": ("F32", (2, 2, 1)),
+               "m.experts.down_proj_scale_inv": ("F32", (2, 1, 1)),
+               "m.experts.gate_up_proj_activation_scale": ("F32", (2,))}
+    decoders = float_decoders(tf, headers, {}, ("w1", "w3", "w2"))
+    assert set(decoders) == {"a.weight", "b.weight", "c.weight", "d.weight", "f.experts.gate_up_proj",
+                             "f.experts.down_proj", "m.experts.1.w1.weight", "m.experts.1.w3.weight",
+                             "m.experts.0.w2.weight"}
+    assert headers == {**{f"{m}.weight": ("BF16", (4, 8)) for m in "abcd"},
+                       "f.experts.gate_up_proj": ("BF16", (3, 8, 4)), "f.experts.down_proj": ("BF16", (3, 4, 4)),
+                       "m.experts.1.w1.weight": ("BF16", (4, 8)), "m.experts.1.w3.weight": ("BF16", (4, 8)),
+                       "m.experts.0.w2.weight": ("BF16", (8, 4))}
+    w = torch.randn(3, 8, 4).to(torch.float8_e4m3fn)
+    scale = torch.rand(3, 2, 1) + 0.5
+    assert torch.equal(decoders["f.experts.gate_up_proj"][1](w, scale),
+                       (w.float() * scale.repeat_interleave(4, 1)).bfloat16())
+    for name, half in (("w1", 0), ("w3", 1)):  # (expert 1's factors, of its half of the rows)
+        assert torch.equal(decoders[f"m.experts.1.{name}.weight"][1](w[0, :4], scale[:2]),
+                           (w[0, :4].float() * scale[1, half]).bfloat16())
+    grid = torch.rand(2, 4) + 0.5  # (d's: blocks of 2 rows and 2 columns)
+    assert torch.equal(decoders["d.weight"][1](w[0].t(), grid),
+                       (w[0].t().float() * grid.repeat_interleave(2, 0).repeat_interleave(2, 1)).bfloat16())
+    with pytest.raises(ValueError, match=r"a.weight_scale_inv is F32 \[3, 1\], not the scales \(F32, .*\) of equal "
+                                         r"blocks that F8_E4M3 \[4, 8\] needs: \[\] or \[1\], or \[..., a, b\]"):
+        float_decoders(tf, {"a.weight": ("F8_E4M3", (4, 8)), "a.weight_scale_inv": ("F32", (3, 1))}, {})
+    with pytest.raises(ValueError, match=r"m.experts.gate_up_proj_scale_inv is F32 \[2, 3, 1\], not the scales .* "
+                                         r"that F8_E4M3 \[4, 8\] \(expert 1, part 1 of 2 of its rows\) needs"):
+        float_decoders(tf, {"m.experts.1.w1.weight": ("F8_E4M3", (4, 8)),
+                            "m.experts.gate_up_proj_scale_inv": ("F32", (2, 3, 1))}, {}, ("w1", "w3", "w2"))
+    with pytest.raises(ValueError, match=r"m.experts.2.w2.weight is F8_E4M3 without its scales m.experts.2.w2."
+                                         r"weight_scale or m.experts.2.w2.weight_scale_inv \(or m.experts."
+                                         r"down_proj_scale_inv\)"):
+        float_decoders(tf, {"m.experts.2.w2.weight": ("F8_E4M3", (8, 4))}, {}, ("w1", "w3", "w2"))
     headers = {"k.weight": ("F8_E4M3", (4, 8)), "k.weight_scale": ("F32", ()), "k.output_scale": ("F32", ()),
                "o.output_scale": ("F32", ())}  # (an FP8 KV cache's scale dropped with its weight)
     assert set(float_decoders(autofp8, headers, {})) == {"k.weight"}

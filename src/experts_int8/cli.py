@@ -461,9 +461,9 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, not_conve
     (weight_packed, weight_scale, weight_shape), non-expert layers listed in `ignore`. Writes into a temporary
     folder next to DST and renames it at the end, so a failure leaves nothing behind. Prints time, sizes and
     the quantization SNR per layer.
-    An FP8 release (quant_method fp8 with block scales or AutoFP8's per-tensor ones, compressed-tensors'
-    float-quantized) or an MXFP4 one (GPT-OSS) is read as the float checkpoint it encodes; its other FP8 layers
-    are written in the config's float dtype, its activation scales dropped.
+    An FP8 release (quant_method fp8 with block scales or AutoFP8's or transformers' per-tensor ones,
+    compressed-tensors' float-quantized) or an MXFP4 one (GPT-OSS) is read as the float checkpoint it
+    encodes; its other FP8 layers are written in the config's float dtype, its activation scales dropped.
     """
     from .convert import format_bytes, parse_size, quantize_checkpoint
     from .run import check_device

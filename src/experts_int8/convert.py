@@ -458,7 +458,7 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     device = torch.device(device)
     headers, key_file, order = _tensor_index(files)
 
-    decoders = float_decoders(encoding, headers, text_config(config)) if encoding else {}
+    decoders = float_decoders(encoding, headers, text_config(config), _loader_expert_names(config)) if encoding else {}
     merges = _experts_merges(config, headers)  # (of the decoded tensors, where a release encodes the parts)
     for made in (decoders, merges):  # (a tensor made of others takes the first one's place; the others go)
         first = {keys[0]: key for key, (keys, _) in made.items()}

@@ -1,6 +1,6 @@
 """Quantized releases read as the float checkpoints they encode (by ``experts-int8 quantize``).
 
-Four encodings cover the MoE releases that ship no float weights:
+Five encodings cover the MoE releases that ship no float weights:
 
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
@@ -16,6 +16,17 @@ Four encodings cover the MoE releases that ship no float weights:
   (``<module>.input_scale``) are dropped, as they are from a block-scaled release that has them (transformers'
   own static FP8 names them ``<module>.activation_scale``), and so are an FP8 KV cache's scales (``k_proj``'s and
   ``v_proj``'s ``output_scale``): an int8-weight model runs its activations and its KV cache in float.
+* transformers' own per-tensor FP8 (``FineGrainedFP8Config`` with ``weight_block_size`` null: the same config as
+  AutoFP8's): each quantized weight's F8 ``<name>`` ``[..., N, K]`` beside ``<name>_scale_inv`` (not
+  ``weight_scale``): ``[]`` or ``[1]`` (a Linear's ``FP8Linear`` parameter), or ``[..., a, b]``, one factor per
+  block of N/a rows and K/b columns (equal blocks, as its ``Fp8Dequantize`` derives them from the grid): its
+  ``save_pretrained`` writes a Linear's ``[1, 1]`` (``Fp8Quantize``'s one block, the whole matrix) and a fused
+  experts tensor's ``[E, 1, 1]``, and where it splits the experts back per expert (Mixtral's ``w1``/``w3``/``w2``,
+  Qwen3's ``gate_proj``...) it leaves their factors under the merged names, ``<experts>.gate_up_proj_scale_inv``
+  (the gate's rows first, then the up's) and ``<experts>.down_proj_scale_inv`` (transformers' own reload on a CPU,
+  which dequantizes, finds those unexpected and leaves its experts unscaled); each weight is its product, in
+  float32 rounded once to the config's dtype (as ``Fp8Dequantize`` makes it). Static activation scales
+  (``<name>.activation_scale``, ``<experts>.gate_up_proj_activation_scale`` ``[E]``...) are dropped.
 * compressed-tensors' FP8 (``quant_method: compressed-tensors``, ``format: float-quantized``: RedHatAI's and
   neuralmagic's -FP8-dynamic and -FP8 releases): each quantized Linear's F8 ``<module>.weight`` ``[N, K]`` beside
   ``<module>.weight_scale``, one factor for the tensor (``[]`` or ``[1]``), per row (``[N, 1]``, ``channel``) or per
@@ -35,6 +46,7 @@ bfloat16 model, its releases' two cases; transformers fuses their experts as pro
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Callable, Optional
 
@@ -48,6 +60,7 @@ FP4_PACKED_DTYPE = "I8"  # (an FP8 release's FP4 weights: two e2m1 codes a byte,
 FP4_GROUP = 32  # values of a row that share one factor
 FP8_ACTIVATION_SCHEMES = ("static", "dynamic")  # (a per-tensor release names one, as vLLM's fp8 loader needs)
 FP8_ACTIVATION_SCALES = (".input_scale", ".activation_scale")  # (static activations': vLLM's and transformers' names)
+FP8_MERGED_ACTIVATION_SCALE = "_activation_scale"  # (transformers' static FP8 experts': one per expert, [E])
 FP8_KV_CACHE_SCALES = (".output_scale",)  # (AutoFP8's FP8 KV cache: k_proj's and v_proj's outputs, vLLM's k/v scales)
 CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and scales stored as they are, not packed)
 CT_STRATEGIES = ("tensor", "channel", "block")
@@ -77,7 +90,7 @@ def release_encoding(config: dict, src) -> Optional[dict]:
     raise ValueError(f"{src} is already quantized (quant_method {method!r}"
                      + (f", weight_block_size {block!r}, activation_scheme {scheme!r}" if method == "fp8" else "")
                      + "); convert the original float checkpoint instead (quant_method fp8 releases with block "
-                     "scales, a weight_block_size of two sizes, or AutoFP8's with one scale a tensor, no "
+                     "scales, a weight_block_size of two sizes, or AutoFP8's or transformers' per-tensor ones, no "
                      "weight_block_size and activation_scheme static or dynamic; compressed-tensors' float-quantized "
                      "FP8 ones and MXFP4 ones are read directly)")
 
@@ -182,9 +195,12 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> to
     return out
 
 
-def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tuple[str, ...], Callable]]:
+def float_decoders(qc: dict, headers: dict, config: dict,
+                   experts: Optional[tuple[str, str, str]] = None) -> dict[str, tuple[tuple[str, ...], Callable]]:
     """Each encoded weight's float key -> (the stored keys it decodes from, the function that decodes them).
-    ``headers`` (key -> (safetensors dtype, shape)) is changed to the float tensors' (the stored keys consumed)."""
+    ``headers`` (key -> (safetensors dtype, shape)) is changed to the float tensors' (the stored keys consumed).
+    ``experts``: the checkpoint's per-expert (gate, up, down) projection names, where transformers merges them
+    (a transformers-saved per-tensor release keeps their factors in the merged tensors' names)."""
     name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
     if name not in FLOAT_DTYPES:
         raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
@@ -224,6 +240,14 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
             if stored not in FP8_DTYPES:
                 continue
             scale = f"{key}_scale"
+            if per_tensor and scale not in headers:  # (transformers' own: a grid of equal blocks, or its experts')
+                found = _fp8_grid(key, shape, headers, experts, dtype)
+                if found is None:
+                    raise ValueError(f"{key} is {stored} without its scales {scale} or {key}_scale_inv"
+                                     + "".join(f" (or {k})" for k, _, _ in _merged_scale_keys(key, experts)[:1])
+                                     + f"; the {release} checkpoint is incomplete: download it again")
+                decoders[key], shapes[key] = found, tuple(shape)
+                continue
             if scale not in headers:
                 raise ValueError(f"{key} is {stored} without its scales {scale}; the {release} checkpoint is "
                                  f"incomplete: download it again")
@@ -253,12 +277,13 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
                 raise ValueError(f"{scales} is {got}, not the U8 {list(shape[:3])} scales {key} needs")
             decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
             shapes[base] = (shape[0], 32 * shape[2], shape[1])
-    activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES,
+    activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES + (FP8_MERGED_ACTIVATION_SCALE,),
                    "compressed-tensors": CT_ACTIVATION_SCALES}.get(qc["quant_method"], ())
-    for key in [k for k in headers if k.endswith(activations)]:
-        if f"{key.rsplit('.', 1)[0]}.weight" in decoders:
-            del headers[key]  # (an int8-weight model runs its activations and its KV cache in float)
     consumed = {k for keys, _ in decoders.values() for k in keys}
+    for key in [k for k in headers if k.endswith(activations)]:
+        if f"{key.rsplit('.', 1)[0]}.weight" in decoders or (key.endswith(FP8_MERGED_ACTIVATION_SCALE) and (
+                f"{key.removesuffix(FP8_MERGED_ACTIVATION_SCALE)}_scale_inv" in consumed)):
+            del headers[key]  # (an int8-weight model runs its activations and its KV cache in float)
     # (a ``.scale`` is a weight's factors only beside its ``.weight``: DeepSeek-V4's other ``.scale`` are parameters;
     # an FP8 release's activation scales likewise)
     factors = ("_scale_inv", "_scales", "_blocks", ".qscale_weight")
@@ -276,6 +301,59 @@ def float_decoders(qc: dict, headers: dict, config: dict) -> dict[str, tuple[tup
         del headers[k]
     headers.update({key: (dtype_name, shape) for key, shape in shapes.items()})
     return decoders
+
+
+def _merged_scale_keys(key: str, experts) -> list[tuple[str, int, int]]:
+    """The factors transformers saves for a per-expert weight ``<experts>.<e>.<projection>.weight`` (its
+    merged tensor's ``<experts>.gate_up_proj_scale_inv`` ``[E, a, b]``, the gate the first of its two parts, or
+    ``down_proj``'s, or ``up_proj``'s without a gate): [(key, part, parts)], the likelier first; none for others."""
+    found = re.match(r"(.+\.experts)\.\d+\.(\w+)\.weight$", key)
+    if not experts or not found:
+        return []
+    base, name = found.groups()
+    return {experts[0]: [(f"{base}.gate_up_proj_scale_inv", 0, 2)],
+            experts[1]: [(f"{base}.gate_up_proj_scale_inv", 1, 2), (f"{base}.up_proj_scale_inv", 0, 1)],
+            experts[2]: [(f"{base}.down_proj_scale_inv", 0, 1)]}.get(name, [])
+
+
+def _fp8_grid(key: str, shape, headers: dict, experts, dtype) -> Optional[tuple[tuple[str, ...], Callable]]:
+    """transformers' per-tensor FP8 (``FineGrainedFP8Config`` without a ``weight_block_size``): ``key``'s
+    ``<key>_scale_inv`` (``[]`` or ``[1]``, or ``[..., a, b]``: a block of N/a rows and K/b columns each, as
+    transformers' ``Fp8Dequantize`` derives it, ``[1, 1]`` as it saves a Linear's), or, for a per-expert weight, its
+    expert's factors in the merged tensor's (:func:`_merged_scale_keys`: saved so, the weights split back); the
+    (stored keys, decoder), None where there are none. Blocks that do not divide the matrix are refused."""
+    scale, part, parts = f"{key}_scale_inv", 0, 1
+    if scale not in headers:
+        scale, part, parts = next(((s, p, n) for s, p, n in _merged_scale_keys(key, experts) if s in headers),
+                                  (None, 0, 1))
+    if scale is None:
+        return None
+    merged = scale != f"{key}_scale_inv"
+    expert = int(key.rsplit(".", 3)[-3]) if merged else None
+    sdtype, sshape = headers[scale][0], tuple(headers[scale][1])
+    if sshape in ((), (1,)) and len(shape) == 2 and not merged:
+        sshape = (1, 1)  # (a Linear's one factor, as FP8Linear holds it)
+    (n, k), (a, b) = (shape[-2:] if len(shape) >= 2 else (0, 0)), (sshape[-2:] if len(sshape) >= 2 else (0, 0))
+    lead = len(sshape) == 3 and expert < sshape[0] if merged else sshape[:-2] == tuple(shape[:-2])
+    if not (n and lead and a and b) or (n * parts) % a or k % b or sdtype not in FP8_SCALE_DTYPES:
+        raise ValueError(f"{scale} is {sdtype} {list(headers[scale][1])}, not the scales "
+                         f"({', '.join(FP8_SCALE_DTYPES)}) of equal blocks that {headers[key][0]} {list(shape)}"
+                         + (f" (expert {expert}, part {part + 1} of {parts} of its rows)" if merged else "")
+                         + " needs: [] or [1], or [..., a, b] with a dividing its rows and b its columns")
+    return (key, scale), partial(_dequantize_fp8_grid, expert=expert if merged else None, part=part, parts=parts,
+                                 dtype=dtype)
+
+
+def _dequantize_fp8_grid(w: torch.Tensor, scale_inv: torch.Tensor, *, expert, part, parts, dtype) -> torch.Tensor:
+    """``w`` ``[..., N, K]`` times the factors ``scale_inv`` of equal blocks (:func:`_fp8_grid`); of a merged
+    tensor's expert ``expert`` where not None (its rows ``part`` of ``parts``: each row's factors picked out)."""
+    n, k = w.shape[-2:]
+    if scale_inv.dtype == torch.uint8:
+        scale_inv = scale_inv.view(torch.float8_e8m0fnu)
+    grid = scale_inv.float().reshape(1, 1) if scale_inv.dim() < 2 else scale_inv.float()
+    if expert is not None:
+        grid = grid[expert].repeat_interleave(n * parts // grid.shape[-2], 0)[part * n:(part + 1) * n]
+    return dequantize_fp8_blocks(w, grid, block=(n // grid.shape[-2], k // grid.shape[-1]), dtype=dtype)
 
 
 def _fp8_scale_key(key: str, headers: dict) -> Optional[str]:
