@@ -799,13 +799,14 @@ def test_a_deepseek_v4_release_missing_an_fp4_weights_factors_is_refused_by_name
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("release", ["deepseek_v4", "fp8", "mxfp4"])
+@pytest.mark.parametrize("release", ["deepseek_v4", "fp8", "autofp8", "mxfp4"])
 def test_releases_decode_on_the_gpu_to_the_cpus_values(bf16_checkpoint, tmp_path, release):
     """With --device cuda a release's weights decode on the GPU: the output equals what its decoded float
     checkpoint converts to there, as on the CPU (exact products, one rounding)."""
-    arch = {"deepseek_v4": "deepseek_v4", "fp8": "deepseek_v3", "mxfp4": "gpt_oss"}[release]
+    arch = {"deepseek_v4": "deepseek_v4", "fp8": "deepseek_v3", "autofp8": "mixtral", "mxfp4": "gpt_oss"}[release]
     src = tmp_path / release
     make = {"deepseek_v4": _deepseek_v4_release, "mxfp4": _mxfp4_release,
+            "autofp8": lambda f, o: _autofp8_release(f, o, static=True),
             "fp8": lambda f, o: _fp8_release(f, o, block=(16, 24), scales="U8")}[release]
     decoded = make(bf16_checkpoint(arch), src)
     ours, theirs = _convert_both(src, bf16_checkpoint(arch), decoded, tmp_path, device="cuda")
