@@ -205,78 +205,13 @@ def float_decoders(qc: dict, headers: dict, config: dict,
     if name not in FLOAT_DTYPES:
         raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
     dtype, dtype_name = FLOAT_DTYPES[name]
-    decoders, shapes = {}, {}
-    per_tensor = qc["quant_method"] == "fp8" and qc.get("weight_block_size") is None  # (AutoFP8's)
+    per_tensor = qc["quant_method"] == "fp8" and qc.get("weight_block_size") is None  # (AutoFP8's, transformers')
     if qc["quant_method"] == "fp8" and not per_tensor:
-        block = tuple(qc["weight_block_size"])
-        for key, (stored, shape) in headers.items():
-            if stored not in FP8_DTYPES and stored != FP4_PACKED_DTYPE:
-                continue
-            scale = _fp8_scale_key(key, headers)
-            if scale is None and stored == FP4_PACKED_DTYPE and not key.endswith(".weight"):
-                continue  # (an int8 tensor that is no weight: kept as it is; an I8 weight is FP4 missing its factors)
-            if scale is None:
-                raise ValueError(f"{key} is {stored} without its block scales {key}_scale_inv (or "
-                                 f"{key.removesuffix('.weight')}.scale); the FP8 checkpoint is incomplete: download "
-                                 f"it again")
-            if stored == FP4_PACKED_DTYPE:  # (DeepSeek-V4's routed experts)
-                width = 2 * shape[-1] if shape else 0
-                want, what = (*shape[:-1], -(-width // FP4_GROUP)), f"in groups of {FP4_GROUP} values a row"
-                decode, shapes[key] = partial(dequantize_fp4_rows, dtype=dtype), (*shape[:-1], width)
-                encoded = "FP4 (I8, two values a byte)"
-            else:
-                want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
-                what, encoded = f"in blocks of {list(block)}", stored
-                decode, shapes[key] = partial(dequantize_fp8_blocks, block=block, dtype=dtype), tuple(shape)
-            if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in FP8_SCALE_DTYPES:
-                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
-                                 f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {encoded} {list(shape)} "
-                                 f"{what} needs")
-            decoders[key] = ((key, scale), decode)
-    elif qc["quant_method"] in ("fp8", "compressed-tensors"):  # (one factor a tensor, a row or a block)
-        strategy, block = ("tensor", None) if per_tensor else _compressed_fp8_weights(qc)
-        release = "FP8" if per_tensor else "compressed-tensors"
-        for key, (stored, shape) in headers.items():
-            if stored not in FP8_DTYPES:
-                continue
-            scale = f"{key}_scale"
-            if per_tensor and scale not in headers:  # (transformers' own: a grid of equal blocks, or its experts')
-                found = _fp8_grid(key, shape, headers, experts, dtype)
-                if found is None:
-                    raise ValueError(f"{key} is {stored} without its scales {scale} or {key}_scale_inv"
-                                     + "".join(f" (or {k})" for k, _, _ in _merged_scale_keys(key, experts)[:1])
-                                     + f"; the {release} checkpoint is incomplete: download it again")
-                decoders[key], shapes[key] = found, tuple(shape)
-                continue
-            if scale not in headers:
-                raise ValueError(f"{key} is {stored} without its scales {scale}; the {release} checkpoint is "
-                                 f"incomplete: download it again")
-            n, k = (max(size, 1) for size in shape) if len(shape) == 2 else (1, 1)
-            size, want = {"tensor": ((n, k), ((), (1,))), "channel": ((1, k), ((n, 1),)),
-                          "block": (block, ((-(-n // block[0]), -(-k // block[1])),) if block else ())}[strategy]
-            if len(shape) != 2 or tuple(headers[scale][1]) not in want or headers[scale][0] not in CT_SCALE_DTYPES:
-                raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
-                                 f"{' or '.join(str(list(s)) for s in want)} scales ({', '.join(CT_SCALE_DTYPES)}) "
-                                 f"that {stored} {list(shape)} with {strategy} scales"
-                                 + (f" of blocks {list(block)}" if block else "") + " needs")
-            decoders[key] = ((key, scale), partial(dequantize_fp8_scaled, block=size, dtype=dtype))
-            shapes[key] = tuple(shape)
-        if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
-            for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
-                del headers[key]
+        decoders, shapes = _block_fp8_decoders(tuple(qc["weight_block_size"]), headers, dtype)
+    elif qc["quant_method"] in ("fp8", "compressed-tensors"):
+        decoders, shapes = _scaled_fp8_decoders(qc, per_tensor, headers, experts, dtype)
     else:
-        for key, (stored, shape) in headers.items():
-            if not key.endswith("_blocks"):
-                continue
-            base = key.removesuffix("_blocks")
-            scales = f"{base}_scales"
-            if stored != "U8" or len(shape) != 4 or shape[-1] != 16:
-                raise ValueError(f"{key} is {stored} {list(shape)}, not MXFP4 blocks (U8 [E, N, G, 16])")
-            if headers.get(scales, (None, None))[0] != "U8" or tuple(headers[scales][1]) != tuple(shape[:3]):
-                got = f"{headers[scales][0]} {list(headers[scales][1])}" if scales in headers else "missing"
-                raise ValueError(f"{scales} is {got}, not the U8 {list(shape[:3])} scales {key} needs")
-            decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
-            shapes[base] = (shape[0], 32 * shape[2], shape[1])
+        decoders, shapes = _mxfp4_decoders(headers, dtype)
     activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES + (FP8_MERGED_ACTIVATION_SCALE,),
                    "compressed-tensors": CT_ACTIVATION_SCALES}.get(qc["quant_method"], ())
     consumed = {k for keys, _ in decoders.values() for k in keys}
@@ -301,6 +236,91 @@ def float_decoders(qc: dict, headers: dict, config: dict,
         del headers[k]
     headers.update({key: (dtype_name, shape) for key, shape in shapes.items()})
     return decoders
+
+
+def _block_fp8_decoders(block, headers: dict, dtype) -> tuple[dict, dict]:
+    """(decoders, float shapes) of an FP8 release with block scales (and DeepSeek-V4's FP4 experts)."""
+    decoders, shapes = {}, {}
+    for key, (stored, shape) in headers.items():
+        if stored not in FP8_DTYPES and stored != FP4_PACKED_DTYPE:
+            continue
+        scale = _fp8_scale_key(key, headers)
+        if scale is None and stored == FP4_PACKED_DTYPE and not key.endswith(".weight"):
+            continue  # (an int8 tensor that is no weight: kept as it is; an I8 weight is FP4 missing its factors)
+        if scale is None:
+            raise ValueError(f"{key} is {stored} without its block scales {key}_scale_inv (or "
+                             f"{key.removesuffix('.weight')}.scale); the FP8 checkpoint is incomplete: download "
+                             f"it again")
+        if stored == FP4_PACKED_DTYPE:  # (DeepSeek-V4's routed experts)
+            width = 2 * shape[-1] if shape else 0
+            want, what = (*shape[:-1], -(-width // FP4_GROUP)), f"in groups of {FP4_GROUP} values a row"
+            decode, shapes[key] = partial(dequantize_fp4_rows, dtype=dtype), (*shape[:-1], width)
+            encoded = "FP4 (I8, two values a byte)"
+        else:
+            want = (*shape[:-2], *(-(-n // b) for n, b in zip(shape[-2:], block)))
+            what, encoded = f"in blocks of {list(block)}", stored
+            decode, shapes[key] = partial(dequantize_fp8_blocks, block=block, dtype=dtype), tuple(shape)
+        if len(shape) < 2 or tuple(headers[scale][1]) != want or headers[scale][0] not in FP8_SCALE_DTYPES:
+            raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
+                             f"{list(want)} scales ({', '.join(FP8_SCALE_DTYPES)}) that {encoded} {list(shape)} "
+                             f"{what} needs")
+        decoders[key] = ((key, scale), decode)
+    return decoders, shapes
+
+
+def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, dtype) -> tuple[dict, dict]:
+    """(decoders, float shapes) of an FP8 release with one factor a tensor, a row or a block: AutoFP8's and
+    transformers' per-tensor ones (``per_tensor``), compressed-tensors' float-quantized ones."""
+    decoders, shapes = {}, {}
+    strategy, block = ("tensor", None) if per_tensor else _compressed_fp8_weights(qc)
+    release = "FP8" if per_tensor else "compressed-tensors"
+    for key, (stored, shape) in headers.items():
+        if stored not in FP8_DTYPES:
+            continue
+        scale = f"{key}_scale"
+        if per_tensor and scale not in headers:  # (transformers' own: a grid of equal blocks, or its experts')
+            found = _fp8_grid(key, shape, headers, experts, dtype)
+            if found is None:
+                raise ValueError(f"{key} is {stored} without its scales {scale} or {key}_scale_inv"
+                                 + "".join(f" (or {k})" for k, _, _ in _merged_scale_keys(key, experts)[:1])
+                                 + f"; the {release} checkpoint is incomplete: download it again")
+            decoders[key], shapes[key] = found, tuple(shape)
+            continue
+        if scale not in headers:
+            raise ValueError(f"{key} is {stored} without its scales {scale}; the {release} checkpoint is "
+                             f"incomplete: download it again")
+        n, k = (max(size, 1) for size in shape) if len(shape) == 2 else (1, 1)
+        size, want = {"tensor": ((n, k), ((), (1,))), "channel": ((1, k), ((n, 1),)),
+                      "block": (block, ((-(-n // block[0]), -(-k // block[1])),) if block else ())}[strategy]
+        if len(shape) != 2 or tuple(headers[scale][1]) not in want or headers[scale][0] not in CT_SCALE_DTYPES:
+            raise ValueError(f"{scale} is {headers[scale][0]} {list(headers[scale][1])}, not the "
+                             f"{' or '.join(str(list(s)) for s in want)} scales ({', '.join(CT_SCALE_DTYPES)}) "
+                             f"that {stored} {list(shape)} with {strategy} scales"
+                             + (f" of blocks {list(block)}" if block else "") + " needs")
+        decoders[key] = ((key, scale), partial(dequantize_fp8_scaled, block=size, dtype=dtype))
+        shapes[key] = tuple(shape)
+    if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
+        for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
+            del headers[key]
+    return decoders, shapes
+
+
+def _mxfp4_decoders(headers: dict, dtype) -> tuple[dict, dict]:
+    """(decoders, float shapes) of an MXFP4 release (GPT-OSS)."""
+    decoders, shapes = {}, {}
+    for key, (stored, shape) in headers.items():
+        if not key.endswith("_blocks"):
+            continue
+        base = key.removesuffix("_blocks")
+        scales = f"{base}_scales"
+        if stored != "U8" or len(shape) != 4 or shape[-1] != 16:
+            raise ValueError(f"{key} is {stored} {list(shape)}, not MXFP4 blocks (U8 [E, N, G, 16])")
+        if headers.get(scales, (None, None))[0] != "U8" or tuple(headers[scales][1]) != tuple(shape[:3]):
+            got = f"{headers[scales][0]} {list(headers[scales][1])}" if scales in headers else "missing"
+            raise ValueError(f"{scales} is {got}, not the U8 {list(shape[:3])} scales {key} needs")
+        decoders[base] = ((key, scales), partial(dequantize_mxfp4, dtype=dtype))
+        shapes[base] = (shape[0], 32 * shape[2], shape[1])
+    return decoders, shapes
 
 
 def _merged_scale_keys(key: str, experts) -> list[tuple[str, int, int]]:
