@@ -940,52 +940,57 @@ def test_quantize_reads_an_autofp8_per_tensor_release_as_the_float_checkpoint_it
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
 
 
-def _transformers_fp8_release(float_dir, out, scheme, monkeypatch):
+def _transformers_fp8_release(float_dir, out, scheme, monkeypatch, **save):
     """``float_dir``'s checkpoint as transformers' own per-tensor FP8 writes it (``FineGrainedFP8Config`` without a
     ``weight_block_size``, quantized while loading, then ``save_pretrained``; its check for a GPU skipped: the
     quantization itself is plain torch): each Linear's e4m3 ``weight`` beside ``weight_scale_inv`` ``[1, 1]``, the
     experts' weights split back per expert without factors, which stay in the merged tensors' names
-    (``experts.gate_up_proj_scale_inv`` and ``experts.down_proj_scale_inv`` ``[E, 1, 1]``). Returns the float state
+    (``experts.gate_up_proj_scale_inv`` and ``experts.down_proj_scale_inv`` ``[E, 1, 1]``), as do fused experts it
+    renames while loading and back on saving (Granite's ``input_linear.weight`` ``[E, N, K]``). Returns the float state
     those products make, as transformers' ``Fp8Dequantize`` makes them (in float32, rounded once to the weight's
-    bf16; the converter's reference)."""
+    bf16; the converter's reference). ``save``: save_pretrained's settings (max_shard_size...)."""
     from transformers import FineGrainedFP8Config
     from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
     monkeypatch.setattr(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None)
     config = FineGrainedFP8Config(weight_block_size=None, activation_scheme=scheme)
     AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=config, dtype=torch.bfloat16).save_pretrained(
-        out)
+        out, **save)
     stored, decoded, merged = tensors(out), {}, {"w1": "gate_up", "w3": "gate_up", "gate_proj": "gate_up",
                                                  "up_proj": "gate_up", "w2": "down", "down_proj": "down"}
+    renamed = {"input_linear.weight": "experts.gate_up_proj", "output_linear.weight": "experts.down_proj"}
     for key, value in stored.items():
         if key.endswith(("_scale_inv", "activation_scale")):
             continue
         expert = re.match(r"(.+\.experts)\.(\d+)\.(\w+)\.weight$", key)
+        fused = re.match(rf"(.+\.)({'|'.join(map(re.escape, renamed))})$", key)
         if value.dtype == torch.float8_e4m3fn:
-            scale = (stored[f"{key}_scale_inv"] if not expert else
-                     stored[f"{expert[1]}.{merged[expert[3]]}_proj_scale_inv"][int(expert[2])])
+            scale = (stored[f"{expert[1]}.{merged[expert[3]]}_proj_scale_inv"][int(expert[2])] if expert else
+                     stored[f"{fused[1]}{renamed[fused[2]]}_scale_inv"] if fused else stored[f"{key}_scale_inv"])
             value = (value.float() * scale.float()).bfloat16()
         decoded[key] = value
     return decoded
 
 
-@pytest.mark.parametrize("arch, scheme", [("mixtral", "dynamic"), ("qwen3_moe", "static")])
+@pytest.mark.parametrize("arch, scheme, save", [("mixtral", "dynamic", {}), ("qwen3_moe", "static", {}),
+                                                ("granitemoe", "static", {"max_shard_size": "20KB"})])
 def test_quantize_reads_transformers_per_tensor_fp8_release_as_the_float_checkpoint_it_encodes(
-        bf16_checkpoint, tmp_path, monkeypatch, arch, scheme):
+        bf16_checkpoint, tmp_path, monkeypatch, arch, scheme, save):
     """transformers' own per-tensor FP8 (quant_method fp8, weight_block_size null), as its save_pretrained writes it
-    (Linear factors [1, 1] in weight_scale_inv; the experts' in the merged tensors' names, [E, 1, 1]), converts bit
-    for bit to what its decoded float checkpoint converts to: no weight or activation scales left, our
-    quantization_config; it reloads and runs."""
-    fp8 = tmp_path / "fp8"
-    decoded = _transformers_fp8_release(bf16_checkpoint(arch), fp8, scheme, monkeypatch)
+    (Linear factors [1, 1] in weight_scale_inv; the experts' in the merged tensors' names, [E, 1, 1], also where it
+    renames fused experts back, Granite's; in shards, the factors apart from their weights), converts bit for bit
+    to what its decoded float checkpoint converts to: no weight or activation scales left, our quantization_config;
+    it reloads and runs."""
+    fp8, float_dir = tmp_path / "fp8", bf16_checkpoint(arch)
+    decoded = _transformers_fp8_release(float_dir, fp8, scheme, monkeypatch, **save)
     stored = tensors(fp8)
-    experts = len({k.split(".experts.")[1].split(".")[0] for k in stored if ".experts.0." in k or ".experts.1." in k})
-    assert experts == 2  # (the weights per expert, as the float checkpoint holds them)
+    # (the weights as the float checkpoint holds them: per expert, or fused under its names)
+    assert {k for k in stored if not k.endswith(("_scale_inv", "activation_scale"))} == set(tensors(float_dir))
     assert {tuple(v.shape) for k, v in stored.items() if k.endswith(".weight_scale_inv")} == {(1, 1)}
     assert {tuple(v.shape)[1:] for k, v in stored.items() if k.endswith("experts.gate_up_proj_scale_inv")} == {(1, 1)}
     assert any(k.endswith("activation_scale") for k in stored) == (scheme == "static")
     assert json.loads((fp8 / "config.json").read_text())["quantization_config"]["weight_block_size"] is None
-    ours, theirs = _convert_both(fp8, bf16_checkpoint(arch), decoded, tmp_path)
+    ours, theirs = _convert_both(fp8, float_dir, decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith(("_scale_inv", "activation_scale")) for k in ours)
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
 

@@ -458,7 +458,9 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     device = torch.device(device)
     headers, key_file, order = _tensor_index(files)
 
-    decoders = float_decoders(encoding, headers, text_config(config), _loader_expert_names(config)) if encoding else {}
+    renames = _experts_renames(config)
+    decoders = float_decoders(encoding, headers, text_config(config), _loader_expert_names(config),
+                              renames) if encoding else {}
     merges = _experts_merges(config, headers)  # (of the decoded tensors, where a release encodes the parts)
     for made in (decoders, merges):  # (a tensor made of others takes the first one's place; the others go)
         first = {keys[0]: key for key, (keys, _) in made.items()}
@@ -486,7 +488,6 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
 
     if format == "compressed-tensors" and _model_type(config) in EXPORT_UNSUPPORTED:
         raise ValueError(EXPORT_UNSUPPORTED[_model_type(config)])
-    renames = _experts_renames(config)
     groups = plan_groups(headers, "fused", renames)
     layout = "fused"
     built = any(g.fused for g in groups.values()) or not needs_remote_code(config)

@@ -24,7 +24,8 @@ Five encodings cover the MoE releases that ship no float weights:
   experts tensor's ``[E, 1, 1]``, and where it splits the experts back per expert (Mixtral's ``w1``/``w3``/``w2``,
   Qwen3's ``gate_proj``...) it leaves their factors under the merged names, ``<experts>.gate_up_proj_scale_inv``
   (the gate's rows first, then the up's) and ``<experts>.down_proj_scale_inv`` (transformers' own reload on a CPU,
-  which dequantizes, finds those unexpected and leaves its experts unscaled); each weight is its product, in
+  which dequantizes, finds those unexpected and leaves its experts unscaled), as it does a fused experts tensor it
+  renames (Granite's ``input_linear.weight``: ``<experts>.gate_up_proj_scale_inv``); each weight is its product, in
   float32 rounded once to the config's dtype (as ``Fp8Dequantize`` makes it). Static activation scales
   (``<name>.activation_scale``, ``<experts>.gate_up_proj_activation_scale`` ``[E]``...) are dropped.
 * compressed-tensors' FP8 (``quant_method: compressed-tensors``, ``format: float-quantized``: RedHatAI's and
@@ -195,12 +196,14 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> to
     return out
 
 
-def float_decoders(qc: dict, headers: dict, config: dict,
-                   experts: Optional[tuple[str, str, str]] = None) -> dict[str, tuple[tuple[str, ...], Callable]]:
+def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tuple[str, str, str]] = None,
+                   renames=()) -> dict[str, tuple[tuple[str, ...], Callable]]:
     """Each encoded weight's float key -> (the stored keys it decodes from, the function that decodes them).
     ``headers`` (key -> (safetensors dtype, shape)) is changed to the float tensors' (the stored keys consumed).
     ``experts``: the checkpoint's per-expert (gate, up, down) projection names, where transformers merges them
-    (a transformers-saved per-tensor release keeps their factors in the merged tensors' names)."""
+    (a transformers-saved per-tensor release keeps their factors in the merged tensors' names); ``renames``:
+    transformers' ``(pattern, name)`` renames of whole experts tensors (Granite's ``input_linear.weight``...: such
+    a release keeps their factors in the names it loads them as)."""
     name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
     if name not in FLOAT_DTYPES:
         raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
@@ -209,7 +212,7 @@ def float_decoders(qc: dict, headers: dict, config: dict,
     if qc["quant_method"] == "fp8" and not per_tensor:
         decoders, shapes = _block_fp8_decoders(tuple(qc["weight_block_size"]), headers, dtype)
     elif qc["quant_method"] in ("fp8", "compressed-tensors"):
-        decoders, shapes = _scaled_fp8_decoders(qc, per_tensor, headers, experts, dtype)
+        decoders, shapes = _scaled_fp8_decoders(qc, per_tensor, headers, experts, renames, dtype)
     else:
         decoders, shapes = _mxfp4_decoders(headers, dtype)
     activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES + (FP8_MERGED_ACTIVATION_SCALE,),
@@ -268,7 +271,7 @@ def _block_fp8_decoders(block, headers: dict, dtype) -> tuple[dict, dict]:
     return decoders, shapes
 
 
-def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, dtype) -> tuple[dict, dict]:
+def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, renames, dtype) -> tuple[dict, dict]:
     """(decoders, float shapes) of an FP8 release with one factor a tensor, a row or a block: AutoFP8's and
     transformers' per-tensor ones (``per_tensor``), compressed-tensors' float-quantized ones."""
     decoders, shapes = {}, {}
@@ -279,10 +282,10 @@ def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, dty
             continue
         scale = f"{key}_scale"
         if per_tensor and scale not in headers:  # (transformers' own: a grid of equal blocks, or its experts')
-            found = _fp8_grid(key, shape, headers, experts, dtype)
+            found = _fp8_grid(key, shape, headers, experts, renames, dtype)
             if found is None:
                 raise ValueError(f"{key} is {stored} without its scales {scale} or {key}_scale_inv"
-                                 + "".join(f" (or {k})" for k, _, _ in _merged_scale_keys(key, experts)[:1])
+                                 + "".join(f" (or {k})" for k, _, _ in _grid_scale_keys(key, experts, renames)[1:2])
                                  + f"; the {release} checkpoint is incomplete: download it again")
             decoders[key], shapes[key] = found, tuple(shape)
             continue
@@ -336,19 +339,28 @@ def _merged_scale_keys(key: str, experts) -> list[tuple[str, int, int]]:
             experts[2]: [(f"{base}.down_proj_scale_inv", 0, 1)]}.get(name, [])
 
 
-def _fp8_grid(key: str, shape, headers: dict, experts, dtype) -> Optional[tuple[tuple[str, ...], Callable]]:
+def _grid_scale_keys(key: str, experts, renames) -> list[tuple[str, int, int]]:
+    """Where transformers saves ``key``'s factors: ``<key>_scale_inv``, the name it loads a whole experts tensor as
+    (``renames``) with ``_scale_inv``, or a per-expert weight's merged tensor's (:func:`_merged_scale_keys`)."""
+    name = key
+    for pattern, target in renames:
+        name = pattern.sub(target, name)
+    return [(f"{key}_scale_inv", 0, 1)] + [(f"{name}_scale_inv", 0, 1)] * (name != key) + _merged_scale_keys(
+        key, experts)
+
+
+def _fp8_grid(key: str, shape, headers: dict, experts, renames, dtype) -> Optional[tuple[tuple[str, ...], Callable]]:
     """transformers' per-tensor FP8 (``FineGrainedFP8Config`` without a ``weight_block_size``): ``key``'s
     ``<key>_scale_inv`` (``[]`` or ``[1]``, or ``[..., a, b]``: a block of N/a rows and K/b columns each, as
     transformers' ``Fp8Dequantize`` derives it, ``[1, 1]`` as it saves a Linear's), or, for a per-expert weight, its
-    expert's factors in the merged tensor's (:func:`_merged_scale_keys`: saved so, the weights split back); the
+    expert's factors in the merged tensor's (:func:`_merged_scale_keys`: saved so, the weights split back), or a
+    renamed experts tensor's under the name transformers loads it as (:func:`_grid_scale_keys`); the
     (stored keys, decoder), None where there are none. Blocks that do not divide the matrix are refused."""
-    scale, part, parts = f"{key}_scale_inv", 0, 1
-    if scale not in headers:
-        scale, part, parts = next(((s, p, n) for s, p, n in _merged_scale_keys(key, experts) if s in headers),
-                                  (None, 0, 1))
+    scale, part, parts = next(((s, p, n) for s, p, n in _grid_scale_keys(key, experts, renames) if s in headers),
+                              (None, 0, 1))
     if scale is None:
         return None
-    merged = scale != f"{key}_scale_inv"
+    merged = (scale, part, parts) in _merged_scale_keys(key, experts)
     expert = int(key.rsplit(".", 3)[-3]) if merged else None
     sdtype, sshape = headers[scale][0], tuple(headers[scale][1])
     if sshape in ((), (1,)) and len(shape) == 2 and not merged:
