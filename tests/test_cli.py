@@ -963,7 +963,7 @@ def _transformers_fp8_release(float_dir, out, scheme, monkeypatch, **save):
         if key.endswith(("_scale_inv", "activation_scale")):
             continue
         expert = re.match(r"(.+\.experts)\.(\d+)\.(\w+)\.weight$", key)
-        fused = re.match(rf"(.+\.)({'|'.join(map(re.escape, renamed))})$", key)
+        fused = re.match(rf"(.+\.block_sparse_moe\.)({'|'.join(map(re.escape, renamed))})$", key)
         if value.dtype == torch.float8_e4m3fn:
             scale = (stored[f"{expert[1]}.{merged[expert[3]]}_proj_scale_inv"][int(expert[2])] if expert else
                      stored[f"{fused[1]}{renamed[fused[2]]}_scale_inv"] if fused else stored[f"{key}_scale_inv"])
@@ -973,14 +973,14 @@ def _transformers_fp8_release(float_dir, out, scheme, monkeypatch, **save):
 
 
 @pytest.mark.parametrize("arch, scheme, save", [("mixtral", "dynamic", {}), ("qwen3_moe", "static", {}),
-                                                ("granitemoe", "static", {"max_shard_size": "20KB"})])
+                                                ("granitemoeshared", "static", {"max_shard_size": "20KB"})])
 def test_quantize_reads_transformers_per_tensor_fp8_release_as_the_float_checkpoint_it_encodes(
         bf16_checkpoint, tmp_path, monkeypatch, arch, scheme, save):
     """transformers' own per-tensor FP8 (quant_method fp8, weight_block_size null), as its save_pretrained writes it
     (Linear factors [1, 1] in weight_scale_inv; the experts' in the merged tensors' names, [E, 1, 1], also where it
-    renames fused experts back, Granite's; in shards, the factors apart from their weights), converts bit for bit
-    to what its decoded float checkpoint converts to: no weight or activation scales left, our quantization_config;
-    it reloads and runs."""
+    renames fused experts back, Granite's, beside its shared MLP's own input_linear; in shards, the factors apart from
+    their weights), converts bit for bit to what its decoded float checkpoint converts to: no weight or activation
+    scales left, our quantization_config; it reloads and runs."""
     fp8, float_dir = tmp_path / "fp8", bf16_checkpoint(arch)
     decoded = _transformers_fp8_release(float_dir, fp8, scheme, monkeypatch, **save)
     stored = tensors(fp8)
