@@ -940,30 +940,36 @@ def test_quantize_reads_an_autofp8_per_tensor_release_as_the_float_checkpoint_it
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
 
 
-def _transformers_fp8_release(float_dir, out, scheme, monkeypatch, **save):
+def _transformers_fp8_release(arch, float_dir, out, scheme, monkeypatch, keep=(), **save):
     """``float_dir``'s checkpoint as transformers' own per-tensor FP8 writes it (``FineGrainedFP8Config`` without a
     ``weight_block_size``, quantized while loading, then ``save_pretrained``; its check for a GPU skipped: the
     quantization itself is plain torch): each Linear's e4m3 ``weight`` beside ``weight_scale_inv`` ``[1, 1]``, the
     experts' weights split back per expert without factors, which stay in the merged tensors' names
     (``experts.gate_up_proj_scale_inv`` and ``experts.down_proj_scale_inv`` ``[E, 1, 1]``), as do fused experts it
-    renames while loading and back on saving (Granite's ``input_linear.weight`` ``[E, N, K]``). Returns the float state
+    renames or concatenates while loading and back on saving (Granite's ``input_linear.weight`` ``[E, N, K]``,
+    Step-3.7's ``moe.gate_proj.weight`` and ``moe.up_proj.weight``). Returns the float state
     those products make, as transformers' ``Fp8Dequantize`` makes them (in float32, rounded once to the weight's
-    bf16; the converter's reference). ``save``: save_pretrained's settings (max_shard_size...)."""
+    bf16; the converter's reference). ``keep``: modules left float (besides lm_head); ``save``: save_pretrained's
+    settings (max_shard_size...)."""
     from transformers import FineGrainedFP8Config
     from transformers.quantizers.quantizer_finegrained_fp8 import FineGrainedFP8HfQuantizer
 
     monkeypatch.setattr(FineGrainedFP8HfQuantizer, "validate_environment", lambda self, *args, **kwargs: None)
-    config = FineGrainedFP8Config(weight_block_size=None, activation_scheme=scheme)
-    AutoModelForCausalLM.from_pretrained(float_dir, quantization_config=config, dtype=torch.bfloat16).save_pretrained(
+    config = FineGrainedFP8Config(weight_block_size=None, activation_scheme=scheme,
+                                  modules_to_not_convert=["lm_head", *keep] if keep else None)
+    auto_class(arch).from_pretrained(float_dir, quantization_config=config, dtype=torch.bfloat16).save_pretrained(
         out, **save)
     stored, decoded, merged = tensors(out), {}, {"w1": "gate_up", "w3": "gate_up", "gate_proj": "gate_up",
                                                  "up_proj": "gate_up", "w2": "down", "down_proj": "down"}
-    renamed = {"input_linear.weight": "experts.gate_up_proj", "output_linear.weight": "experts.down_proj"}
+    renamed = {"block_sparse_moe.input_linear.weight": "block_sparse_moe.experts.gate_up_proj",
+               "block_sparse_moe.output_linear.weight": "block_sparse_moe.experts.down_proj",
+               "moe.gate_proj.weight": "mlp.experts.gate_up_proj", "moe.up_proj.weight": "mlp.experts.gate_up_proj",
+               "moe.down_proj.weight": "mlp.experts.down_proj"}
     for key, value in stored.items():
         if key.endswith(("_scale_inv", "activation_scale")):
             continue
         expert = re.match(r"(.+\.experts)\.(\d+)\.(\w+)\.weight$", key)
-        fused = re.match(rf"(.+\.block_sparse_moe\.)({'|'.join(map(re.escape, renamed))})$", key)
+        fused = re.match(rf"(.+\.)({'|'.join(map(re.escape, renamed))})$", key)
         if value.dtype == torch.float8_e4m3fn:
             scale = (stored[f"{expert[1]}.{merged[expert[3]]}_proj_scale_inv"][int(expert[2])] if expert else
                      stored[f"{fused[1]}{renamed[fused[2]]}_scale_inv"] if fused else stored[f"{key}_scale_inv"])
@@ -972,17 +978,20 @@ def _transformers_fp8_release(float_dir, out, scheme, monkeypatch, **save):
     return decoded
 
 
-@pytest.mark.parametrize("arch, scheme, save", [("mixtral", "dynamic", {}), ("qwen3_moe", "static", {}),
-                                                ("granitemoeshared", "static", {"max_shard_size": "20KB"})])
+@pytest.mark.parametrize("arch, scheme, options", [("mixtral", "dynamic", {}), ("qwen3_moe", "static", {}),
+                                                ("granitemoeshared", "static", {"max_shard_size": "20KB"}),
+                                                ("step3p7", "dynamic", {"keep": ("vision_model",
+                                                                                 "multi_modal_projector")})])
 def test_quantize_reads_transformers_per_tensor_fp8_release_as_the_float_checkpoint_it_encodes(
-        bf16_checkpoint, tmp_path, monkeypatch, arch, scheme, save):
+        bf16_checkpoint, tmp_path, monkeypatch, arch, scheme, options):
     """transformers' own per-tensor FP8 (quant_method fp8, weight_block_size null), as its save_pretrained writes it
     (Linear factors [1, 1] in weight_scale_inv; the experts' in the merged tensors' names, [E, 1, 1], also where it
-    renames fused experts back, Granite's, beside its shared MLP's own input_linear; in shards, the factors apart from
-    their weights), converts bit for bit to what its decoded float checkpoint converts to: no weight or activation
-    scales left, our quantization_config; it reloads and runs."""
+    renames fused experts back, Granite's, beside its shared MLP's own input_linear, or splits them back, Step-3.7's
+    stacked gate and up halves; in shards, the factors apart from their weights), converts bit for bit to what its
+    decoded float checkpoint converts to: no weight or activation scales left, our quantization_config; it reloads
+    and runs."""
     fp8, float_dir = tmp_path / "fp8", bf16_checkpoint(arch)
-    decoded = _transformers_fp8_release(float_dir, fp8, scheme, monkeypatch, **save)
+    decoded = _transformers_fp8_release(arch, float_dir, fp8, scheme, monkeypatch, **options)
     stored = tensors(fp8)
     # (the weights as the float checkpoint holds them: per expert, or fused under its names)
     assert {k for k in stored if not k.endswith(("_scale_inv", "activation_scale"))} == set(tensors(float_dir))

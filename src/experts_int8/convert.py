@@ -459,8 +459,12 @@ def quantize_checkpoint(src, dst, *, format: str = "native", device="cpu", max_s
     headers, key_file, order = _tensor_index(files)
 
     renames = _experts_renames(config)
+    # (a whole experts tensor's name as transformers loads it, and which of the loaded tensor's row parts it is)
+    loaded = [(pattern, target, 0, 1) for pattern, target in renames] + [
+        (re.compile(re.escape("." + source) + "$"), "." + target, part, 2)
+        for sources, target in _experts_concatenations(config) for part, source in enumerate(sources)]
     decoders = float_decoders(encoding, headers, text_config(config), _loader_expert_names(config),
-                              renames) if encoding else {}
+                              loaded) if encoding else {}
     merges = _experts_merges(config, headers)  # (of the decoded tensors, where a release encodes the parts)
     for made in (decoders, merges):  # (a tensor made of others takes the first one's place; the others go)
         first = {keys[0]: key for key, (keys, _) in made.items()}
@@ -703,20 +707,8 @@ def _experts_merges(config: dict, headers: dict) -> dict:
     and ``moe.up_proj.weight`` [E, I, H] into ``mlp.experts.gate_up_proj`` [E, 2I, H]): each fused key -> (its
     parts' keys, the concatenation), as :func:`releases.float_decoders` gives them. ``headers`` is changed to the
     fused tensors' (the parts consumed)."""
-    try:
-        from transformers.core_model_loading import Concatenate, WeightConverter
-    except ImportError:
-        return {}
     merges = {}
-    for conversion in _conversions(config):
-        operations = getattr(conversion, "operations", None) or []
-        if not (isinstance(conversion, WeightConverter) and len(conversion.source_patterns) == 2
-                and len(operations) == 1 and isinstance(operations[0], Concatenate) and operations[0].dim == 1):
-            continue
-        target = conversion.target_patterns[0]
-        sources = [pattern.replace("\\", "") for pattern in conversion.source_patterns]
-        if not FUSED.match("model." + target) or any("*" in source for source in sources):
-            continue  # (not a whole experts tensor; per-expert merges are plan_groups' own)
+    for sources, target in _experts_concatenations(config):
         for key in [k for k in headers if k.endswith("." + sources[0])]:
             base = key[:-len(sources[0])]
             parts = (key, base + sources[1])
@@ -734,6 +726,26 @@ def _experts_merges(config: dict, headers: dict) -> dict:
             del headers[part]
         headers[fused] = (dtype, (shape[0], 2 * shape[1], shape[2]))
     return merges
+
+
+def _experts_concatenations(config: dict) -> list:
+    """transformers' concatenations of two whole experts tensors while loading: [((first, second), fused name)]
+    (Step-3.7's ``(moe.gate_proj.weight, moe.up_proj.weight)`` -> ``mlp.experts.gate_up_proj``)."""
+    try:
+        from transformers.core_model_loading import Concatenate, WeightConverter
+    except ImportError:
+        return []
+    found = []
+    for conversion in _conversions(config):
+        operations = getattr(conversion, "operations", None) or []
+        if not (isinstance(conversion, WeightConverter) and len(conversion.source_patterns) == 2
+                and len(operations) == 1 and isinstance(operations[0], Concatenate) and operations[0].dim == 1):
+            continue
+        target = conversion.target_patterns[0]
+        sources = [pattern.replace("\\", "") for pattern in conversion.source_patterns]
+        if FUSED.match("model." + target) and not any("*" in source for source in sources):
+            found.append((sources, target))  # (a whole experts tensor; per-expert merges are plan_groups' own)
+    return found
 
 
 def _cat_rows(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

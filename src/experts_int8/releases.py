@@ -202,8 +202,9 @@ def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tupl
     ``headers`` (key -> (safetensors dtype, shape)) is changed to the float tensors' (the stored keys consumed).
     ``experts``: the checkpoint's per-expert (gate, up, down) projection names, where transformers merges them
     (a transformers-saved per-tensor release keeps their factors in the merged tensors' names); ``renames``:
-    transformers' ``(pattern, name)`` renames of whole experts tensors (Granite's ``input_linear.weight``...: such
-    a release keeps their factors in the names it loads them as)."""
+    ``(pattern, name, part, parts)``: the name transformers loads a whole experts tensor as, renamed (Granite's
+    ``input_linear.weight``) or concatenated (Step-3.7's ``moe.gate_proj.weight``, part 0 of 2 of the rows; such a
+    release keeps their factors in the names it loads them as)."""
     name = config.get("dtype") or config.get("torch_dtype") or "bfloat16"
     if name not in FLOAT_DTYPES:
         raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
@@ -340,13 +341,12 @@ def _merged_scale_keys(key: str, experts) -> list[tuple[str, int, int]]:
 
 
 def _grid_scale_keys(key: str, experts, renames) -> list[tuple[str, int, int]]:
-    """Where transformers saves ``key``'s factors: ``<key>_scale_inv``, the name it loads a whole experts tensor as
-    (``renames``) with ``_scale_inv``, or a per-expert weight's merged tensor's (:func:`_merged_scale_keys`)."""
-    name = key
-    for pattern, target in renames:
-        name = pattern.sub(target, name)
-    return [(f"{key}_scale_inv", 0, 1)] + [(f"{name}_scale_inv", 0, 1)] * (name != key) + _merged_scale_keys(
-        key, experts)
+    """Where transformers saves ``key``'s factors: [(key, part, parts)], ``<key>_scale_inv``, the name it loads a
+    whole experts tensor as (``renames``) with ``_scale_inv``, or a per-expert weight's merged tensor's
+    (:func:`_merged_scale_keys`)."""
+    loaded = [(pattern.sub(target, key), part, parts) for pattern, target, part, parts in renames]
+    return [(f"{key}_scale_inv", 0, 1)] + [(f"{name}_scale_inv", part, parts) for name, part, parts in loaded
+                                           if name != key] + _merged_scale_keys(key, experts)
 
 
 def _fp8_grid(key: str, shape, headers: dict, experts, renames, dtype) -> Optional[tuple[tuple[str, ...], Callable]]:
@@ -378,13 +378,14 @@ def _fp8_grid(key: str, shape, headers: dict, experts, renames, dtype) -> Option
 
 def _dequantize_fp8_grid(w: torch.Tensor, scale_inv: torch.Tensor, *, expert, part, parts, dtype) -> torch.Tensor:
     """``w`` ``[..., N, K]`` times the factors ``scale_inv`` of equal blocks (:func:`_fp8_grid`); of a merged
-    tensor's expert ``expert`` where not None (its rows ``part`` of ``parts``: each row's factors picked out)."""
+    tensor's expert ``expert`` where not None; of rows ``part`` of ``parts`` (each row's factors picked out)."""
     n, k = w.shape[-2:]
     if scale_inv.dtype == torch.uint8:
         scale_inv = scale_inv.view(torch.float8_e8m0fnu)
     grid = scale_inv.float().reshape(1, 1) if scale_inv.dim() < 2 else scale_inv.float()
-    if expert is not None:
-        grid = grid[expert].repeat_interleave(n * parts // grid.shape[-2], 0)[part * n:(part + 1) * n]
+    grid = grid if expert is None else grid[expert]
+    if expert is not None or parts > 1:
+        grid = grid.repeat_interleave(n * parts // grid.shape[-2], -2)[..., part * n:(part + 1) * n, :]
     return dequantize_fp8_blocks(w, grid, block=(n // grid.shape[-2], k // grid.shape[-1]), dtype=dtype)
 
 
