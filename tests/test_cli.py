@@ -972,7 +972,9 @@ def _transformers_fp8_release(arch, float_dir, out, scheme, monkeypatch, keep=()
         fused = re.match(rf"(.+\.)({'|'.join(map(re.escape, renamed))})$", key)
         if value.dtype == torch.float8_e4m3fn:
             scale = (stored[f"{expert[1]}.{merged[expert[3]]}_proj_scale_inv"][int(expert[2])] if expert else
-                     stored[f"{fused[1]}{renamed[fused[2]]}_scale_inv"] if fused else stored[f"{key}_scale_inv"])
+                     stored[f"{fused[1]}{renamed[fused[2]]}_scale_inv"] if fused else stored.get(f"{key}_scale_inv"))
+            if scale is None:  # (a weight split while loading: its factors are under the split names)
+                continue
             value = (value.float() * scale.float()).bfloat16()
         decoded[key] = value
     return decoded
@@ -1002,6 +1004,21 @@ def test_quantize_reads_transformers_per_tensor_fp8_release_as_the_float_checkpo
     ours, theirs = _convert_both(fp8, float_dir, decoded, tmp_path)
     assert set(ours) == set(theirs) and not any(k.endswith(("_scale_inv", "activation_scale")) for k in ours)
     _assert_converted_alike(ours, theirs, tmp_path, "fp8", arch)
+
+
+def test_transformers_per_tensor_fp8_of_a_weight_split_while_loading_is_refused_saying_so(bf16_checkpoint, tmp_path,
+                                                                                          monkeypatch):
+    """Step-3.7's vision attention joins q, k and v in one in_proj_weight that transformers splits while loading:
+    its per-tensor FP8 release saves the joined weight with three factors under the split names. That is refused in
+    one line naming the weight and saying the factors are kept where they are not read, nothing written."""
+    fp8 = tmp_path / "fp8"
+    _transformers_fp8_release("step3p7", bf16_checkpoint("step3p7"), fp8, "dynamic", monkeypatch)
+    joined = sorted(k for k, v in tensors(fp8).items() if k.endswith("in_proj_weight")
+                    and v.dtype == torch.float8_e4m3fn)
+    assert joined and not any(f"{k}_scale_inv" in tensors(fp8) for k in joined)
+    assert_one_line_error(invoke("quantize", fp8, tmp_path / "o", "--no-progress"), joined[0],
+                          "without its scales", "keeps them where they are not read", "convert the float checkpoint")
+    assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
 
 
 @pytest.mark.parametrize("name", [".input_scale", ".activation_scale"])
@@ -1039,7 +1056,8 @@ def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, 
     _assert_breakages_refused(fp8, state, (
         (lambda st: st.pop(f"{key}_scale"),
          f"{key} is F8_E4M3 without its scales {key}_scale or {key}_scale_inv (or model.layers.1.block_sparse_moe."
-         f"experts.down_proj_scale_inv); the FP8 checkpoint is incomplete: download it again"),
+         f"experts.down_proj_scale_inv); the FP8 checkpoint is incomplete (download it again) or keeps them where "
+         f"they are not read"),
         (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].expand(64, 1).contiguous()),
          f"{key}_scale is F32 [64, 1], not the [] or [1] scales (F32, BF16, F16) that F8_E4M3 [64, 48] with tensor "
          f"scales needs"),

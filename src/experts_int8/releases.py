@@ -287,7 +287,9 @@ def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, ren
             if found is None:
                 raise ValueError(f"{key} is {stored} without its scales {scale} or {key}_scale_inv"
                                  + "".join(f" (or {k})" for k, _, _ in _grid_scale_keys(key, experts, renames)[1:2])
-                                 + f"; the {release} checkpoint is incomplete: download it again")
+                                 + f"; the {release} checkpoint is incomplete (download it again) or keeps them "
+                                 f"where they are not read (a weight transformers splits while loading: convert "
+                                 f"the float checkpoint instead)")
             decoders[key], shapes[key] = found, tuple(shape)
             continue
         if scale not in headers:
