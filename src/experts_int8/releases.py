@@ -368,7 +368,8 @@ def _fp8_grid(key: str, shape, headers: dict, experts, renames, dtype) -> Option
     if sshape in ((), (1,)) and len(shape) == 2 and not merged:
         sshape = (1, 1)  # (a Linear's one factor, as FP8Linear holds it)
     (n, k), (a, b) = (shape[-2:] if len(shape) >= 2 else (0, 0)), (sshape[-2:] if len(sshape) >= 2 else (0, 0))
-    lead = len(sshape) == 3 and expert < sshape[0] if merged else sshape[:-2] == tuple(shape[:-2])
+    # (the leading sizes: a merged tensor's experts hold this one; otherwise they are the weight's own)
+    lead = (len(sshape) == 3 and expert < sshape[0]) if merged else sshape[:-2] == tuple(shape[:-2])
     if not (n and lead and a and b) or (n * parts) % a or k % b or sdtype not in FP8_SCALE_DTYPES:
         raise ValueError(f"{scale} is {sdtype} {list(headers[scale][1])}, not the scales "
                          f"({', '.join(FP8_SCALE_DTYPES)}) of equal blocks that {headers[key][0]} {list(shape)}"
