@@ -799,13 +799,14 @@ def test_a_deepseek_v4_release_missing_an_fp4_weights_factors_is_refused_by_name
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("release", ["deepseek_v4", "fp8", "autofp8", "mxfp4"])
+@pytest.mark.parametrize("release", ["deepseek_v4", "fp8", "autofp8", "mxfp4", "nvfp4"])
 def test_releases_decode_on_the_gpu_to_the_cpus_values(bf16_checkpoint, tmp_path, release):
     """With --device cuda a release's weights decode on the GPU: the output equals what its decoded float
     checkpoint converts to there, as on the CPU (exact products, one rounding)."""
-    arch = {"deepseek_v4": "deepseek_v4", "fp8": "deepseek_v3", "autofp8": "mixtral", "mxfp4": "gpt_oss"}[release]
+    arch = {"deepseek_v4": "deepseek_v4", "fp8": "deepseek_v3", "autofp8": "mixtral", "mxfp4": "gpt_oss",
+            "nvfp4": "qwen3_moe"}[release]
     src = tmp_path / release
-    make = {"deepseek_v4": _deepseek_v4_release, "mxfp4": _mxfp4_release,
+    make = {"deepseek_v4": _deepseek_v4_release, "mxfp4": _mxfp4_release, "nvfp4": _compressed_nvfp4_release,
             "autofp8": lambda f, o: _autofp8_release(f, o, static=True),
             "fp8": lambda f, o: _fp8_release(f, o, block=(16, 24), scales="U8")}[release]
     decoded = make(bf16_checkpoint(arch), src)
@@ -813,6 +814,36 @@ def test_releases_decode_on_the_gpu_to_the_cpus_values(bf16_checkpoint, tmp_path
     assert set(ours) == set(theirs)
     for key in ours:
         assert ours[key].dtype == theirs[key].dtype and torch.equal(ours[key], theirs[key]), key
+
+
+def test_nvfp4_decodes_as_compressed_tensors_decompresses_it():
+    """Every byte of NVFP4 codes (low nibble first, -0 included) with e4m3 group factors of every finite value
+    (subnormals included) and a global factor decodes to what compressed-tensors' own NVFP4 decompression makes
+    (bfloat16), and in float32 to its ``dequantize`` of the float32 codes (the factor divided first: the same
+    float32 roundings, not only the same bfloat16 ones)."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    from experts_int8.releases import dequantize_nvfp4
+
+    packed = torch.arange(256, dtype=torch.uint8).reshape(8, 32).repeat(16, 1)  # [128, 32]: 64 values a row
+    finite = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().isfinite()
+    codes = torch.arange(256, dtype=torch.uint8)[finite]
+    scale = codes[torch.randperm(128 * 4, generator=torch.Generator().manual_seed(0)) % codes.numel()]
+    scale = scale.reshape(128, 4).view(torch.float8_e4m3fn)
+    for global_scale in (torch.tensor([1.0]), torch.tensor([2687.3]), torch.tensor([0.37])):
+        want = BaseCompressor.get_value_from_registry("nvfp4-pack-quantized").decompress(
+            {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": global_scale},
+            preset_name_to_scheme("NVFP4", ["Linear"]))["weight"]
+        got = dequantize_nvfp4(packed, scale, global_scale, dtype=torch.bfloat16)
+        assert got.dtype == want.dtype == torch.bfloat16 and torch.equal(got, want)
+        assert torch.equal(got.signbit(), want.signbit())
+        exact = dequantize(x_q=unpack_fp4_from_uint8(packed, 128, 64, dtype=torch.float32), scale=scale.float(),
+                           args=preset_name_to_scheme("NVFP4", ["Linear"]).weights, global_scale=global_scale,
+                           dtype=torch.float32)
+        assert torch.equal(dequantize_nvfp4(packed, scale, global_scale, dtype=torch.float32), exact)
 
 
 def test_fp4_rows_decode_as_transformers_decodes_them():
@@ -1191,6 +1222,140 @@ def test_compressed_tensors_fp8_reference_is_what_transformers_loads(bf16_checkp
         assert loaded[key].dtype == want[key].dtype and torch.equal(loaded[key], want[key]), key
 
 
+def _compressed_nvfp4_release(float_dir, out, static=False, kv_cache=False):
+    """``float_dir``'s checkpoint as a compressed-tensors nvfp4-pack-quantized release, made as llm-compressor makes
+    RedHatAI's -NVFP4: each Linear weight (not the router or lm_head) packed by compressed-tensors' own NVFP4
+    compressor (two e2m1 codes a byte) with its ``weight_global_scale`` (F32 ``[1]``: 448 * 6 / the tensor's amax)
+    and ``weight_scale`` (e4m3 ``[N, K/16]``: each group's amax / 6 times the global scale), the config's scheme
+    its NVFP4 preset; with ``static`` an ``input_global_scale`` ``[1]`` (as those releases have), with ``kv_cache`` an
+    FP8 KV cache's ``k_scale`` and ``v_scale`` (and its ``kv_cache_scheme``). Returns the float state that
+    compressed-tensors' own decompression makes of it, in the checkpoint's dtype (the converter's reference)."""
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    scheme = preset_name_to_scheme("NVFP4", ["Linear"])
+    compressor = BaseCompressor.get_value_from_registry("nvfp4-pack-quantized")
+    shutil.copytree(float_dir, out)
+    for f in glob.glob(str(out / "*.safetensors")):
+        os.remove(f)
+    state, stored, decoded = tensors(float_dir), {}, {}
+    for key, w in state.items():
+        if not FP8_LINEAR.search(key):
+            stored[key] = w
+            continue
+        global_scale = (448 * 6 / w.float().abs().amax().clamp(min=1e-12)).reshape(1)
+        amax = w.float().unflatten(-1, (-1, 16)).abs().amax(-1)
+        scale = (amax / 6 * global_scale).clamp(min=2 ** -9).to(torch.float8_e4m3fn)
+        base = key.removesuffix(".weight")
+        packed = compressor.compress({"weight": w, "weight_scale": scale.float(), "weight_global_scale": global_scale},
+                                     scheme)
+        stored.update({f"{base}.{name}": t for name, t in packed.items()})
+        if static:
+            stored[f"{base}.input_global_scale"] = torch.tensor([50.0])
+        decoded[key] = compressor.decompress(packed, scheme)["weight"].to(w.dtype)
+        assert packed["weight_packed"].dtype == torch.uint8 and packed["weight_scale"].dtype == torch.float8_e4m3fn
+        assert decoded[key].shape == w.shape and packed["weight_packed"].shape == (w.shape[0], w.shape[1] // 2)
+        assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 4, key
+    if kv_cache:
+        for key in [k for k in stored if k.endswith("self_attn.k_proj.weight_packed")]:
+            attention = key.removesuffix(".k_proj.weight_packed")
+            stored[f"{attention}.k_scale"], stored[f"{attention}.v_scale"] = torch.tensor(0.5), torch.tensor(0.25)
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    kv_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
+        "config_groups": {"group_0": json.loads(scheme.model_dump_json())},
+        "kv_cache_scheme": kv_scheme if kv_cache else None,
+        "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None,
+        "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]}
+    (out / "config.json").write_text(json.dumps(config))
+    return {**state, **decoded}
+
+
+@pytest.mark.parametrize("arch, static, kv_cache", [("qwen3_moe", False, False), ("qwen3_moe", True, True),
+                                                    ("mixtral", True, False)])
+def test_quantize_reads_a_compressed_tensors_nvfp4_release_as_the_float_checkpoint_it_encodes(
+        bf16_checkpoint, tmp_path, arch, static, kv_cache):
+    """A compressed-tensors nvfp4-pack-quantized release (RedHatAI's -NVFP4 MoE releases) converts bit for bit to
+    what the float checkpoint compressed-tensors decompresses from it converts to: experts int8, its other NVFP4
+    weights in the config's bf16, no packed weights or scales left (input and KV cache scales dropped), our
+    quantization_config; it reloads and runs."""
+    ct = tmp_path / "ct"
+    decoded = _compressed_nvfp4_release(bf16_checkpoint(arch), ct, static=static, kv_cache=kv_cache)
+    stored = tensors(ct)
+    assert any(k.endswith(".input_global_scale") for k in stored) == static
+    assert any(k.endswith(".k_scale") for k in stored) == kv_cache
+    ours, theirs = _convert_both(ct, bf16_checkpoint(arch), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(("_packed", "_global_scale", "k_scale")) for k in ours)
+    assert any(k.endswith("self_attn.q_proj.weight") and ours[k].dtype == torch.bfloat16 for k in ours)
+    _assert_converted_alike(ours, theirs, tmp_path, "ct", arch)
+
+
+def test_compressed_tensors_nvfp4_reference_is_what_transformers_loads_outside_the_experts(bf16_checkpoint,
+                                                                                          tmp_path):
+    """The NVFP4 reference above is transformers' own for the Linear weights it loads as Linears: the release loaded
+    by transformers with compressed-tensors decompressing it holds the decoded float checkpoint's attention weights.
+    (Not the experts: transformers 5.25 fuses them unscaled, e2m1 codes times the e4m3 factors alone, up to 448 * 6;
+    compressed-tensors' decompression is the reference there.)"""
+    from transformers import CompressedTensorsConfig
+
+    ct = tmp_path / "ct"
+    decoded = _compressed_nvfp4_release(bf16_checkpoint("qwen3_moe"), ct)
+    ref = tmp_path / "decoded"
+    shutil.copytree(bf16_checkpoint("qwen3_moe"), ref)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    loaded = auto_class("qwen3_moe").from_pretrained(
+        ct, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)).state_dict()
+    want = auto_class("qwen3_moe").from_pretrained(ref, dtype=torch.bfloat16).state_dict()
+    weights = [k for k in want if k.endswith("_proj.weight") and "self_attn" in k]
+    assert len(weights) == 8
+    for key in weights:
+        assert loaded[key].dtype == want[key].dtype and torch.equal(loaded[key], want[key]), key
+
+
+def test_compressed_tensors_nvfp4_releases_it_cannot_decode_are_refused(bf16_checkpoint, tmp_path):
+    """An nvfp4-pack-quantized config whose weights are not NVFP4 (other group sizes, bits, strategy, asymmetric)
+    is refused before anything is written, in one line that says what and the way that works; so are packed
+    weights without their group or global scales, scales of the wrong dtype or shape, and NVFP4 tensors in an FP8
+    release."""
+    ct = tmp_path / "ct"
+    _compressed_nvfp4_release(bf16_checkpoint("qwen3_moe"), ct)
+    config = json.loads((ct / "config.json").read_text())
+    qc = config["quantization_config"]
+
+    def weights(**changes):
+        group = json.loads(json.dumps(qc["config_groups"]["group_0"]))
+        group["weights"].update(changes)
+        return dict(qc, config_groups={"group_0": group})
+
+    for bad, needle in ((weights(group_size=32), "group_size 32 in format 'nvfp4-pack-quantized'"),
+                        (weights(num_bits=8), "num_bits 8"), (weights(strategy="group"), "strategy 'group'"),
+                        (weights(symmetric=False), "symmetric False")):
+        (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
+        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle,
+                              "convert the original float checkpoint instead")
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    (ct / "config.json").write_text(json.dumps(config))
+    state = tensors(ct)
+    key = "model.layers.1.mlp.experts.2.down_proj.weight"
+    _assert_breakages_refused(ct, state, (
+        (lambda st: st.pop(f"{key}_global_scale"), f"{key}_packed is NVFP4 without its {key}_global_scale; the "
+         f"compressed-tensors checkpoint is incomplete"),
+        (lambda st: st.pop(f"{key}_scale"), f"{key}_packed is NVFP4 without its {key}_scale"),
+        (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].float()),
+         f"{key}_scale is F32 [64, 2], not the F8_E4M3 [64, 2] group scales that NVFP4 [64, 16] needs"),
+        (lambda st: st.__setitem__(f"{key}_global_scale", torch.ones(2)),
+         f"{key}_global_scale is F32 [2], not the F32 [1] global scale"),
+        (lambda st: st.__setitem__(f"{key}_packed", st[f"{key}_packed"].view(torch.int8)),
+         f"{key}_packed is I8 [64, 16], not NVFP4 codes (U8 [N, K/2], two values a byte)")), tmp_path)
+    (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=dict(
+        qc, format="float-quantized", config_groups={"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 8, "type": "float", "strategy": "channel", "symmetric": True}}}))))
+    _assert_breakages_refused(ct, state, ((lambda st: None, "_global_scale belongs to no compressed-tensors weight"),),
+                              tmp_path)
+
+
 def test_compressed_tensors_releases_it_cannot_decode_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     """compressed-tensors' other formats (int4 pack-quantized, naive-quantized, NVFP4...) and float-quantized
     weights it does not decode (not 8 bits, not float, group scales, asymmetric, blocks without a size, groups
@@ -1211,7 +1376,6 @@ def test_compressed_tensors_releases_it_cannot_decode_are_refused_with_the_way_t
     int4 = weights(num_bits=4, type="int", strategy="group", group_size=128)
     for bad, needle in ((dict(int4, format="pack-quantized"), "format 'pack-quantized', not 'float-quantized'"),
                         (dict(qc, format="naive-quantized"), "format 'naive-quantized'"),
-                        (dict(qc, format="nvfp4-pack-quantized"), "format 'nvfp4-pack-quantized'"),
                         (weights(num_bits=4), "'group_0' quantizes weights with num_bits 4"),
                         (weights(type="int"), "type 'int'"),
                         (weights(strategy="group", group_size=128), "strategy 'group'"),

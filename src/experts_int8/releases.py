@@ -1,6 +1,6 @@
 """Quantized releases read as the float checkpoints they encode (by ``experts-int8 quantize``).
 
-Five encodings cover the MoE releases that ship no float weights:
+Six encodings cover the MoE releases that ship no float weights:
 
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
@@ -34,6 +34,17 @@ Five encodings cover the MoE releases that ship no float weights:
   block of the config's ``block_structure [bn, bk]`` (``[ceil(N/bn), ceil(K/bk)]``); the weight is their product
   (as compressed-tensors' own decompression makes it). Static activation scales (``<module>.input_scale``) are
   dropped: an int8-weight model runs its activations in float.
+* compressed-tensors' NVFP4 (``format: nvfp4-pack-quantized``, weights ``num_bits 4``, ``type float``, ``strategy
+  tensor_group``, ``group_size 16``: RedHatAI's -NVFP4 releases, made by llm-compressor): each quantized Linear's U8
+  ``<module>.weight_packed`` ``[N, K/2]`` (two e2m1 codes a byte, low nibble first: value ``2j`` in the low four
+  bits, ``2j+1`` in the high; bit 3 the sign) beside its F8_E4M3 ``weight_scale`` ``[N, K/16]``, one factor per 16
+  values of a row, and F32 ``weight_global_scale`` ``[1]``; the weight is ``code * (weight_scale /
+  weight_global_scale)``, the factor divided first, in float32, as compressed-tensors' own decompression computes
+  it (``NVFP4PackedCompressor.decompress``: ``unpack_fp4_from_uint8``, then ``dequantize`` dividing the scale by
+  the global one), then rounded once. Its decompression rounds to bfloat16 whatever the model's dtype (its
+  unpacked codes' dtype): the same values in a bfloat16 model, its releases' case; a float16 or float32 config
+  here gets one rounding to its own dtype instead. Activations' ``<module>.input_global_scale`` are dropped, and so
+  are the KV cache's scales under a ``kv_cache_scheme``.
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
@@ -64,9 +75,12 @@ FP8_ACTIVATION_SCALES = (".input_scale", ".activation_scale")  # (static activat
 FP8_MERGED_ACTIVATION_SCALE = "_activation_scale"  # (transformers' static FP8 experts': one per expert, [E])
 FP8_KV_CACHE_SCALES = (".output_scale",)  # (AutoFP8's FP8 KV cache: k_proj's and v_proj's outputs, vLLM's k/v scales)
 CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and scales stored as they are, not packed)
+CT_NVFP4_FORMAT = "nvfp4-pack-quantized"  # (its NVFP4 one: two e2m1 codes a byte, an e4m3 factor a group of 16)
+NVFP4_GROUP = 16
 CT_STRATEGIES = ("tensor", "channel", "block")
 CT_SCALE_DTYPES = ("F32", "BF16", "F16")
-CT_ACTIVATION_SCALES = (".input_scale", ".input_zero_point")  # (static activations': no use without FP8 matmuls)
+CT_ACTIVATION_SCALES = (".input_scale", ".input_zero_point", ".input_global_scale")  # (static activations': no use
+# without FP8 or FP4 matmuls)
 CT_KV_CACHE_SCALES = (".k_scale", ".v_scale", ".q_scale")  # (an FP8 KV cache's, with kv_cache_scheme: none here)
 FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
                 "float32": (torch.float32, "F32")}
@@ -82,7 +96,7 @@ def release_encoding(config: dict, src) -> Optional[dict]:
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
     method, block, scheme = qc.get("quant_method"), qc.get("weight_block_size"), qc.get("activation_scheme")
     if method == "compressed-tensors":
-        _compressed_fp8_weights(qc, src)  # (its refusal, naming what it does not decode)
+        _compressed_weights(qc, src)  # (its refusal, naming what it does not decode)
         return qc
     # (static activation scales are no refusal: the weights decode alike, and the scales are dropped)
     if method == "mxfp4" or (method == "fp8" and (_two_sizes(block) or (
@@ -93,47 +107,57 @@ def release_encoding(config: dict, src) -> Optional[dict]:
                      + "); convert the original float checkpoint instead (quant_method fp8 releases with block "
                      "scales, a weight_block_size of two sizes, or AutoFP8's or transformers' per-tensor ones, no "
                      "weight_block_size and activation_scheme static or dynamic; compressed-tensors' float-quantized "
-                     "FP8 ones and MXFP4 ones are read directly)")
+                     "FP8 and nvfp4-pack-quantized NVFP4 ones and MXFP4 ones are read directly)")
 
 
-def _compressed_fp8_weights(qc: dict, src="") -> tuple[str, Optional[tuple[int, int]]]:
-    """(strategy, block size or None) of a compressed-tensors release's weights, where it is one this module
-    decodes: format float-quantized, every config group's weights 8-bit symmetric floats with one factor per
-    tensor, row or block, alike in all groups (which group a module is in is then of no matter). Raises for
-    others, saying what is not read."""
-    instead = ("convert the original float checkpoint instead (compressed-tensors' float-quantized FP8 releases "
-               "are read directly: 8-bit symmetric float weights with tensor, channel or block scales)")
+def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int, int]]]:
+    """(format, strategy, block size or None) of a compressed-tensors release's weights, where it is one this module
+    decodes: format float-quantized, every config group's weights 8-bit symmetric floats with one factor per tensor,
+    row or block, or format nvfp4-pack-quantized, every group's 4-bit symmetric floats in groups of 16 values with a
+    global factor (``tensor_group``); alike in all groups (which group a module is in is then of no matter). Raises
+    for others, saying what is not read."""
+    instead = ("convert the original float checkpoint instead (compressed-tensors' float-quantized FP8 releases, "
+               "8-bit symmetric float weights with tensor, channel or block scales, and nvfp4-pack-quantized NVFP4 "
+               "ones are read directly)")
     fmt = qc.get("format")
-    if fmt != CT_FORMAT:
-        raise ValueError(f"{src} is compressed-tensors in format {fmt!r}, not {CT_FORMAT!r}; {instead}")
+    if fmt not in (CT_FORMAT, CT_NVFP4_FORMAT):
+        raise ValueError(f"{src} is compressed-tensors in format {fmt!r}, not {CT_FORMAT!r} or {CT_NVFP4_FORMAT!r}; "
+                         f"{instead}")
     sparsity = qc.get("sparsity_config")
     for what, used in (("sparsity_config", sparsity and not (isinstance(sparsity, dict) and sparsity.get(
             "format") in (None, "dense"))), ("transform_config", qc.get("transform_config"))):
         if used:  # (sparse or rotated weights: not the plain products decoded here)
-            raise ValueError(f"{src} is compressed-tensors with a {what} as well as FP8 weights; {instead}")
+            raise ValueError(f"{src} is compressed-tensors with a {what} as well as quantized weights; {instead}")
     groups = qc.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise ValueError(f"{src} is compressed-tensors without config_groups that say how its weights are "
                          f"quantized; the config.json is damaged: download it again")
+    nvfp4 = fmt == CT_NVFP4_FORMAT
     schemes = set()
     for name, group in groups.items():
         w = group.get("weights") if isinstance(group, dict) else None
         if not isinstance(w, dict):
             raise ValueError(f"{src}: compressed-tensors config group {name!r} quantizes no weights; {instead}")
         block = w.get("block_structure") if w.get("strategy") == "block" else None
-        if (w.get("num_bits") != 8 or w.get("type") != "float" or w.get("symmetric", True) is not True
-                or w.get("strategy") not in CT_STRATEGIES or group.get("format") not in (None, CT_FORMAT)
-                or (w.get("strategy") == "block" and not _two_sizes(block))):
+        if nvfp4:  # (what its NVFP4 compressor packs: e2m1 codes, an e4m3 factor a group of 16, a global one)
+            bad = (w.get("num_bits") != 4 or w.get("type") != "float" or w.get("symmetric", True) is not True
+                   or w.get("strategy") != "tensor_group" or w.get("group_size") != NVFP4_GROUP)
+        else:
+            bad = (w.get("num_bits") != 8 or w.get("type") != "float" or w.get("symmetric", True) is not True
+                   or w.get("strategy") not in CT_STRATEGIES
+                   or (w.get("strategy") == "block" and not _two_sizes(block)))
+        if bad or group.get("format") not in (None, fmt):
             said = ", ".join(f"{k} {w.get(k)!r}" for k in ("num_bits", "type", "strategy", "symmetric")
-                             + (("block_structure",) if w.get("strategy") == "block" else ()))
+                             + (("group_size",) if nvfp4 else ("block_structure",) if w.get("strategy") == "block"
+                                else ()))
             raise ValueError(f"{src}: compressed-tensors config group {name!r} quantizes weights with {said}"
-                             + (f", format {group['format']!r}" if group.get("format") not in (None, CT_FORMAT)
-                                else "") + f"; {instead}")
+                             + (f", format {group['format']!r}" if group.get("format") not in (None, fmt)
+                                else "") + f" in format {fmt!r}; {instead}")
         schemes.add((w["strategy"], tuple(block) if block else None))
     if len(schemes) > 1:
         raise ValueError(f"{src}: compressed-tensors config groups quantize weights in different ways "
                          f"({', '.join(sorted(f'{st} {list(b)}' if b else st for st, b in schemes))}); {instead}")
-    return schemes.pop()
+    return (fmt, *schemes.pop())
 
 
 def _two_sizes(block) -> bool:
@@ -163,10 +187,10 @@ def dequantize_fp8_scaled(w: torch.Tensor, scale: torch.Tensor, *, block, dtype)
     return dequantize_fp8_blocks(w, scale.reshape(-(-n // block[0]), -(-k // block[1])), block=block, dtype=dtype)
 
 
-def dequantize_fp4_rows(packed: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
-    """FP4 ``packed`` (int8 ``[..., N, K/2]``, two e2m1 codes a byte, low nibble first) times its factors ``scales``
-    ``[..., N, K/32]`` (UE8M0 powers of two: F8_E8M0, or their exponent bytes as uint8; or floats), one per 32
-    values of a row -> ``[..., N, K]`` in ``dtype``, one ``[N, K]`` matrix at a time."""
+def dequantize_fp4_rows(packed: torch.Tensor, scales: torch.Tensor, *, dtype, group: int = FP4_GROUP) -> torch.Tensor:
+    """FP4 ``packed`` (int8 or uint8 ``[..., N, K/2]``, two e2m1 codes a byte, low nibble first) times its factors
+    ``scales`` ``[..., N, K/group]`` (UE8M0 powers of two: F8_E8M0, or their exponent bytes as uint8; or floats), one
+    per ``group`` values of a row -> ``[..., N, K]`` in ``dtype``, one ``[N, K]`` matrix at a time."""
     n, half = packed.shape[-2:]
     if scales.dtype == torch.uint8:
         scales = scales.view(torch.float8_e8m0fnu)
@@ -176,11 +200,18 @@ def dequantize_fp4_rows(packed: torch.Tensor, scales: torch.Tensor, *, dtype) ->
     for o, q, s in zip(out.view(-1, n, 2 * half), packed.reshape(-1, n, half),
                        scales.reshape(-1, *scales.shape[-2:])):
         values = pairs[q.view(torch.uint8).int()].view(n, 2 * half)
-        if (2 * half) % FP4_GROUP == 0:  # (a release's rows: whole groups, the factors broadcast)
-            o.view(n, -1, FP4_GROUP).copy_(values.view(n, -1, FP4_GROUP) * s.float()[..., None])
+        if (2 * half) % group == 0:  # (a release's rows: whole groups, the factors broadcast)
+            o.view(n, -1, group).copy_(values.view(n, -1, group) * s.float()[..., None])
         else:
-            o.copy_(values * s.float().repeat_interleave(FP4_GROUP, 1)[:, :2 * half])
+            o.copy_(values * s.float().repeat_interleave(group, 1)[:, :2 * half])
     return out
+
+
+def dequantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor, *, dtype) -> torch.Tensor:
+    """compressed-tensors' NVFP4 ``packed`` (uint8 ``[N, K/2]``, low nibble first) times ``scale / global_scale``:
+    its e4m3 ``scale`` ``[N, K/16]``, one a group of 16 values of a row, divided by the float32 ``global_scale``
+    (``[1]``) first, in float32, as its own decompression divides and multiplies (the same roundings)."""
+    return dequantize_fp4_rows(packed, scale.float() / global_scale.float(), dtype=dtype, group=NVFP4_GROUP)
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
@@ -212,6 +243,8 @@ def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tupl
     per_tensor = qc["quant_method"] == "fp8" and qc.get("weight_block_size") is None  # (AutoFP8's, transformers')
     if qc["quant_method"] == "fp8" and not per_tensor:
         decoders, shapes = _block_fp8_decoders(tuple(qc["weight_block_size"]), headers, dtype)
+    elif qc["quant_method"] == "compressed-tensors" and qc.get("format") == CT_NVFP4_FORMAT:
+        decoders, shapes = _nvfp4_decoders(headers, dtype)
     elif qc["quant_method"] in ("fp8", "compressed-tensors"):
         decoders, shapes = _scaled_fp8_decoders(qc, per_tensor, headers, experts, renames, dtype)
     else:
@@ -230,7 +263,10 @@ def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tupl
     if qc["quant_method"] == "compressed-tensors" or per_tensor:
         factors += (".weight_scale",)
     if qc["quant_method"] == "compressed-tensors":
-        factors += (".weight_zero_point", *CT_ACTIVATION_SCALES)
+        factors += (".weight_zero_point", ".weight_packed", ".weight_global_scale", *CT_ACTIVATION_SCALES)
+        if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
+            for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
+                del headers[key]
     stray = sorted(k for k in headers if k not in consumed and (k.endswith(factors) or (
         k.endswith(beside) and f"{k.rsplit('.', 1)[0]}.weight" in headers)))
     if stray:
@@ -276,10 +312,10 @@ def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, ren
     """(decoders, float shapes) of an FP8 release with one factor a tensor, a row or a block: AutoFP8's and
     transformers' per-tensor ones (``per_tensor``), compressed-tensors' float-quantized ones."""
     decoders, shapes = {}, {}
-    strategy, block = ("tensor", None) if per_tensor else _compressed_fp8_weights(qc)
+    _, strategy, block = ("", "tensor", None) if per_tensor else _compressed_weights(qc)
     release = "FP8" if per_tensor else "compressed-tensors"
     for key, (stored, shape) in headers.items():
-        if stored not in FP8_DTYPES:
+        if stored not in FP8_DTYPES or key.endswith(".weight_scale"):  # (an NVFP4 weight's e4m3 factors: stray here)
             continue
         scale = f"{key}_scale"
         if per_tensor and scale not in headers:  # (transformers' own: a grid of equal blocks, or its experts')
@@ -305,9 +341,32 @@ def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, ren
                              + (f" of blocks {list(block)}" if block else "") + " needs")
         decoders[key] = ((key, scale), partial(dequantize_fp8_scaled, block=size, dtype=dtype))
         shapes[key] = tuple(shape)
-    if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
-        for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
-            del headers[key]
+    return decoders, shapes
+
+
+def _nvfp4_decoders(headers: dict, dtype) -> tuple[dict, dict]:
+    """(decoders, float shapes) of a compressed-tensors NVFP4 release: each quantized Linear's U8
+    ``<module>.weight_packed`` ``[N, K/2]`` with its F8_E4M3 ``weight_scale`` ``[N, K/16]`` and F32
+    ``weight_global_scale`` ``[1]`` (or ``[]``) -> ``<module>.weight`` ``[N, K]``."""
+    decoders, shapes = {}, {}
+    for key, (stored, shape) in headers.items():
+        if not key.endswith(".weight_packed"):
+            continue
+        base = key.removesuffix("_packed")  # (``<module>.weight``: the float weight's key)
+        scale, global_scale = f"{base}_scale", f"{base}_global_scale"
+        if stored != "U8" or len(shape) != 2:
+            raise ValueError(f"{key} is {stored} {list(shape)}, not NVFP4 codes (U8 [N, K/2], two values a byte)")
+        want = (shape[0], -(-2 * shape[1] // NVFP4_GROUP))
+        for factor, (dtypes, shapes_ok, what) in ((scale, (("F8_E4M3",), (want,), f"{list(want)} group scales")), (
+                global_scale, (("F32",), ((1,), ()), "[1] global scale"))):
+            if factor not in headers:
+                raise ValueError(f"{key} is NVFP4 without its {factor}; the compressed-tensors checkpoint is "
+                                 f"incomplete: download it again")
+            if headers[factor][0] not in dtypes or tuple(headers[factor][1]) not in shapes_ok:
+                raise ValueError(f"{factor} is {headers[factor][0]} {list(headers[factor][1])}, not the "
+                                 f"{dtypes[0]} {what} that NVFP4 {list(shape)} needs")
+        decoders[base] = ((key, scale, global_scale), partial(dequantize_nvfp4, dtype=dtype))
+        shapes[base] = (shape[0], 2 * shape[1])
     return decoders, shapes
 
 
