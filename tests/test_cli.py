@@ -1356,6 +1356,119 @@ def test_compressed_tensors_nvfp4_releases_it_cannot_decode_are_refused(bf16_che
                               tmp_path)
 
 
+def _modelopt_release(float_dir, out, algo, hf_file=False, kv_cache=False):
+    """``float_dir``'s checkpoint as NVIDIA ModelOpt's release (nvidia/*-FP8, *-FP4), in the layout vLLM's ModelOpt
+    loader reads: each Linear weight (not the router or lm_head, in ``exclude_modules``) with an F32 ``input_scale``
+    ``[]``; ``FP8``: an e4m3 ``weight`` and an F32 ``weight_scale`` ``[]`` (amax / 448: AutoFP8's per-tensor
+    products, :func:`_autofp8_release`); ``NVFP4``: a U8 ``weight`` ``[N, K/2]`` (two e2m1 codes a byte, low nibble
+    first, packed by compressed-tensors' packer), an e4m3 ``weight_scale`` ``[N, K/16]`` (each group's amax / 6 over
+    the global factor) and an F32 ``weight_scale_2`` ``[]`` (amax / (6 * 448), a multiplier). With ``kv_cache`` an
+    FP8 KV cache's ``k_proj.k_scale`` and ``v_proj.v_scale``. The config in config.json (``quant_method: modelopt``,
+    ``quant_algo``...) or, with ``hf_file``, only in ``hf_quant_config.json``. Returns the float state its products
+    make, rounded once to the checkpoint's bf16 (the converter's reference)."""
+    from compressed_tensors.compressors.nvfp4.helpers import quantize_and_pack_fp4, unpack_fp4_from_uint8
+
+    if algo == "FP8":
+        decoded = _autofp8_release(float_dir, out, static=True)
+        stored = {k: v for k, v in tensors(out).items() if not k.endswith(".output_scale")}
+    else:
+        shutil.copytree(float_dir, out)
+        for f in glob.glob(str(out / "*.safetensors")):
+            os.remove(f)
+        state, stored, decoded = tensors(float_dir), {}, {}
+        for key, w in state.items():
+            if not FP8_LINEAR.search(key):
+                stored[key] = w
+                continue
+            scale_2 = (w.float().abs().amax() / (6 * 448)).reshape(())
+            amax = w.float().unflatten(-1, (-1, 16)).abs().amax(-1)
+            scale = (amax / 6 / scale_2).clamp(min=2 ** -9).to(torch.float8_e4m3fn)
+            packed = quantize_and_pack_fp4(w, scale.float(), global_scale=(1 / scale_2).reshape(1))
+            base = key.removesuffix(".weight")
+            stored.update({key: packed, f"{base}.weight_scale": scale, f"{base}.weight_scale_2": scale_2,
+                           f"{base}.input_scale": torch.tensor(0.01)})
+            codes = unpack_fp4_from_uint8(packed, *w.shape, dtype=torch.float32)
+            decoded[key] = (codes * scale.float().repeat_interleave(16, 1) * scale_2).to(w.dtype)
+            assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 4, key
+        decoded = {**state, **decoded}
+    if kv_cache:
+        for key in [k for k in stored if k.endswith("self_attn.k_proj.weight")]:
+            attention = key.removesuffix(".k_proj.weight")
+            stored[f"{attention}.k_proj.k_scale"] = torch.tensor(0.5)
+            stored[f"{attention}.v_proj.v_scale"] = torch.tensor(0.25)
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    exclude = ["lm_head", "*.mlp.gate", "*block_sparse_moe.gate"]
+    quantization = {"quant_algo": algo, "kv_cache_quant_algo": "FP8" if kv_cache else None,
+                    "exclude_modules": exclude, **({"group_size": 16} if algo == "NVFP4" else {})}
+    config.pop("quantization_config", None)
+    if hf_file:
+        (out / "hf_quant_config.json").write_text(json.dumps(
+            {"producer": {"name": "modelopt", "version": "0.37.0"}, "quantization": quantization}))
+    else:
+        kv_scheme = {"num_bits": 8, "type": "float", "dynamic": False} if kv_cache else None
+        config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": algo, "ignore": exclude,
+                                         "kv_cache_scheme": kv_scheme, "producer": {"name": "modelopt"},
+                                         **({"group_size": 16} if algo == "NVFP4" else {})}
+    (out / "config.json").write_text(json.dumps(config))
+    return decoded
+
+
+@pytest.mark.parametrize("arch, algo, hf_file, kv_cache", [
+    ("qwen3_moe", "NVFP4", False, False), ("qwen3_moe", "NVFP4", True, True), ("mixtral", "NVFP4", False, True),
+    ("qwen3_moe", "FP8", True, False), ("mixtral", "FP8", False, True)])
+def test_quantize_reads_a_modelopt_release_as_the_float_checkpoint_it_encodes(bf16_checkpoint, tmp_path, arch, algo,
+                                                                               hf_file, kv_cache):
+    """A ModelOpt release (nvidia's -FP8 and -FP4: config.json's quant_method modelopt, or hf_quant_config.json
+    alone) converts bit for bit to what its decoded float checkpoint converts to: experts int8, its other quantized
+    weights in the config's bf16, no weight, input or KV cache scales left, our quantization_config, no
+    hf_quant_config.json; it reloads and runs."""
+    src = tmp_path / "mo"
+    decoded = _modelopt_release(bf16_checkpoint(arch), src, algo, hf_file=hf_file, kv_cache=kv_cache)
+    assert (src / "hf_quant_config.json").is_file() == hf_file
+    assert any(k.endswith(".k_scale") for k in tensors(src)) == kv_cache
+    ours, theirs = _convert_both(src, bf16_checkpoint(arch), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(("_scale_2", "input_scale", "k_scale")) for k in ours)
+    assert any(k.endswith("self_attn.q_proj.weight") and ours[k].dtype == torch.bfloat16 for k in ours)
+    assert not (tmp_path / "int8_mo" / "hf_quant_config.json").exists()
+    _assert_converted_alike(ours, theirs, tmp_path, "mo", arch)
+
+
+def test_modelopt_releases_it_cannot_decode_are_refused(bf16_checkpoint, tmp_path):
+    """ModelOpt's other algorithms (W4A8_AWQ, per-channel FP8, MXFP8...) and NVFP4 in groups other than 16 are
+    refused before anything is written, in one line that says what and the way that works; so is a damaged
+    hf_quant_config.json, and NVFP4 weights without their scales or with scales of the wrong dtype."""
+    src = tmp_path / "mo"
+    _modelopt_release(bf16_checkpoint("qwen3_moe"), src, "NVFP4")
+    config = json.loads((src / "config.json").read_text())
+    qc = config["quantization_config"]
+    for bad, needle in ((dict(qc, quant_algo="W4A8_AWQ"), "quant_algo 'W4A8_AWQ'"),
+                        (dict(qc, quant_algo="FP8_PER_CHANNEL_PER_TOKEN"), "quant_algo 'FP8_PER_CHANNEL_PER_TOKEN'"),
+                        (dict(qc, group_size=32), "quant_algo 'NVFP4', group_size 32"),
+                        (dict(qc, quant_algo=None), "quant_algo None")):
+        (src / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
+        assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), needle,
+                              "convert the original float checkpoint instead")
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
+    for text, needle in (("{", "hf_quant_config.json is not valid JSON"),
+                         (json.dumps({"producer": {"name": "modelopt"}}), "has no \"quantization\" object")):
+        (src / "hf_quant_config.json").write_text(text)
+        assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), needle)
+    (src / "hf_quant_config.json").unlink()
+    (src / "config.json").write_text(json.dumps(config))
+    state = tensors(src)
+    key = "model.layers.1.mlp.experts.2.down_proj.weight"
+    _assert_breakages_refused(src, state, (
+        (lambda st: st.pop(f"{key}_scale_2"), f"{key} is NVFP4 without its {key}_scale_2; the ModelOpt checkpoint is "
+         f"incomplete"),
+        (lambda st: st.__setitem__(f"{key}_scale", st[f"{key}_scale"].float()),
+         f"{key}_scale is F32 [64, 2], not the F8_E4M3 [64, 2] group scales that NVFP4 [64, 16] needs"),
+        (lambda st: st.pop(f"{key}_scale"), f"{key} is NVFP4 without its {key}_scale;"),
+        (lambda st: (st.pop(f"{key}_scale"), st.__setitem__(key, torch.zeros(64, 32, dtype=torch.bfloat16))),
+         "down_proj.input_scale belongs to no modelopt weight")), tmp_path)
+
+
 def test_compressed_tensors_releases_it_cannot_decode_are_refused_with_the_way_that_works(bf16_checkpoint, tmp_path):
     """compressed-tensors' other formats (int4 pack-quantized, naive-quantized, NVFP4...) and float-quantized
     weights it does not decode (not 8 bits, not float, group scales, asymmetric, blocks without a size, groups

@@ -77,7 +77,7 @@ from safetensors.torch import save_file
 
 from .checkpoint import EXPERT_COUNT_KEYS, FLOAT_DTYPES, CheckpointKeys, from_fused_layout, to_fused_layout
 from .files import check_writable_dir, missing_folders, remove_empty, signals_held
-from .releases import float_decoders, release_encoding
+from .releases import MODELOPT_CONFIG, float_decoders, release_encoding
 from .quant import dequantize_weights, quantize_weights
 
 QUANT_CONFIG = {"quant_method": "experts_int8", "bits": 8, "scheme": "symmetric_per_row",
@@ -1062,7 +1062,9 @@ def _side_files(src_dir: Path) -> list[Path]:
     blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
     files = []
     for f in sorted(src_dir.iterdir()):
-        if not f.is_file() or f.name in ("config.json", INDEX_NAME) or f.name.endswith(WEIGHT_FILE_SUFFIXES) \
+        # (a ModelOpt release's hf_quant_config.json would make vLLM read the int8 output as ModelOpt's)
+        if not f.is_file() or f.name in ("config.json", INDEX_NAME, MODELOPT_CONFIG) \
+                or f.name.endswith(WEIGHT_FILE_SUFFIXES) \
                 or f.name.endswith(OTHER_WEIGHT_SUFFIXES) or f.name.endswith(".index.json"):
             continue
         target = f.resolve()

@@ -1,6 +1,6 @@
 """Quantized releases read as the float checkpoints they encode (by ``experts-int8 quantize``).
 
-Six encodings cover the MoE releases that ship no float weights:
+Seven encodings cover the MoE releases that ship no float weights:
 
 * FP8 with block scales (``quant_method: fp8`` and a ``weight_block_size [bn, bk]``: DeepSeek-V3/R1,
   MiniMax-M2, Qwen3's -FP8): each F8 ``<name>.weight`` ``[..., N, K]`` beside ``<name>.weight_scale_inv``
@@ -45,6 +45,16 @@ Six encodings cover the MoE releases that ship no float weights:
   unpacked codes' dtype): the same values in a bfloat16 model, its releases' case; a float16 or float32 config
   here gets one rounding to its own dtype instead. Activations' ``<module>.input_global_scale`` are dropped, and so
   are the KV cache's scales under a ``kv_cache_scheme``.
+* NVIDIA ModelOpt's (nvidia's -FP8 and -FP4 releases: config.json's ``quant_method: modelopt`` with ``quant_algo``,
+  ``group_size``, ``kv_cache_scheme``, or an ``hf_quant_config.json`` alone, ``{"producer": {"name": "modelopt"},
+  "quantization": {"quant_algo", "group_size", "kv_cache_quant_algo", "exclude_modules"}}``; as vLLM's ModelOpt
+  loader reads them). ``FP8``: each quantized Linear's F8 ``weight`` beside an F32 ``weight_scale`` ``[]``, AutoFP8's
+  per-tensor product. ``NVFP4`` (and ``W4A16_NVFP4``, the same weights): a U8 ``weight`` ``[N, K/2]`` (low nibble
+  first), an F8_E4M3 ``weight_scale`` ``[N, K/16]`` and an F32 ``weight_scale_2`` ``[]`` (amax / (6 * 448): a
+  multiplier, not compressed-tensors' divisor); the weight is ``code * weight_scale`` (exact in float32) times
+  ``weight_scale_2``, rounded once in float32, then to the config's dtype (no library of ModelOpt's is here to say
+  otherwise). ``input_scale`` is dropped, and with a quantized KV cache the attention's ``k_scale``/``v_scale`` (on
+  ``k_proj``/``v_proj`` or the attention module); the hf_quant_config.json is not copied to the int8 checkpoint.
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
@@ -58,8 +68,10 @@ bfloat16 model, its releases' two cases; transformers fuses their experts as pro
 
 from __future__ import annotations
 
+import json
 import re
 from functools import partial
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
@@ -82,6 +94,8 @@ CT_SCALE_DTYPES = ("F32", "BF16", "F16")
 CT_ACTIVATION_SCALES = (".input_scale", ".input_zero_point", ".input_global_scale")  # (static activations': no use
 # without FP8 or FP4 matmuls)
 CT_KV_CACHE_SCALES = (".k_scale", ".v_scale", ".q_scale")  # (an FP8 KV cache's, with kv_cache_scheme: none here)
+MODELOPT_ALGOS = {"FP8": "FP8", "NVFP4": "NVFP4", "W4A16_NVFP4": "NVFP4"}  # (quant_algo -> its weights' encoding)
+MODELOPT_CONFIG = "hf_quant_config.json"  # (ModelOpt's description of a release, beside or instead of config.json's)
 FLOAT_DTYPES = {"bfloat16": (torch.bfloat16, "BF16"), "float16": (torch.float16, "F16"),
                 "float32": (torch.float32, "F32")}
 
@@ -91,13 +105,16 @@ def release_encoding(config: dict, src) -> Optional[dict]:
     any other way is refused (checked before anything is read or written)."""
     qc = config.get("quantization_config")
     if not qc:
-        return None
+        return _modelopt_file(src)
     if not isinstance(qc, dict):
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
     method, block, scheme = qc.get("quant_method"), qc.get("weight_block_size"), qc.get("activation_scheme")
     if method == "compressed-tensors":
         _compressed_weights(qc, src)  # (its refusal, naming what it does not decode)
         return qc
+    if isinstance(method, str) and method.lower() == "modelopt":
+        _modelopt_algo(qc, src)
+        return dict(qc, quant_method="modelopt")
     # (static activation scales are no refusal: the weights decode alike, and the scales are dropped)
     if method == "mxfp4" or (method == "fp8" and (_two_sizes(block) or (
             block is None and scheme in FP8_ACTIVATION_SCHEMES))):
@@ -107,7 +124,8 @@ def release_encoding(config: dict, src) -> Optional[dict]:
                      + "); convert the original float checkpoint instead (quant_method fp8 releases with block "
                      "scales, a weight_block_size of two sizes, or AutoFP8's or transformers' per-tensor ones, no "
                      "weight_block_size and activation_scheme static or dynamic; compressed-tensors' float-quantized "
-                     "FP8 and nvfp4-pack-quantized NVFP4 ones and MXFP4 ones are read directly)")
+                     "FP8 and nvfp4-pack-quantized NVFP4 ones, ModelOpt's FP8 and NVFP4 ones and MXFP4 ones are read "
+                     "directly)")
 
 
 def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int, int]]]:
@@ -158,6 +176,41 @@ def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int,
         raise ValueError(f"{src}: compressed-tensors config groups quantize weights in different ways "
                          f"({', '.join(sorted(f'{st} {list(b)}' if b else st for st, b in schemes))}); {instead}")
     return (fmt, *schemes.pop())
+
+
+def _modelopt_file(src) -> Optional[dict]:
+    """A release that ModelOpt describes only in its ``hf_quant_config.json`` (``{"producer": {"name":
+    "modelopt"}, "quantization": {...}}``, as vLLM reads it): its config as a ``quantization_config``; None where
+    there is none (a float checkpoint)."""
+    path = Path(src) / MODELOPT_CONFIG if str(src) else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        qc = json.loads(path.read_text())
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(qc, dict) or not isinstance(qc.get("quantization"), dict):
+        raise ValueError(f"{path} has no \"quantization\" object that says how the weights are quantized; it is "
+                         f"damaged (download it again), or remove it if the checkpoint is a float one")
+    qc = dict(qc, quant_method="modelopt")
+    _modelopt_algo(qc, src)
+    return qc
+
+
+def _modelopt_algo(qc: dict, src="") -> tuple[str, int, bool]:
+    """(weights' encoding, ``FP8`` or ``NVFP4``; group size; whether the KV cache is quantized) of a ModelOpt
+    release's config: its ``quantization`` object (``hf_quant_config.json``'s layout) or the config itself
+    (config.json's: ``quant_algo``, ``group_size``, ``kv_cache_scheme``), as vLLM's ModelOpt loader reads them.
+    Raises for the algorithms not read."""
+    inner = qc.get("quantization") if isinstance(qc.get("quantization"), dict) else qc
+    algo = str(inner.get("quant_algo") or "").upper()
+    group = inner.get("group_size") or (16 if MODELOPT_ALGOS.get(algo) == "NVFP4" else None)
+    if algo not in MODELOPT_ALGOS or (MODELOPT_ALGOS[algo] == "NVFP4" and group != NVFP4_GROUP):
+        raise ValueError(f"{src} is quantized by ModelOpt with quant_algo {inner.get('quant_algo')!r}"
+                         + (f", group_size {group!r}" if algo in MODELOPT_ALGOS else "") + "; convert the original "
+                         f"float checkpoint instead (ModelOpt's FP8 releases, one factor a tensor, and its NVFP4 "
+                         f"ones, groups of {NVFP4_GROUP}, are read directly)")
+    return MODELOPT_ALGOS[algo], group, bool(inner.get("kv_cache_quant_algo") or inner.get("kv_cache_scheme"))
 
 
 def _two_sizes(block) -> bool:
@@ -214,6 +267,14 @@ def dequantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale: to
     return dequantize_fp4_rows(packed, scale.float() / global_scale.float(), dtype=dtype, group=NVFP4_GROUP)
 
 
+def dequantize_modelopt_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor, *,
+                              dtype) -> torch.Tensor:
+    """ModelOpt's NVFP4 ``packed`` (uint8 ``[N, K/2]``, low nibble first) times its e4m3 ``scale`` ``[N, K/16]``
+    (exact in float32: e2m1 times e4m3) times the float32 ``scale_2`` (``[]`` or ``[1]``: amax / (6 * 448), a
+    multiplier, as vLLM's loader takes it), rounded once in float32, then to ``dtype``."""
+    return dequantize_fp4_rows(packed, scale, dtype=torch.float32, group=NVFP4_GROUP).mul_(scale_2.float()).to(dtype)
+
+
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
     """MXFP4 ``blocks`` ``[E, N, G, 16]`` and ``scales`` ``[E, N, G]`` -> ``[E, 32 G, N]`` in ``dtype``, one
     expert at a time (the codes of a whole tensor as indices would take 16 bytes a value)."""
@@ -240,17 +301,22 @@ def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tupl
     if name not in FLOAT_DTYPES:
         raise ValueError(f"config.json's dtype {name!r} is not one of {', '.join(FLOAT_DTYPES)}")
     dtype, dtype_name = FLOAT_DTYPES[name]
-    per_tensor = qc["quant_method"] == "fp8" and qc.get("weight_block_size") is None  # (AutoFP8's, transformers')
+    modelopt = _modelopt_algo(qc) if qc["quant_method"] == "modelopt" else None
+    # (AutoFP8's, transformers', ModelOpt's FP8)
+    per_tensor = (qc["quant_method"] == "fp8" and qc.get("weight_block_size") is None) or (
+        modelopt is not None and modelopt[0] == "FP8")
     if qc["quant_method"] == "fp8" and not per_tensor:
         decoders, shapes = _block_fp8_decoders(tuple(qc["weight_block_size"]), headers, dtype)
-    elif qc["quant_method"] == "compressed-tensors" and qc.get("format") == CT_NVFP4_FORMAT:
-        decoders, shapes = _nvfp4_decoders(headers, dtype)
-    elif qc["quant_method"] in ("fp8", "compressed-tensors"):
+    elif (qc["quant_method"] == "compressed-tensors" and qc.get("format") == CT_NVFP4_FORMAT) or (
+            modelopt is not None and modelopt[0] == "NVFP4"):
+        decoders, shapes = _nvfp4_decoders(headers, dtype, modelopt=modelopt is not None)
+    elif qc["quant_method"] in ("fp8", "compressed-tensors") or per_tensor:
         decoders, shapes = _scaled_fp8_decoders(qc, per_tensor, headers, experts, renames, dtype)
     else:
         decoders, shapes = _mxfp4_decoders(headers, dtype)
     activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES + (FP8_MERGED_ACTIVATION_SCALE,),
-                   "compressed-tensors": CT_ACTIVATION_SCALES}.get(qc["quant_method"], ())
+                   "compressed-tensors": CT_ACTIVATION_SCALES, "modelopt": (".input_scale",)}.get(
+                       qc["quant_method"], ())
     consumed = {k for keys, _ in decoders.values() for k in keys}
     for key in [k for k in headers if k.endswith(activations)]:
         if f"{key.rsplit('.', 1)[0]}.weight" in decoders or (key.endswith(FP8_MERGED_ACTIVATION_SCALE) and (
@@ -264,9 +330,13 @@ def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tupl
         factors += (".weight_scale",)
     if qc["quant_method"] == "compressed-tensors":
         factors += (".weight_zero_point", ".weight_packed", ".weight_global_scale", *CT_ACTIVATION_SCALES)
-        if qc.get("kv_cache_scheme"):  # (and keeps its KV cache in float: the attention's scales would be unexpected)
-            for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
-                del headers[key]
+    if qc["quant_method"] == "modelopt":
+        factors += (".weight_scale", ".weight_scale_2", ".input_scale")
+    if (qc.get("kv_cache_scheme") if qc["quant_method"] == "compressed-tensors" else modelopt and modelopt[2]):
+        # (the KV cache is kept in float: the attention's scales, on k_proj/v_proj or on the attention module, would
+        # be unexpected)
+        for key in [k for k in headers if k.endswith(CT_KV_CACHE_SCALES)]:
+            del headers[key]
     stray = sorted(k for k in headers if k not in consumed and (k.endswith(factors) or (
         k.endswith(beside) and f"{k.rsplit('.', 1)[0]}.weight" in headers)))
     if stray:
@@ -344,28 +414,32 @@ def _scaled_fp8_decoders(qc: dict, per_tensor: bool, headers: dict, experts, ren
     return decoders, shapes
 
 
-def _nvfp4_decoders(headers: dict, dtype) -> tuple[dict, dict]:
-    """(decoders, float shapes) of a compressed-tensors NVFP4 release: each quantized Linear's U8
-    ``<module>.weight_packed`` ``[N, K/2]`` with its F8_E4M3 ``weight_scale`` ``[N, K/16]`` and F32
-    ``weight_global_scale`` ``[1]`` (or ``[]``) -> ``<module>.weight`` ``[N, K]``."""
+def _nvfp4_decoders(headers: dict, dtype, modelopt: bool = False) -> tuple[dict, dict]:
+    """(decoders, float shapes) of an NVFP4 release: each quantized Linear's U8 codes ``[N, K/2]`` with its F8_E4M3
+    ``weight_scale`` ``[N, K/16]`` and an F32 global factor ``[1]`` (or ``[]``) -> ``<module>.weight`` ``[N, K]``:
+    compressed-tensors' ``<module>.weight_packed`` and ``weight_global_scale`` (a divisor), or with ``modelopt``
+    ModelOpt's ``<module>.weight`` and ``weight_scale_2`` (a multiplier)."""
     decoders, shapes = {}, {}
+    release = "ModelOpt" if modelopt else "compressed-tensors"
     for key, (stored, shape) in headers.items():
-        if not key.endswith(".weight_packed"):
-            continue
-        base = key.removesuffix("_packed")  # (``<module>.weight``: the float weight's key)
-        scale, global_scale = f"{base}_scale", f"{base}_global_scale"
+        if not key.endswith(".weight" if modelopt else ".weight_packed") or (modelopt and stored != "U8" and (
+                f"{key}_scale" not in headers)):
+            continue  # (a ModelOpt release's modules it excludes keep float weights)
+        base = key if modelopt else key.removesuffix("_packed")  # (``<module>.weight``: the float weight's key)
+        scale, global_scale = f"{base}_scale", f"{base}_scale_2" if modelopt else f"{base}_global_scale"
         if stored != "U8" or len(shape) != 2:
             raise ValueError(f"{key} is {stored} {list(shape)}, not NVFP4 codes (U8 [N, K/2], two values a byte)")
         want = (shape[0], -(-2 * shape[1] // NVFP4_GROUP))
         for factor, (dtypes, shapes_ok, what) in ((scale, (("F8_E4M3",), (want,), f"{list(want)} group scales")), (
                 global_scale, (("F32",), ((1,), ()), "[1] global scale"))):
             if factor not in headers:
-                raise ValueError(f"{key} is NVFP4 without its {factor}; the compressed-tensors checkpoint is "
-                                 f"incomplete: download it again")
+                raise ValueError(f"{key} is NVFP4 without its {factor}; the {release} checkpoint is incomplete: "
+                                 f"download it again")
             if headers[factor][0] not in dtypes or tuple(headers[factor][1]) not in shapes_ok:
                 raise ValueError(f"{factor} is {headers[factor][0]} {list(headers[factor][1])}, not the "
                                  f"{dtypes[0]} {what} that NVFP4 {list(shape)} needs")
-        decoders[base] = ((key, scale, global_scale), partial(dequantize_nvfp4, dtype=dtype))
+        decode = dequantize_modelopt_nvfp4 if modelopt else dequantize_nvfp4
+        decoders[base] = ((key, scale, global_scale), partial(decode, dtype=dtype))
         shapes[base] = (shape[0], 2 * shape[1])
     return decoders, shapes
 
