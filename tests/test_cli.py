@@ -1434,6 +1434,24 @@ def test_quantize_reads_a_modelopt_release_as_the_float_checkpoint_it_encodes(bf
     _assert_converted_alike(ours, theirs, tmp_path, "mo", arch)
 
 
+@pytest.mark.parametrize("hf_file", [False, True])
+def test_generate_refuses_a_modelopt_release_saying_to_convert_it(bf16_checkpoint, tmp_path, hf_file):
+    """generate and eval refuse a ModelOpt release, also one described only by its hf_quant_config.json (which
+    transformers does not read: it would load the FP8 or FP4 codes as float weights and drop their scales),
+    saying to convert it first; a damaged hf_quant_config.json still reads as ModelOpt's, without that advice."""
+    src = tmp_path / "mo"
+    _modelopt_release(bf16_checkpoint("qwen3_moe"), src, "FP8", hf_file=hf_file)
+    assert_one_line_error(invoke("generate", src, "--prompt", "a", "--device", "cpu"),
+                          "quantized with 'modelopt'", "experts-int8 quantize SRC DST")
+    assert_one_line_error(invoke("eval", src, "--text", str(src / "config.json"), "--device", "cpu"),
+                          "quantized with 'modelopt'")
+    if hf_file:
+        (src / "hf_quant_config.json").write_text("{")
+        result = invoke("generate", src, "--prompt", "a", "--device", "cpu")
+        assert_one_line_error(result, "quantized with 'modelopt'")
+        assert "experts-int8 quantize SRC DST" not in result.output
+
+
 def test_modelopt_releases_it_cannot_decode_are_refused(bf16_checkpoint, tmp_path):
     """ModelOpt's other algorithms (W4A8_AWQ, per-channel FP8, MXFP8...) and NVFP4 in groups other than 16 are
     refused before anything is written, in one line that says what and the way that works; so is a damaged

@@ -105,7 +105,7 @@ def release_encoding(config: dict, src) -> Optional[dict]:
     any other way is refused (checked before anything is read or written)."""
     qc = config.get("quantization_config")
     if not qc:
-        return _modelopt_file(src)
+        return modelopt_config(src)
     if not isinstance(qc, dict):
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
     method, block, scheme = qc.get("quant_method"), qc.get("weight_block_size"), qc.get("activation_scheme")
@@ -178,7 +178,7 @@ def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int,
     return (fmt, *schemes.pop())
 
 
-def _modelopt_file(src) -> Optional[dict]:
+def modelopt_config(src) -> Optional[dict]:
     """A release that ModelOpt describes only in its ``hf_quant_config.json`` (``{"producer": {"name":
     "modelopt"}, "quantization": {...}}``, as vLLM reads it): its config as a ``quantization_config``; None where
     there is none (a float checkpoint)."""

@@ -20,7 +20,7 @@ import torch
 
 from .checkpoint import read_headers
 from .convert import QUANT_CONFIG, needs_remote_code, read_model_dir, text_config
-from .releases import release_encoding
+from .releases import modelopt_config, release_encoding
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -50,9 +50,15 @@ def checkpoint_kind(config: dict, files=()) -> str:
         raise ValueError(f"config.json's quantization_config is a JSON {type(qc).__name__}, not an object")
     if qc and qc.get("quant_method") == QUANT_CONFIG["quant_method"]:
         return "int8"
+    src = Path(files[0]).parent if files else ""
+    if not qc and src:  # (a ModelOpt release may say so only in its hf_quant_config.json, which transformers ignores)
+        try:
+            qc = modelopt_config(src)
+        except ValueError:
+            qc = {"quant_method": "modelopt"}
     if qc:
         try:
-            readable = release_encoding(config, "") is not None
+            readable = release_encoding(config, src) is not None
         except ValueError:
             readable = False
         raise ValueError(f"the checkpoint is quantized with {qc.get('quant_method')!r}; experts-int8 loads float "
