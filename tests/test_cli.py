@@ -803,6 +803,8 @@ def test_a_deepseek_v4_release_missing_an_fp4_weights_factors_is_refused_by_name
 def test_releases_decode_on_the_gpu_to_the_cpus_values(bf16_checkpoint, tmp_path, release):
     """With --device cuda a release's weights decode on the GPU: the output equals what its decoded float
     checkpoint converts to there, as on the CPU (exact products, one rounding)."""
+    if release == "nvfp4":
+        pytest.importorskip("compressed_tensors")  # (the release is packed by its own compressor)
     arch = {"deepseek_v4": "deepseek_v4", "fp8": "deepseek_v3", "autofp8": "mixtral", "mxfp4": "gpt_oss",
             "nvfp4": "qwen3_moe"}[release]
     src = tmp_path / release
