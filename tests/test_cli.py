@@ -1436,6 +1436,19 @@ def test_quantize_reads_a_modelopt_release_as_the_float_checkpoint_it_encodes(bf
     _assert_converted_alike(ours, theirs, tmp_path, "mo", arch)
 
 
+def test_quantize_reads_a_modelopt_release_whose_quant_method_names_its_format(bf16_checkpoint, tmp_path):
+    """config.json's ``quant_method: modelopt_fp4`` (a name vLLM's ModelOpt loader reads as modelopt, as any
+    ``modelopt...``) is read as ``modelopt``: the same conversion, not the refusal of an unknown method."""
+    src = tmp_path / "mo"
+    decoded = _modelopt_release(bf16_checkpoint("qwen3_moe"), src, "NVFP4")
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["quant_method"] = "modelopt_fp4"
+    (src / "config.json").write_text(json.dumps(config))
+    ours, theirs = _convert_both(src, bf16_checkpoint("qwen3_moe"), decoded, tmp_path)
+    assert set(ours) == set(theirs)
+    _assert_converted_alike(ours, theirs, tmp_path, "mo", "qwen3_moe", reload=False)
+
+
 @pytest.mark.parametrize("hf_file", [False, True])
 def test_generate_refuses_a_modelopt_release_saying_to_convert_it(bf16_checkpoint, tmp_path, hf_file):
     """generate and eval refuse a ModelOpt release, also one described only by its hf_quant_config.json (which

@@ -112,7 +112,7 @@ def release_encoding(config: dict, src) -> Optional[dict]:
     if method == "compressed-tensors":
         _compressed_weights(qc, src)  # (its refusal, naming what it does not decode)
         return qc
-    if isinstance(method, str) and method.lower() == "modelopt":
+    if isinstance(method, str) and method.lower().startswith("modelopt"):  # (also ``modelopt_fp4``, as vLLM reads)
         _modelopt_algo(qc, src)
         return dict(qc, quant_method="modelopt")
     # (static activation scales are no refusal: the weights decode alike, and the scales are dropped)
