@@ -1467,6 +1467,24 @@ def test_generate_refuses_a_modelopt_release_saying_to_convert_it(bf16_checkpoin
         assert "experts-int8 quantize SRC DST" not in result.output
 
 
+def test_a_float_checkpoint_with_a_stray_hf_quant_config_json_runs_as_float(bf16_checkpoint, tmp_path):
+    """An hf_quant_config.json (valid or damaged) beside float weights, no FP8 or FP4 codes among them, does not make
+    generate and eval refuse the checkpoint as ModelOpt's: transformers ignores that file and loads the weights as
+    they are. Beside a ModelOpt release's codes it is still refused."""
+    from experts_int8.run import checkpoint_kind
+
+    src = tmp_path / "float"
+    shutil.copytree(bf16_checkpoint("qwen3_moe"), src)
+    config, files = json.loads((src / "config.json").read_text()), sorted(src.glob("*.safetensors"))
+    for text in (json.dumps({"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}), "{"):
+        (src / "hf_quant_config.json").write_text(text)
+        assert checkpoint_kind(config, files) == "float"
+    release = tmp_path / "mo"
+    _modelopt_release(bf16_checkpoint("qwen3_moe"), release, "NVFP4", hf_file=True)
+    with pytest.raises(ValueError, match="quantized with 'modelopt'"):
+        checkpoint_kind(json.loads((release / "config.json").read_text()), sorted(release.glob("*.safetensors")))
+
+
 def test_modelopt_releases_it_cannot_decode_are_refused(bf16_checkpoint, tmp_path):
     """ModelOpt's other algorithms (W4A8_AWQ, per-channel FP8, MXFP8...) and NVFP4 in groups other than 16 are
     refused before anything is written, in one line that says what and the way that works; so is a damaged

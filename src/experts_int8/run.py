@@ -56,6 +56,8 @@ def checkpoint_kind(config: dict, files=()) -> str:
             qc = modelopt_config(src)
         except ValueError:
             qc = {"quant_method": "modelopt"}
+        if qc and not any(dtype in ("F8_E4M3", "U8") for dtype, _ in read_headers(files).values()):
+            qc = None  # (a stray hf_quant_config.json beside float weights, which transformers loads as they are)
     if qc:
         try:
             readable = release_encoding(config, src) is not None
