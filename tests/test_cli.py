@@ -848,6 +848,29 @@ def test_nvfp4_decodes_as_compressed_tensors_decompresses_it():
         assert torch.equal(dequantize_nvfp4(packed, scale, global_scale, dtype=torch.float32), exact)
 
 
+def test_modelopt_nvfp4_decodes_in_modelopts_order():
+    """ModelOpt's NVFP4: every byte of codes (low nibble first) with every finite e4m3 group factor decodes in
+    float32 as ModelOpt's own ``NVFP4QTensor.dequantize`` computes it: the factor ``weight_scale * weight_scale_2``
+    first (one float32 rounding), then the e2m1 value times it (another); not the codes times the e4m3 factor first,
+    which rounds differently in float32."""
+    from compressed_tensors.compressors.nvfp4.helpers import unpack_fp4_from_uint8
+
+    from experts_int8.releases import dequantize_modelopt_nvfp4
+
+    packed = torch.arange(256, dtype=torch.uint8).reshape(8, 32).repeat(16, 1)  # [128, 32]: 64 values a row
+    finite = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().isfinite()
+    codes = torch.arange(256, dtype=torch.uint8)[finite]
+    scale = codes[torch.randperm(128 * 4, generator=torch.Generator().manual_seed(0)) % codes.numel()]
+    scale = scale.reshape(128, 4).view(torch.float8_e4m3fn)
+    values = unpack_fp4_from_uint8(packed, 128, 64, dtype=torch.float32)
+    for scale_2 in (torch.tensor(1.0), torch.tensor(3.7e-4), torch.tensor([1.3e-5])):
+        factor = scale.float() * scale_2  # (ModelOpt's per_block_scale)
+        want = (values.view(128, 4, 16) * factor[..., None]).view(128, 64)
+        assert torch.equal(dequantize_modelopt_nvfp4(packed, scale, scale_2, dtype=torch.float32), want)
+        assert torch.equal(dequantize_modelopt_nvfp4(packed, scale, scale_2, dtype=torch.bfloat16),
+                           want.to(torch.bfloat16))
+
+
 def test_fp4_rows_decode_as_transformers_decodes_them():
     """FP4 codes (low nibble first) with UE8M0 factors per 32 values of a row, stored as F8_E8M0 or as exponent
     bytes, decode matrix by matrix to what transformers' FP8 loader makes of them."""
@@ -1367,7 +1390,8 @@ def _modelopt_release(float_dir, out, algo, hf_file=False, kv_cache=False):
     the global factor) and an F32 ``weight_scale_2`` ``[]`` (amax / (6 * 448), a multiplier). With ``kv_cache`` an
     FP8 KV cache's ``k_proj.k_scale`` and ``v_proj.v_scale``. The config in config.json (``quant_method: modelopt``,
     ``quant_algo``...) or, with ``hf_file``, only in ``hf_quant_config.json``. Returns the float state its products
-    make, rounded once to the checkpoint's bf16 (the converter's reference)."""
+    make (the factor ``weight_scale * weight_scale_2`` first, as ModelOpt's ``NVFP4QTensor.dequantize``), rounded to the
+    checkpoint's bf16 (the converter's reference)."""
     from compressed_tensors.compressors.nvfp4.helpers import quantize_and_pack_fp4, unpack_fp4_from_uint8
 
     if algo == "FP8":
@@ -1390,7 +1414,7 @@ def _modelopt_release(float_dir, out, algo, hf_file=False, kv_cache=False):
             stored.update({key: packed, f"{base}.weight_scale": scale, f"{base}.weight_scale_2": scale_2,
                            f"{base}.input_scale": torch.tensor(0.01)})
             codes = unpack_fp4_from_uint8(packed, *w.shape, dtype=torch.float32)
-            decoded[key] = (codes * scale.float().repeat_interleave(16, 1) * scale_2).to(w.dtype)
+            decoded[key] = (codes * (scale.float() * scale_2).repeat_interleave(16, 1)).to(w.dtype)
             assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 4, key
         decoded = {**state, **decoded}
     if kv_cache:

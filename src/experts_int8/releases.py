@@ -51,10 +51,11 @@ Seven encodings cover the MoE releases that ship no float weights:
   loader reads them). ``FP8``: each quantized Linear's F8 ``weight`` beside an F32 ``weight_scale`` ``[]``, AutoFP8's
   per-tensor product. ``NVFP4`` (and ``W4A16_NVFP4``, the same weights): a U8 ``weight`` ``[N, K/2]`` (low nibble
   first), an F8_E4M3 ``weight_scale`` ``[N, K/16]`` and an F32 ``weight_scale_2`` ``[]`` (amax / (6 * 448): a
-  multiplier, not compressed-tensors' divisor); the weight is ``code * weight_scale`` (exact in float32) times
-  ``weight_scale_2``, rounded once in float32, then to the config's dtype (no library of ModelOpt's is here to say
-  otherwise). ``input_scale`` is dropped, and with a quantized KV cache the attention's ``k_scale``/``v_scale`` (on
-  ``k_proj``/``v_proj`` or the attention module); the hf_quant_config.json is not copied to the int8 checkpoint.
+  multiplier, not compressed-tensors' divisor); the weight is ``code * (weight_scale * weight_scale_2)``, the
+  factor multiplied first, in float32, as ModelOpt's own ``NVFP4QTensor.dequantize`` computes it, then rounded to
+  the config's dtype. ``input_scale`` is dropped, and with a quantized KV cache the attention's ``k_scale`` and
+  ``v_scale`` (on ``k_proj``/``v_proj`` or the attention module); the hf_quant_config.json is not copied to the int8
+  checkpoint.
 * MXFP4 (``quant_method: mxfp4``: GPT-OSS): ``<name>_blocks`` uint8 ``[E, N, G, 16]``, two 4-bit e2m1 codes a
   byte (low nibble first, 32 values a group), and ``<name>_scales`` uint8 ``[E, N, G]``, a power of two a group
   (exponent + 127); the weight is ``<name>`` ``[E, 32 G, N]``, the layout of GPT-OSS's float experts.
@@ -269,10 +270,11 @@ def dequantize_nvfp4(packed: torch.Tensor, scale: torch.Tensor, global_scale: to
 
 def dequantize_modelopt_nvfp4(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor, *,
                               dtype) -> torch.Tensor:
-    """ModelOpt's NVFP4 ``packed`` (uint8 ``[N, K/2]``, low nibble first) times its e4m3 ``scale`` ``[N, K/16]``
-    (exact in float32: e2m1 times e4m3) times the float32 ``scale_2`` (``[]`` or ``[1]``: amax / (6 * 448), a
-    multiplier, as vLLM's loader takes it), rounded once in float32, then to ``dtype``."""
-    return dequantize_fp4_rows(packed, scale, dtype=torch.float32, group=NVFP4_GROUP).mul_(scale_2.float()).to(dtype)
+    """ModelOpt's NVFP4 ``packed`` (uint8 ``[N, K/2]``, low nibble first) times ``scale * scale_2``: its e4m3
+    ``scale`` ``[N, K/16]`` times the float32 ``scale_2`` (``[]`` or ``[1]``: amax / (6 * 448), a multiplier, as
+    vLLM's loader takes it) first, in float32, then the codes times that factor, then ``dtype``: the order of
+    ModelOpt's own ``NVFP4QTensor.dequantize`` (the same float32 roundings)."""
+    return dequantize_fp4_rows(packed, scale.float() * scale_2.float(), dtype=dtype, group=NVFP4_GROUP)
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, *, dtype) -> torch.Tensor:
