@@ -1526,7 +1526,8 @@ def test_modelopt_releases_it_cannot_decode_are_refused(bf16_checkpoint, tmp_pat
                               "convert the original float checkpoint instead")
         assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
     (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
-    for text, needle in (("{", "hf_quant_config.json is not valid JSON"),
+    for text, needle in (("{", "hf_quant_config.json is not valid JSON (Expecting property name enclosed in double "
+                          "quotes: line 1 column 2 (char 1)); it is damaged (download it again), or remove it"),
                          (json.dumps({"producer": {"name": "modelopt"}}), "has no \"quantization\" object")):
         (src / "hf_quant_config.json").write_text(text)
         assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), needle)

@@ -189,7 +189,8 @@ def modelopt_config(src) -> Optional[dict]:
     try:
         qc = json.loads(path.read_text())
     except (json.JSONDecodeError, RecursionError) as e:
-        raise ValueError(f"{path} is not valid JSON ({e})") from None
+        raise ValueError(f"{path} is not valid JSON ({e}); it is damaged (download it again), or remove it if the "
+                         f"checkpoint is a float one") from None
     if not isinstance(qc, dict) or not isinstance(qc.get("quantization"), dict):
         raise ValueError(f"{path} has no \"quantization\" object that says how the weights are quantized; it is "
                          f"damaged (download it again), or remove it if the checkpoint is a float one")
