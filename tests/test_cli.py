@@ -1138,14 +1138,15 @@ def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, 
 
 
 def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16", scalar=False, static=False,
-                            kv_cache=False):
+                            kv_cache=False, only=None):
     """``float_dir``'s checkpoint as a compressed-tensors float-quantized FP8 release, made as llm-compressor makes
     RedHatAI's: each Linear weight (not the router or lm_head) in e4m3 by compressed-tensors' own compressor, its
     ``weight_scale`` (amax / 448 of the tensor: ``[1]``, or ``[]`` where ``scalar``; of each row: ``[N, 1]``; of
     each block: ``[ceil(N/bn), ceil(K/bk)]``) in ``scales`` (BF16 as those releases, or F32), and with ``static``
     an ``input_scale`` ``[1]`` (the -FP8 releases' static activations), with ``kv_cache`` an FP8 KV cache's
-    ``k_scale`` and ``v_scale`` on each attention module (and its ``kv_cache_scheme``). Returns the float state that
-    compressed-tensors' own decompression makes of it, in the checkpoint's dtype (the converter's reference)."""
+    ``k_scale`` and ``v_scale`` on each attention module (and its ``kv_cache_scheme``); with ``only``, just the
+    weights whose keys it accepts. Returns the float state that compressed-tensors' own decompression makes of it, in
+    the checkpoint's dtype (the converter's reference)."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
 
@@ -1161,7 +1162,7 @@ def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16",
     state, stored, decoded = tensors(float_dir), {}, {}
     dtype = {"BF16": torch.bfloat16, "F32": torch.float32}[scales]
     for key, w in state.items():
-        if not FP8_LINEAR.search(key):
+        if not FP8_LINEAR.search(key) or (only and not only(key)):
             stored[key] = w
             continue
         if strategy == "block":
@@ -1247,14 +1248,15 @@ def test_compressed_tensors_fp8_reference_is_what_transformers_loads(bf16_checkp
         assert loaded[key].dtype == want[key].dtype and torch.equal(loaded[key], want[key]), key
 
 
-def _compressed_nvfp4_release(float_dir, out, static=False, kv_cache=False):
+def _compressed_nvfp4_release(float_dir, out, static=False, kv_cache=False, only=None):
     """``float_dir``'s checkpoint as a compressed-tensors nvfp4-pack-quantized release, made as llm-compressor makes
     RedHatAI's -NVFP4: each Linear weight (not the router or lm_head) packed by compressed-tensors' own NVFP4
     compressor (two e2m1 codes a byte) with its ``weight_global_scale`` (F32 ``[1]``: 448 * 6 / the tensor's amax)
     and ``weight_scale`` (e4m3 ``[N, K/16]``: each group's amax / 6 times the global scale), the config's scheme
     its NVFP4 preset; with ``static`` an ``input_global_scale`` ``[1]`` (as those releases have), with ``kv_cache`` an
-    FP8 KV cache's ``k_scale`` and ``v_scale`` (and its ``kv_cache_scheme``). Returns the float state that
-    compressed-tensors' own decompression makes of it, in the checkpoint's dtype (the converter's reference)."""
+    FP8 KV cache's ``k_scale`` and ``v_scale`` (and its ``kv_cache_scheme``); with ``only``, just the weights whose
+    keys it accepts. Returns the float state that compressed-tensors' own decompression makes of it, in the
+    checkpoint's dtype (the converter's reference)."""
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import preset_name_to_scheme
 
@@ -1265,7 +1267,7 @@ def _compressed_nvfp4_release(float_dir, out, static=False, kv_cache=False):
         os.remove(f)
     state, stored, decoded = tensors(float_dir), {}, {}
     for key, w in state.items():
-        if not FP8_LINEAR.search(key):
+        if not FP8_LINEAR.search(key) or (only and not only(key)):
             stored[key] = w
             continue
         global_scale = (448 * 6 / w.float().abs().amax().clamp(min=1e-12)).reshape(1)
@@ -1315,6 +1317,81 @@ def test_quantize_reads_a_compressed_tensors_nvfp4_release_as_the_float_checkpoi
     assert set(ours) == set(theirs) and not any(k.endswith(("_packed", "_global_scale", "k_scale")) for k in ours)
     assert any(k.endswith("self_attn.q_proj.weight") and ours[k].dtype == torch.bfloat16 for k in ours)
     _assert_converted_alike(ours, theirs, tmp_path, "ct", arch)
+
+
+def _compressed_mixed_release(float_dir, out, tmp_path, fp8="channel"):
+    """``float_dir``'s checkpoint as the compressed-tensors mixed-precision release llm-compressor writes for NVFP4
+    experts and FP8 attention: each group's Linears by its own compressor (the two builders above, each on its
+    group's keys), config.json's ``format: mixed-precision`` and each group its own ``format``, as compressed-tensors
+    0.20.1's ``infer_model_format`` writes them where groups differ. Returns its own decompression of it."""
+    from compressed_tensors.quantization import QuantizationScheme
+
+    experts = re.compile(r"\.experts\.").search
+    part = tmp_path / "nvfp4_part"
+    by_nvfp4 = _compressed_nvfp4_release(float_dir, part, only=experts)
+    by_fp8 = _compressed_fp8_release(part, out, only=lambda key: not experts(key), **CT_RELEASES[fp8])
+    qcs = [json.loads((d / "config.json").read_text())["quantization_config"] for d in (out, part)]
+    groups = {f"group_{i}": json.loads(QuantizationScheme.model_validate(dict(
+        qc["config_groups"]["group_0"], targets=[target], format=qc["format"])).model_dump_json())
+        for i, (qc, target) in enumerate(zip(qcs, ("re:.*self_attn.*", "re:.*experts.*")))}
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"] = dict(qcs[0], format="mixed-precision", config_groups=groups)
+    (out / "config.json").write_text(json.dumps(config))
+    return {key: by_fp8.get(key, value) for key, value in by_nvfp4.items()}  # (the experts' weights: NVFP4's)
+
+
+@pytest.mark.parametrize("arch, fp8", [("qwen3_moe", "channel"), ("qwen3_moe", "block"),
+                                       ("mixtral", "tensor_scalar_static")])
+def test_quantize_reads_a_compressed_tensors_mixed_precision_release_as_the_float_checkpoint_it_encodes(
+        bf16_checkpoint, tmp_path, arch, fp8):
+    """A compressed-tensors mixed-precision release (experts NVFP4, attention FP8 with channel, block or tensor
+    scales) converts bit for bit to what the float checkpoint compressed-tensors decompresses from it converts to,
+    each weight decoded by its own encoding: experts int8, attention in the config's bf16, no packed weights or
+    scales left outside the experts; it reloads and runs."""
+    ct = tmp_path / "ct"
+    decoded = _compressed_mixed_release(bf16_checkpoint(arch), ct, tmp_path, fp8)
+    stored = tensors(ct)
+    assert any("experts" in k and k.endswith(".weight_packed") for k in stored)
+    assert any("self_attn" in k and v.dtype == torch.float8_e4m3fn for k, v in stored.items())
+    ours, theirs = _convert_both(ct, bf16_checkpoint(arch), decoded, tmp_path)
+    assert set(ours) == set(theirs) and not any(k.endswith(("_packed", "_global_scale", "input_scale")) or (
+        k.endswith("_scale") and "experts" not in k) for k in ours)
+    assert any(k.endswith("self_attn.q_proj.weight") and ours[k].dtype == torch.bfloat16 for k in ours)
+    _assert_converted_alike(ours, theirs, tmp_path, "ct", arch)
+
+
+def test_compressed_tensors_mixed_precision_groups_it_cannot_decode_are_refused_naming_the_group(bf16_checkpoint,
+                                                                                                tmp_path):
+    """A mixed-precision config with a group not in float-quantized or nvfp4-pack-quantized (int4 pack-quantized,
+    naive-quantized, none said), a group's weights not its format's, or FP8 groups with different scales, is refused
+    before anything is written, in one line naming the group and saying to convert the float checkpoint."""
+    ct = tmp_path / "ct"
+    _compressed_mixed_release(bf16_checkpoint("qwen3_moe"), ct, tmp_path)
+    config = json.loads((ct / "config.json").read_text())
+    qc = config["quantization_config"]
+
+    def group(name, **changes):
+        changed = json.loads(json.dumps(qc["config_groups"][name]))
+        changed["weights"].update(changes.pop("weights", {}))
+        return dict(changed, **changes)
+
+    int4 = dict(num_bits=4, type="int", strategy="group", group_size=128)
+    for groups, needle in (
+            ({"group_1": group("group_1", weights=int4, format="pack-quantized")},
+             "group 'group_1' of a 'mixed-precision' release is in format 'pack-quantized'"),
+            ({"group_0": group("group_0", format="naive-quantized")}, "group 'group_0' of a 'mixed-precision' "
+                                                                     "release is in format 'naive-quantized'"),
+            ({"group_1": group("group_1", format=None)}, "group 'group_1' of a 'mixed-precision' release is in "
+                                                         "format None"),
+            ({"group_1": group("group_1", format="float-quantized")},
+             "group 'group_1' quantizes weights with num_bits 4, type 'float', strategy 'tensor_group'"),
+            ({"group_2": group("group_0", weights=dict(strategy="tensor"))},
+             "quantize weights in different ways (channel, tensor)")):
+        bad = dict(qc, config_groups={**qc["config_groups"], **groups})
+        (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
+        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle,
+                              "convert the original float checkpoint instead")
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
 
 
 def test_compressed_tensors_nvfp4_reference_is_what_transformers_loads_outside_the_experts(bf16_checkpoint,

@@ -44,7 +44,11 @@ Seven encodings cover the MoE releases that ship no float weights:
   the global one), then rounded once. Its decompression rounds to bfloat16 whatever the model's dtype (its
   unpacked codes' dtype): the same values in a bfloat16 model, its releases' case; a float16 or float32 config
   here gets one rounding to its own dtype instead. Activations' ``<module>.input_global_scale`` are dropped, and so
-  are the KV cache's scales under a ``kv_cache_scheme``.
+  are the KV cache's scales under a ``kv_cache_scheme``. compressed-tensors' ``format: mixed-precision`` (what
+  llm-compressor writes where config groups differ in format, each group then naming its own: NVFP4 experts beside
+  FP8 attention...) is read where every group is one of these two: each weight by its own encoding (NVFP4's
+  ``weight_packed``, FP8's F8 ``weight``), the FP8 groups alike in strategy and block; a group in another format,
+  or naming none, is refused by name.
 * NVIDIA ModelOpt's (nvidia's -FP8 and -FP4 releases: config.json's ``quant_method: modelopt`` with ``quant_algo``,
   ``group_size``, ``kv_cache_scheme``, or an ``hf_quant_config.json`` alone, ``{"producer": {"name": "modelopt"},
   "quantization": {"quant_algo", "group_size", "kv_cache_quant_algo", "exclude_modules"}}``; as vLLM's ModelOpt
@@ -89,6 +93,7 @@ FP8_MERGED_ACTIVATION_SCALE = "_activation_scale"  # (transformers' static FP8 e
 FP8_KV_CACHE_SCALES = (".output_scale",)  # (AutoFP8's FP8 KV cache: k_proj's and v_proj's outputs, vLLM's k/v scales)
 CT_FORMAT = "float-quantized"  # (compressed-tensors' FP8 format: weights and scales stored as they are, not packed)
 CT_NVFP4_FORMAT = "nvfp4-pack-quantized"  # (its NVFP4 one: two e2m1 codes a byte, an e4m3 factor a group of 16)
+CT_MIXED_FORMAT = "mixed-precision"  # (llm-compressor's where config groups differ in format: each group names its own)
 NVFP4_GROUP = 16
 CT_STRATEGIES = ("tensor", "channel", "block")
 CT_SCALE_DTYPES = ("F32", "BF16", "F16")
@@ -129,19 +134,20 @@ def release_encoding(config: dict, src) -> Optional[dict]:
                      "directly)")
 
 
-def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int, int]]]:
-    """(format, strategy, block size or None) of a compressed-tensors release's weights, where it is one this module
-    decodes: format float-quantized, every config group's weights 8-bit symmetric floats with one factor per tensor,
-    row or block, or format nvfp4-pack-quantized, every group's 4-bit symmetric floats in groups of 16 values with a
-    global factor (``tensor_group``); alike in all groups (which group a module is in is then of no matter). Raises
-    for others, saying what is not read."""
+def _compressed_weights(qc: dict, src="") -> tuple[frozenset, Optional[str], Optional[tuple[int, int]]]:
+    """(formats, FP8 strategy, FP8 block size or None) of a compressed-tensors release's weights, where it is one
+    this module decodes: format float-quantized, every config group's weights 8-bit symmetric floats with one factor
+    per tensor, row or block, alike in all groups (which group a module is in is then of no matter); format
+    nvfp4-pack-quantized, every group's 4-bit symmetric floats in groups of 16 values with a global factor
+    (``tensor_group``); or format mixed-precision (llm-compressor's when groups differ in format), each group in one
+    of those two by its own ``format``. Raises for others, naming the group, saying what is not read."""
     instead = ("convert the original float checkpoint instead (compressed-tensors' float-quantized FP8 releases, "
-               "8-bit symmetric float weights with tensor, channel or block scales, and nvfp4-pack-quantized NVFP4 "
-               "ones are read directly)")
+               "8-bit symmetric float weights with tensor, channel or block scales, nvfp4-pack-quantized NVFP4 "
+               "ones and mixed-precision ones of those two are read directly)")
     fmt = qc.get("format")
-    if fmt not in (CT_FORMAT, CT_NVFP4_FORMAT):
-        raise ValueError(f"{src} is compressed-tensors in format {fmt!r}, not {CT_FORMAT!r} or {CT_NVFP4_FORMAT!r}; "
-                         f"{instead}")
+    if fmt not in (CT_FORMAT, CT_NVFP4_FORMAT, CT_MIXED_FORMAT):
+        raise ValueError(f"{src} is compressed-tensors in format {fmt!r}, not {CT_FORMAT!r}, {CT_NVFP4_FORMAT!r} "
+                         f"or {CT_MIXED_FORMAT!r} of those; {instead}")
     sparsity = qc.get("sparsity_config")
     for what, used in (("sparsity_config", sparsity and not (isinstance(sparsity, dict) and sparsity.get(
             "format") in (None, "dense"))), ("transform_config", qc.get("transform_config"))):
@@ -151,13 +157,18 @@ def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int,
     if not isinstance(groups, dict) or not groups:
         raise ValueError(f"{src} is compressed-tensors without config_groups that say how its weights are "
                          f"quantized; the config.json is damaged: download it again")
-    nvfp4 = fmt == CT_NVFP4_FORMAT
-    schemes = set()
+    formats, schemes = set(), set()
     for name, group in groups.items():
         w = group.get("weights") if isinstance(group, dict) else None
         if not isinstance(w, dict):
             raise ValueError(f"{src}: compressed-tensors config group {name!r} quantizes no weights; {instead}")
+        # (mixed-precision: each group says its own format; otherwise a group's, where given, is the release's)
+        own = group.get("format") if fmt == CT_MIXED_FORMAT else fmt
+        if own not in (CT_FORMAT, CT_NVFP4_FORMAT):
+            raise ValueError(f"{src}: compressed-tensors config group {name!r} of a {fmt!r} release is in format "
+                             f"{own!r}, not {CT_FORMAT!r} or {CT_NVFP4_FORMAT!r}; {instead}")
         block = w.get("block_structure") if w.get("strategy") == "block" else None
+        nvfp4 = own == CT_NVFP4_FORMAT
         if nvfp4:  # (what its NVFP4 compressor packs: e2m1 codes, an e4m3 factor a group of 16, a global one)
             bad = (w.get("num_bits") != 4 or w.get("type") != "float" or w.get("symmetric", True) is not True
                    or w.get("strategy") != "tensor_group" or w.get("group_size") != NVFP4_GROUP)
@@ -165,18 +176,20 @@ def _compressed_weights(qc: dict, src="") -> tuple[str, str, Optional[tuple[int,
             bad = (w.get("num_bits") != 8 or w.get("type") != "float" or w.get("symmetric", True) is not True
                    or w.get("strategy") not in CT_STRATEGIES
                    or (w.get("strategy") == "block" and not _two_sizes(block)))
-        if bad or group.get("format") not in (None, fmt):
+        if bad or group.get("format") not in (None, own):
             said = ", ".join(f"{k} {w.get(k)!r}" for k in ("num_bits", "type", "strategy", "symmetric")
                              + (("group_size",) if nvfp4 else ("block_structure",) if w.get("strategy") == "block"
                                 else ()))
             raise ValueError(f"{src}: compressed-tensors config group {name!r} quantizes weights with {said}"
-                             + (f", format {group['format']!r}" if group.get("format") not in (None, fmt)
-                                else "") + f" in format {fmt!r}; {instead}")
-        schemes.add((w["strategy"], tuple(block) if block else None))
+                             + (f", format {group['format']!r}" if group.get("format") not in (None, own)
+                                else "") + f" in format {own!r}; {instead}")
+        formats.add(own)
+        if not nvfp4:  # (each FP8 weight's scales are read by the one strategy: the FP8 groups must agree)
+            schemes.add((w["strategy"], tuple(block) if block else None))
     if len(schemes) > 1:
         raise ValueError(f"{src}: compressed-tensors config groups quantize weights in different ways "
                          f"({', '.join(sorted(f'{st} {list(b)}' if b else st for st, b in schemes))}); {instead}")
-    return (fmt, *schemes.pop())
+    return (frozenset(formats), *(schemes.pop() if schemes else (None, None)))
 
 
 def modelopt_config(src) -> Optional[dict]:
@@ -310,11 +323,20 @@ def float_decoders(qc: dict, headers: dict, config: dict, experts: Optional[tupl
         modelopt is not None and modelopt[0] == "FP8")
     if qc["quant_method"] == "fp8" and not per_tensor:
         decoders, shapes = _block_fp8_decoders(tuple(qc["weight_block_size"]), headers, dtype)
-    elif (qc["quant_method"] == "compressed-tensors" and qc.get("format") == CT_NVFP4_FORMAT) or (
-            modelopt is not None and modelopt[0] == "NVFP4"):
-        decoders, shapes = _nvfp4_decoders(headers, dtype, modelopt=modelopt is not None)
-    elif qc["quant_method"] in ("fp8", "compressed-tensors") or per_tensor:
-        decoders, shapes = _scaled_fp8_decoders(qc, per_tensor, headers, experts, renames, dtype)
+    elif qc["quant_method"] == "compressed-tensors":
+        # (each weight by its own encoding: NVFP4 ones are ``weight_packed``, FP8 ones F8 ``weight``; a
+        # mixed-precision release has both, one decoder set per format its groups name)
+        decoders, shapes, formats = {}, {}, _compressed_weights(qc)[0]
+        for fmt, decode in ((CT_NVFP4_FORMAT, partial(_nvfp4_decoders, headers, dtype)), (CT_FORMAT, partial(
+                _scaled_fp8_decoders, qc, False, headers, experts, renames, dtype))):
+            if fmt in formats:
+                found, found_shapes = decode()
+                decoders.update(found)
+                shapes.update(found_shapes)
+    elif modelopt is not None and modelopt[0] == "NVFP4":
+        decoders, shapes = _nvfp4_decoders(headers, dtype, modelopt=True)
+    elif per_tensor:
+        decoders, shapes = _scaled_fp8_decoders(qc, True, headers, experts, renames, dtype)
     else:
         decoders, shapes = _mxfp4_decoders(headers, dtype)
     activations = {"fp8": FP8_ACTIVATION_SCALES + FP8_KV_CACHE_SCALES + (FP8_MERGED_ACTIVATION_SCALE,),
