@@ -464,8 +464,8 @@ def quantize_command(src, dst, fmt, device, max_shard_size, overwrite, not_conve
     An FP8 release (quant_method fp8 with block scales or AutoFP8's or transformers' per-tensor ones,
     compressed-tensors' float-quantized, ModelOpt's), an NVFP4 one (compressed-tensors' nvfp4-pack-quantized, or
     mixed-precision with float-quantized groups; ModelOpt's) or an MXFP4 one (GPT-OSS) is read as the float
-    checkpoint it encodes; its other FP8 or FP4
-    layers are written in the config's float dtype, its activation and KV cache scales dropped.
+    checkpoint it encodes; its other FP8 or FP4 layers are written in the config's float dtype, its activation and
+    KV cache scales dropped.
     """
     from .convert import format_bytes, parse_size, quantize_checkpoint
     from .run import check_device
