@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -1137,6 +1138,59 @@ def test_autofp8_releases_it_cannot_decode_are_refused_by_name(bf16_checkpoint, 
         assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
 
 
+def _write_compressed_release(out, stored: dict, scheme, fmt: str, kv_cache: bool):
+    """Writes a compressed-tensors release's ``stored`` tensors into ``out`` and its config.json's
+    quantization_config (one group of ``scheme`` in format ``fmt``, the router and lm_head ignored); with
+    ``kv_cache`` an FP8 KV cache's ``k_scale`` and ``v_scale`` on each attention module (and its
+    ``kv_cache_scheme``)."""
+    if kv_cache:
+        for key in [k for k in stored if k.endswith(("self_attn.k_proj.weight", "self_attn.k_proj.weight_packed"))]:
+            attention = key.split(".k_proj.")[0]
+            stored[f"{attention}.k_scale"], stored[f"{attention}.v_scale"] = torch.tensor(0.5), torch.tensor(0.25)
+    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    kv_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    config["quantization_config"] = {
+        "quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+        "config_groups": {"group_0": json.loads(scheme.model_dump_json())},
+        "kv_cache_scheme": kv_scheme if kv_cache else None,
+        "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None,
+        "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]}
+    (out / "config.json").write_text(json.dumps(config))
+
+
+def _group_weights_changed(qc: dict, **changes) -> dict:
+    """A copy of a one-group compressed-tensors ``qc`` with its group's weights changed."""
+    group = json.loads(json.dumps(qc["config_groups"]["group_0"]))
+    group["weights"].update(changes)
+    return dict(qc, config_groups={"group_0": group})
+
+
+def _assert_configs_refused(src, tmp_path, bads):
+    """Each (quantization_config, needle) of ``bads`` in ``src``'s config.json makes quantize refuse in one line
+    with the needle and the way that works, writing nothing; the config.json is put back after."""
+    config = json.loads((src / "config.json").read_text())
+    for bad, needle in bads:
+        (src / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
+        assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), needle,
+                              "convert the original float checkpoint instead")
+        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    (src / "config.json").write_text(json.dumps(config))
+
+
+def _loaded_by_transformers(ct, float_dir, decoded: dict, tmp_path) -> tuple[dict, dict]:
+    """(the state transformers loads from the qwen3_moe compressed-tensors release ``ct``, compressed-tensors
+    decompressing it; the state it loads from ``float_dir`` with the ``decoded`` weights), both in bf16."""
+    from transformers import CompressedTensorsConfig
+
+    ref = tmp_path / "decoded"
+    shutil.copytree(float_dir, ref)
+    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
+    loaded = auto_class("qwen3_moe").from_pretrained(
+        ct, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)).state_dict()
+    return loaded, auto_class("qwen3_moe").from_pretrained(ref, dtype=torch.bfloat16).state_dict()
+
+
 def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16", scalar=False, static=False,
                             kv_cache=False, only=None):
     """``float_dir``'s checkpoint as a compressed-tensors float-quantized FP8 release, made as llm-compressor makes
@@ -1180,20 +1234,7 @@ def _compressed_fp8_release(float_dir, out, strategy, block=None, scales="BF16",
             w.dtype).contiguous()  # (a ragged block's: a slice of the padded blocks)
         assert stored[key].dtype == torch.float8_e4m3fn and decoded[key].shape == w.shape
         assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 8, key
-    if kv_cache:
-        for key in [k for k in stored if k.endswith("self_attn.k_proj.weight")]:
-            attention = key.removesuffix(".k_proj.weight")
-            stored[f"{attention}.k_scale"], stored[f"{attention}.v_scale"] = torch.tensor(0.5), torch.tensor(0.25)
-    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    kv_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": json.loads(scheme.model_dump_json())},
-        "kv_cache_scheme": kv_scheme if kv_cache else None,
-        "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None,
-        "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]}
-    (out / "config.json").write_text(json.dumps(config))
+    _write_compressed_release(out, stored, scheme, "float-quantized", kv_cache)
     return {**state, **decoded}
 
 
@@ -1232,16 +1273,9 @@ def test_compressed_tensors_fp8_reference_is_what_transformers_loads(bf16_checkp
     checkpoint, experts fused as it fuses them. (Not block scales: transformers 5.25 multiplies an expert's FP8
     weight by its scales without expanding the blocks, and fails; compressed-tensors' decompression is the reference
     there.)"""
-    from transformers import CompressedTensorsConfig
-
     ct = tmp_path / "ct"
     decoded = _compressed_fp8_release(bf16_checkpoint("qwen3_moe"), ct, **CT_RELEASES[release])
-    ref = tmp_path / "decoded"
-    shutil.copytree(bf16_checkpoint("qwen3_moe"), ref)
-    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
-    loaded = auto_class("qwen3_moe").from_pretrained(
-        ct, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)).state_dict()
-    want = auto_class("qwen3_moe").from_pretrained(ref, dtype=torch.bfloat16).state_dict()
+    loaded, want = _loaded_by_transformers(ct, bf16_checkpoint("qwen3_moe"), decoded, tmp_path)
     weights = [k for k in want if k.endswith(("_proj.weight", "experts.gate_up_proj", "experts.down_proj"))]
     assert any("experts" in k for k in weights) and any("self_attn" in k for k in weights)
     for key in weights:
@@ -1283,20 +1317,7 @@ def _compressed_nvfp4_release(float_dir, out, static=False, kv_cache=False, only
         assert packed["weight_packed"].dtype == torch.uint8 and packed["weight_scale"].dtype == torch.float8_e4m3fn
         assert decoded[key].shape == w.shape and packed["weight_packed"].shape == (w.shape[0], w.shape[1] // 2)
         assert 0 < (decoded[key].float() - w.float()).abs().max() < w.float().abs().max() / 4, key
-    if kv_cache:
-        for key in [k for k in stored if k.endswith("self_attn.k_proj.weight_packed")]:
-            attention = key.removesuffix(".k_proj.weight_packed")
-            stored[f"{attention}.k_scale"], stored[f"{attention}.v_scale"] = torch.tensor(0.5), torch.tensor(0.25)
-    save_file(stored, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    kv_scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
-    config["quantization_config"] = {
-        "quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "quantization_status": "compressed",
-        "config_groups": {"group_0": json.loads(scheme.model_dump_json())},
-        "kv_cache_scheme": kv_scheme if kv_cache else None,
-        "sparsity_config": {}, "transform_config": {}, "global_compression_ratio": None,
-        "ignore": ["lm_head", "re:.*mlp.gate$", "re:.*block_sparse_moe.gate$"]}
-    (out / "config.json").write_text(json.dumps(config))
+    _write_compressed_release(out, stored, scheme, "nvfp4-pack-quantized", kv_cache)
     return {**state, **decoded}
 
 
@@ -1376,22 +1397,19 @@ def test_compressed_tensors_mixed_precision_groups_it_cannot_decode_are_refused_
         return dict(changed, **changes)
 
     int4 = dict(num_bits=4, type="int", strategy="group", group_size=128)
-    for groups, needle in (
-            ({"group_1": group("group_1", weights=int4, format="pack-quantized")},
-             "group 'group_1' of a 'mixed-precision' release is in format 'pack-quantized'"),
-            ({"group_0": group("group_0", format="naive-quantized")}, "group 'group_0' of a 'mixed-precision' "
-                                                                     "release is in format 'naive-quantized'"),
-            ({"group_1": group("group_1", format=None)}, "group 'group_1' of a 'mixed-precision' release is in "
-                                                         "format None"),
-            ({"group_1": group("group_1", format="float-quantized")},
-             "group 'group_1' quantizes weights with num_bits 4, type 'float', strategy 'tensor_group'"),
-            ({"group_2": group("group_0", weights=dict(strategy="tensor"))},
-             "quantize weights in different ways (channel, tensor)")):
-        bad = dict(qc, config_groups={**qc["config_groups"], **groups})
-        (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
-        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle,
-                              "convert the original float checkpoint instead")
-        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    cases = (
+        ({"group_1": group("group_1", weights=int4, format="pack-quantized")},
+         "group 'group_1' of a 'mixed-precision' release is in format 'pack-quantized'"),
+        ({"group_0": group("group_0", format="naive-quantized")}, "group 'group_0' of a 'mixed-precision' "
+                                                                 "release is in format 'naive-quantized'"),
+        ({"group_1": group("group_1", format=None)}, "group 'group_1' of a 'mixed-precision' release is in "
+                                                     "format None"),
+        ({"group_1": group("group_1", format="float-quantized")},
+         "group 'group_1' quantizes weights with num_bits 4, type 'float', strategy 'tensor_group'"),
+        ({"group_2": group("group_0", weights=dict(strategy="tensor"))},
+         "quantize weights in different ways (channel, tensor)"))
+    _assert_configs_refused(ct, tmp_path, [(dict(qc, config_groups={**qc["config_groups"], **groups}), needle)
+                                           for groups, needle in cases])
 
 
 def test_compressed_tensors_nvfp4_reference_is_what_transformers_loads_outside_the_experts(bf16_checkpoint,
@@ -1400,16 +1418,9 @@ def test_compressed_tensors_nvfp4_reference_is_what_transformers_loads_outside_t
     by transformers with compressed-tensors decompressing it holds the decoded float checkpoint's attention weights.
     (Not the experts: transformers 5.25 fuses them unscaled, e2m1 codes times the e4m3 factors alone, up to 448 * 6;
     compressed-tensors' decompression is the reference there.)"""
-    from transformers import CompressedTensorsConfig
-
     ct = tmp_path / "ct"
     decoded = _compressed_nvfp4_release(bf16_checkpoint("qwen3_moe"), ct)
-    ref = tmp_path / "decoded"
-    shutil.copytree(bf16_checkpoint("qwen3_moe"), ref)
-    save_file(decoded, str(ref / "model.safetensors"), metadata={"format": "pt"})
-    loaded = auto_class("qwen3_moe").from_pretrained(
-        ct, dtype=torch.bfloat16, quantization_config=CompressedTensorsConfig(run_compressed=False)).state_dict()
-    want = auto_class("qwen3_moe").from_pretrained(ref, dtype=torch.bfloat16).state_dict()
+    loaded, want = _loaded_by_transformers(ct, bf16_checkpoint("qwen3_moe"), decoded, tmp_path)
     weights = [k for k in want if k.endswith("_proj.weight") and "self_attn" in k]
     assert len(weights) == 8
     for key in weights:
@@ -1425,20 +1436,10 @@ def test_compressed_tensors_nvfp4_releases_it_cannot_decode_are_refused(bf16_che
     _compressed_nvfp4_release(bf16_checkpoint("qwen3_moe"), ct)
     config = json.loads((ct / "config.json").read_text())
     qc = config["quantization_config"]
-
-    def weights(**changes):
-        group = json.loads(json.dumps(qc["config_groups"]["group_0"]))
-        group["weights"].update(changes)
-        return dict(qc, config_groups={"group_0": group})
-
-    for bad, needle in ((weights(group_size=32), "group_size 32 in format 'nvfp4-pack-quantized'"),
-                        (weights(num_bits=8), "num_bits 8"), (weights(strategy="group"), "strategy 'group'"),
-                        (weights(symmetric=False), "symmetric False")):
-        (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
-        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle,
-                              "convert the original float checkpoint instead")
-        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
-    (ct / "config.json").write_text(json.dumps(config))
+    weights = partial(_group_weights_changed, qc)
+    _assert_configs_refused(ct, tmp_path, (
+        (weights(group_size=32), "group_size 32 in format 'nvfp4-pack-quantized'"), (weights(num_bits=8), "num_bits 8"),
+        (weights(strategy="group"), "strategy 'group'"), (weights(symmetric=False), "symmetric False")))
     state = tensors(ct)
     key = "model.layers.1.mlp.experts.2.down_proj.weight"
     _assert_breakages_refused(ct, state, (
@@ -1594,14 +1595,11 @@ def test_modelopt_releases_it_cannot_decode_are_refused(bf16_checkpoint, tmp_pat
     _modelopt_release(bf16_checkpoint("qwen3_moe"), src, "NVFP4")
     config = json.loads((src / "config.json").read_text())
     qc = config["quantization_config"]
-    for bad, needle in ((dict(qc, quant_algo="W4A8_AWQ"), "quant_algo 'W4A8_AWQ'"),
-                        (dict(qc, quant_algo="FP8_PER_CHANNEL_PER_TOKEN"), "quant_algo 'FP8_PER_CHANNEL_PER_TOKEN'"),
-                        (dict(qc, group_size=32), "quant_algo 'NVFP4', group_size 32"),
-                        (dict(qc, quant_algo=None), "quant_algo None")):
-        (src / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
-        assert_one_line_error(invoke("quantize", src, tmp_path / "o", "--no-progress"), needle,
-                              "convert the original float checkpoint instead")
-        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
+    _assert_configs_refused(src, tmp_path, (
+        (dict(qc, quant_algo="W4A8_AWQ"), "quant_algo 'W4A8_AWQ'"),
+        (dict(qc, quant_algo="FP8_PER_CHANNEL_PER_TOKEN"), "quant_algo 'FP8_PER_CHANNEL_PER_TOKEN'"),
+        (dict(qc, group_size=32), "quant_algo 'NVFP4', group_size 32"),
+        (dict(qc, quant_algo=None), "quant_algo None")))
     (src / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "quantization_config"}))
     for text, needle in (("{", "hf_quant_config.json is not valid JSON (Expecting property name enclosed in double "
                           "quotes: line 1 column 2 (char 1)); it is damaged (download it again), or remove it"),
@@ -1633,28 +1631,19 @@ def test_compressed_tensors_releases_it_cannot_decode_are_refused_with_the_way_t
                           "quantized with 'compressed-tensors'", "experts-int8 quantize SRC DST")
     config = json.loads((ct / "config.json").read_text())
     qc = config["quantization_config"]
-
-    def weights(**changes):
-        group = json.loads(json.dumps(qc["config_groups"]["group_0"]))
-        group["weights"].update(changes)
-        return dict(qc, config_groups={"group_0": group})
-
+    weights = partial(_group_weights_changed, qc)
     int4 = weights(num_bits=4, type="int", strategy="group", group_size=128)
-    for bad, needle in ((dict(int4, format="pack-quantized"), "format 'pack-quantized', not 'float-quantized'"),
-                        (dict(qc, format="naive-quantized"), "format 'naive-quantized'"),
-                        (weights(num_bits=4), "'group_0' quantizes weights with num_bits 4"),
-                        (weights(type="int"), "type 'int'"),
-                        (weights(strategy="group", group_size=128), "strategy 'group'"),
-                        (weights(symmetric=False), "symmetric False"),
-                        (weights(strategy="block", block_structure=None), "block_structure None"),
-                        (dict(qc, config_groups={**qc["config_groups"], "group_1": weights(
-                            strategy="tensor")["config_groups"]["group_0"]}), "quantize weights in different ways"),
-                        (dict(qc, sparsity_config={"format": "sparse-24-bitmask"}), "with a sparsity_config")):
-        (ct / "config.json").write_text(json.dumps(dict(config, quantization_config=bad)))
-        assert_one_line_error(invoke("quantize", ct, tmp_path / "o", "--no-progress"), needle,
-                              "convert the original float checkpoint instead")
-        assert not (tmp_path / "o").exists() and not list(tmp_path.glob(".o.*"))
-    (ct / "config.json").write_text(json.dumps(config))
+    _assert_configs_refused(ct, tmp_path, (
+        (dict(int4, format="pack-quantized"), "format 'pack-quantized', not 'float-quantized'"),
+        (dict(qc, format="naive-quantized"), "format 'naive-quantized'"),
+        (weights(num_bits=4), "'group_0' quantizes weights with num_bits 4"),
+        (weights(type="int"), "type 'int'"),
+        (weights(strategy="group", group_size=128), "strategy 'group'"),
+        (weights(symmetric=False), "symmetric False"),
+        (weights(strategy="block", block_structure=None), "block_structure None"),
+        (dict(qc, config_groups={**qc["config_groups"], "group_1": weights(
+            strategy="tensor")["config_groups"]["group_0"]}), "quantize weights in different ways"),
+        (dict(qc, sparsity_config={"format": "sparse-24-bitmask"}), "with a sparsity_config")))
     state = tensors(ct)
     key = "model.layers.1.mlp.experts.2.down_proj.weight"
     _assert_breakages_refused(ct, state, (
